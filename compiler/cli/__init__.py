@@ -1,0 +1,52 @@
+"""The `segfuse` command line. Each command group lives in its own module and registers itself
+through `add_parser(subparsers)`; `main` dispatches and maps user errors to exit status 2."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import SegfuseError
+from . import graph_cmds
+
+# Modules that add sub-commands; each has add_parsers(subparsers).
+COMMAND_MODULES = [graph_cmds]
+
+EPILOG = """examples:
+  segfuse validate examples/moe_problem_sizes.json
+  segfuse run examples/moe_problem_sizes.json --input topk_ids=ids.npy --output counts=counts.npy
+"""
+
+
+class UserError(Exception):
+    """A mistake in the command line or its files: printed, exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="segfuse", description="Segmented fusion executor: validate, plan and run "
+                                "tensor fusion graphs.", epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for mod in COMMAND_MODULES:
+        mod.add_parsers(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except SegfuseError as e:
+        print(f"error: {type(e).__name__}", file=sys.stderr)
+        for issue in e.issues:
+            print(f"  {issue}", file=sys.stderr)
+        return 2
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

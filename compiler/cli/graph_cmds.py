@@ -1,0 +1,108 @@
+"""`segfuse validate` and `segfuse run` (in-process)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("validate", help="check a graph file and print its tensors",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="example:\n  segfuse validate examples/moe_problem_sizes.json")
+    p.add_argument("graph", help="graph JSON file")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("run", help="run a graph on .npy inputs (in-process)",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="example:\n  segfuse run examples/moe_problem_sizes.json "
+                              "--input topk_ids=ids.npy --output counts=counts.npy")
+    p.add_argument("graph", help="graph JSON file")
+    p.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE.npy",
+                   help="an input array (repeatable)")
+    p.add_argument("--output", "-o", action="append", default=[], metavar="NAME=FILE.npy",
+                   help="write an output to a .npy file (repeatable); outputs not named are printed")
+    p.add_argument("--backend", default="numpy", help="numpy (default)")
+    p.set_defaults(func=cmd_run)
+
+
+def _load(path: str):
+    from .. import load_fusion
+    from . import UserError
+
+    try:
+        with open(path) as f:
+            text = f.read()
+    except OSError as e:
+        raise UserError(f"cannot read {path}: {e.strerror}") from None
+    return load_fusion(text)
+
+
+def parse_pairs(items: list[str], what: str) -> dict[str, str]:
+    from . import UserError
+
+    out = {}
+    for it in items:
+        name, sep, path = it.partition("=")
+        if not sep or not name or not path:
+            raise UserError(f"--{what} expects NAME=FILE, got '{it}'")
+        out[name] = path
+    return out
+
+
+def cmd_validate(args) -> int:
+    f = _load(args.graph)
+    if args.json:
+        print(json.dumps({"id": f.id, "name": f.name,
+                          "tensors": {k: {"dtype": str(t.dtype), "shape": [str(d) if not isinstance(d, int) else d
+                                                                          for d in t.shape]}
+                                      for k, t in f.types.items()}}, indent=2))
+        return 0
+    print(f"ok: '{f.name}' ({len(f.nodes)} ops, id {f.id})")
+    for name, t in f.inputs:
+        print(f"  input  {name}: {t}")
+    for o in f.outputs:
+        extra = f" (updates '{o.alias_of}' in place)" if o.alias_of else ""
+        print(f"  output {o.name}: {f.types[o.name]}{extra}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    from ..engine import Engine
+    from . import UserError
+
+    f = _load(args.graph)
+    inputs = {}
+    for name, path in parse_pairs(args.input, "input").items():
+        try:
+            inputs[name] = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise UserError(f"cannot load input '{name}' from {path}: {e}") from None
+    outs = parse_pairs(args.output, "output")
+    for name in outs:
+        if name not in {o.name for o in f.outputs}:
+            raise UserError(f"--output {name}: the graph has no output '{name}' "
+                            f"(outputs: {', '.join(o.name for o in f.outputs)})")
+    try:
+        engine = Engine.default(args.backend)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    res = engine.run(f, inputs)
+    for name, arr in res.outputs.items():
+        arr = np.asarray(arr)
+        if name in outs:
+            np.save(outs[name], arr)
+            print(f"{name}: {arr.dtype}{list(arr.shape)} -> {outs[name]}")
+        else:
+            with np.printoptions(threshold=64, edgeitems=4):
+                print(f"{name}: {arr.dtype}{list(arr.shape)}\n{arr}")
+    for name, path in parse_pairs(args.input, "input").items():
+        if any(o.alias_of == name for o in f.outputs):
+            np.save(path, inputs[name])
+            print(f"{name}: updated in place -> {path}")
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,357 @@
+"""Indexing ops: gather, take_along_axis, index_select (reads at computed positions) and the
+scatter family: scatter, index_add, index_put (writes into `self`, in place in the kernel).
+
+PyTorch semantics throughout, including duplicate indices, negative dims and index tensors
+whose non-indexed extents are smaller than the target's. Index tensors may be any integer
+dtype (PyTorch insists on int64 for gather/scatter; segfuse also takes int32, the usual MoE
+dtype). Out-of-range indices raise an error naming the op; nothing is written.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+
+from ..dtypes import DType
+from ..errors import OpError
+from ..shapes import dims_equal, fmt_shape
+from .pointwise import opmath
+from .registry import Attrs, OpDef, OpKind, Scalar, TensorType, broadcast_shapes, norm_dim, register, tensor
+
+
+def _index_tensor(operands, i, name="index") -> TensorType:
+    t = tensor(operands, i, name)
+    if not t.dtype.is_int:
+        raise OpError(f"{name} must be an integer tensor, not {t.dtype}", ("inputs", i))
+    return t
+
+
+def _le(a, b) -> bool | None:
+    """a <= b for dims; None when unknown until bound."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a <= b
+    if dims_equal(a, b):
+        return True
+    return None
+
+
+def check_bounds(op: str, idx: np.ndarray, size: int, dim: int, allow_negative: bool = False) -> np.ndarray:
+    """Raise if any index is out of range; return indices with negatives wrapped."""
+    idx = idx.astype(np.int64)
+    lo = -size if allow_negative else 0
+    bad = (idx < lo) | (idx >= size)
+    if np.any(bad):
+        v = int(idx[bad].reshape(-1)[0])
+        raise OpError(f"{op}: index {v} is out of bounds for dimension {dim} with size {size}", ("inputs", 1))
+    return np.where(idx < 0, idx + size, idx) if allow_negative else idx
+
+
+def _coords(index: np.ndarray, dim: int, values: np.ndarray) -> tuple:
+    """Full coordinates of each index element, with `values` substituted along `dim`."""
+    grids = list(np.indices(index.shape, sparse=False)) if index.ndim else []
+    grids[dim] = values
+    return tuple(grids)
+
+
+# ---- gather-like ------------------------------------------------------------------------
+class DimAttrs(Attrs):
+    dim: int
+
+
+def _gather_infer(ctx, operands, attrs):
+    x = tensor(operands, 0, "self")
+    idx = _index_tensor(operands, 1)
+    d = norm_dim(attrs.dim, x.rank)
+    if idx.rank != x.rank:
+        raise OpError(f"index has rank {idx.rank} but self has rank {x.rank}; gather needs equal ranks",
+                      ("inputs", 1))
+    for k in range(x.rank):
+        if k != d and _le(idx.shape[k], x.shape[k]) is False:
+            raise OpError(f"index size {idx.shape[k]} at dim {k} exceeds self's size {x.shape[k]}", ("inputs", 1))
+    return [TensorType(x.dtype, idx.shape)]
+
+
+def _gather_ref(args, attrs, out_types):
+    x, idx = np.asarray(args[0]), np.asarray(args[1])
+    if x.ndim == 0:
+        check_bounds("gather", idx, 1, 0)
+        return [x.copy().reshape(idx.shape)]
+    d = attrs.dim % x.ndim
+    i = check_bounds("gather", idx, x.shape[d], d)
+    if idx.size == 0:
+        return [np.empty(idx.shape, x.dtype)]
+    return [x[_coords(idx, d, i)]]
+
+
+register(OpDef("gather", OpKind.gather, ("self", "index"), _gather_infer, _gather_ref, attrs=DimAttrs,
+               extra={"signature": ("self", "dim", "index")},
+               doc="gather(self, dim, index): out[i][j] = self[index[i][j]][j] for dim 0 (torch.gather)"))
+
+
+def _tal_infer(ctx, operands, attrs):
+    x = tensor(operands, 0, "x")
+    idx = _index_tensor(operands, 1)
+    d = norm_dim(attrs.dim, x.rank)
+    if idx.rank != x.rank:
+        raise OpError(f"index has rank {idx.rank} but x has rank {x.rank}", ("inputs", 1))
+    xs = tuple(1 if k == d else s for k, s in enumerate(x.shape))
+    isz = tuple(1 if k == d else s for k, s in enumerate(idx.shape))
+    b = list(broadcast_shapes([xs, isz], lambda i: ("inputs", i)))
+    b[d] = idx.shape[d]
+    return [TensorType(x.dtype, tuple(b))]
+
+
+def _tal_ref(args, attrs, out_types):
+    x, idx = np.asarray(args[0]), np.asarray(args[1])
+    if x.ndim == 0:
+        check_bounds("take_along_axis", idx, 1, 0)
+        return [x.copy()]
+    d = attrs.dim % x.ndim
+    i = check_bounds("take_along_axis", idx, x.shape[d], d)
+    shape = out_types[0].shape
+    xb = np.broadcast_to(x, tuple(x.shape[k] if k == d else shape[k] for k in range(x.ndim)))
+    ib = np.broadcast_to(i, shape)
+    return [np.take_along_axis(xb, ib, axis=d)]
+
+
+register(OpDef("take_along_axis", OpKind.gather, ("x", "index"), _tal_infer, _tal_ref, attrs=DimAttrs,
+               doc="take_along_axis(x, index, dim): numpy/torch.take_along_dim; other dims broadcast"))
+
+
+def _isel_infer(ctx, operands, attrs):
+    x = tensor(operands, 0, "x")
+    idx = _index_tensor(operands, 1)
+    d = norm_dim(attrs.dim, x.rank)
+    if idx.rank > 1:
+        raise OpError(f"index_select needs a 1-D index, got rank {idx.rank}", ("inputs", 1))
+    shape = list(x.shape)
+    if x.rank:
+        shape[d] = idx.shape[0] if idx.rank else 1
+    return [TensorType(x.dtype, tuple(shape))]
+
+
+def _isel_ref(args, attrs, out_types):
+    x, idx = np.asarray(args[0]), np.asarray(args[1]).reshape(-1)
+    if x.ndim == 0:
+        check_bounds("index_select", idx, 1, 0)
+        return [x.copy()]
+    d = attrs.dim % x.ndim
+    i = check_bounds("index_select", idx, x.shape[d], d)
+    return [np.take(x, i, axis=d)]
+
+
+register(OpDef("index_select", OpKind.gather, ("x", "index"), _isel_infer, _isel_ref, attrs=DimAttrs,
+               extra={"signature": ("x", "dim", "index")},
+               doc="index_select(x, dim, index): rows of x along dim picked by a 1-D index"))
+
+
+# ---- scatter family ---------------------------------------------------------------------
+Reduce = Literal["none", "add", "mul", "amax", "amin"]
+_UFUNC = {"add": np.add, "mul": np.multiply, "amax": np.fmax, "amin": np.fmin}
+
+
+def _identity(reduce: str, dt: np.dtype):
+    if reduce == "add":
+        return 0
+    if reduce == "mul":
+        return 1
+    if dt.kind == "f" or dt.name == "bfloat16":
+        return -np.inf if reduce == "amax" else np.inf
+    if dt.kind == "b":
+        return reduce != "amax"
+    info = np.iinfo(dt)
+    return info.min if reduce == "amax" else info.max
+
+
+class ScatterAttrs(Attrs):
+    dim: int
+    reduce: Reduce = "none"
+    include_self: bool = True
+
+
+def _src_dtype_check(self_t: TensorType, src, i: int, op: str):
+    if isinstance(src, TensorType) and src.dtype is not self_t.dtype:
+        raise OpError(f"{op} expects src of self's dtype {self_t.dtype}, got {src.dtype}", ("inputs", i))
+
+
+def _scatter_infer(ctx, operands, attrs):
+    x = tensor(operands, 0, "self")
+    idx = _index_tensor(operands, 1)
+    src = operands[2]
+    d = norm_dim(attrs.dim, x.rank)
+    if idx.rank != x.rank:
+        raise OpError(f"index has rank {idx.rank} but self has rank {x.rank}; scatter needs equal ranks",
+                      ("inputs", 1))
+    _src_dtype_check(x, src, 2, "scatter")
+    if isinstance(src, TensorType) and src.rank != x.rank:
+        raise OpError(f"src has rank {src.rank} but self has rank {x.rank}", ("inputs", 2))
+    for k in range(x.rank):
+        if k != d and _le(idx.shape[k], x.shape[k]) is False:
+            raise OpError(f"index size {idx.shape[k]} at dim {k} exceeds self's size {x.shape[k]}", ("inputs", 1))
+        if isinstance(src, TensorType) and _le(idx.shape[k], src.shape[k]) is False:
+            raise OpError(f"index size {idx.shape[k]} at dim {k} exceeds src's size {src.shape[k]}", ("inputs", 1))
+    if attrs.reduce in ("add", "mul") and x.dtype.is_bool and attrs.reduce == "mul":
+        raise OpError("scatter with reduce='mul' is not supported for bool", ("reduce",))
+    return [TensorType(x.dtype, x.shape)]
+
+
+def _accumulate(out, coords, vals, reduce, include_self):
+    """Apply `reduce` of vals into out at coords (duplicates combine), PyTorch's scatter_reduce."""
+    t = out.dtype
+    work = opmath_np(t)
+    acc = out.astype(work)
+    v = np.asarray(vals).astype(work)
+    if not include_self:
+        acc[coords] = _identity(reduce, np.dtype(work))
+    if reduce in ("amax", "amin"):
+        # NaN propagates (PyTorch); fmax/fmin would drop it, so mark NaN targets afterwards
+        uf = np.maximum if reduce == "amax" else np.minimum
+        uf.at(acc, coords, v)
+    else:
+        _UFUNC[reduce].at(acc, coords, v)
+    return acc.astype(t)
+
+
+def opmath_np(dt: np.dtype) -> np.dtype:
+    from ..dtypes import from_numpy
+
+    if dt.kind == "b":
+        return np.dtype(np.int64)
+    return opmath(from_numpy(dt)).np
+
+
+def _scatter_ref(args, attrs, out_types):
+    x = np.asarray(args[0])
+    idx = np.asarray(args[1])
+    src = args[2]
+    out = x.copy()
+    if x.ndim == 0:
+        check_bounds("scatter", idx, 1, 0)
+        if idx.size == 0:
+            return [out]
+        xs, idxs = out.reshape(1), idx.reshape(1)
+        srcs = np.asarray(src).reshape(1) if isinstance(src, np.ndarray) else src
+        return [_scatter_ref([xs, idxs, srcs], attrs.model_copy(update={"dim": 0}), out_types)[0].reshape(())]
+    d = attrs.dim % x.ndim
+    i = check_bounds("scatter", idx, x.shape[d], d)
+    if idx.size == 0:
+        return [out]
+    if isinstance(src, np.ndarray):
+        vals = src[tuple(slice(0, s) for s in idx.shape)]
+    else:
+        vals = np.full(idx.shape, src, dtype=np.float64 if x.dtype.name == "bfloat16" else None)
+    coords = _coords(idx, d, i)
+    if attrs.reduce == "none":
+        out[coords] = np.asarray(vals).astype(x.dtype)  # duplicates: last write wins (unspecified in PyTorch)
+        return [out]
+    if x.dtype.kind == "b":
+        acc = _accumulate(out.astype(np.int64), coords, np.asarray(vals).astype(np.int64), attrs.reduce,
+                          attrs.include_self)
+        return [acc.astype(bool)]
+    return [_accumulate(out, coords, vals, attrs.reduce, attrs.include_self)]
+
+
+register(OpDef("scatter", OpKind.scatter, ("self", "index", "src"), _scatter_infer, _scatter_ref,
+               attrs=ScatterAttrs, literal_ok=frozenset({2}), extra={"signature": ("self", "dim", "index", "src")},
+               doc="scatter(self, dim, index, src, reduce='none', include_self=True): torch.scatter / "
+                   "scatter_reduce (add=sum, mul=prod, amax, amin); src may be a number"))
+
+
+class IndexAddAttrs(Attrs):
+    dim: int
+    alpha: bool | int | float = 1
+
+
+def _index_add_infer(ctx, operands, attrs):
+    x = tensor(operands, 0, "self")
+    idx = _index_tensor(operands, 1)
+    src = tensor(operands, 2, "source")
+    d = norm_dim(attrs.dim, x.rank)
+    if idx.rank > 1:
+        raise OpError(f"index_add needs a 1-D index, got rank {idx.rank}", ("inputs", 1))
+    _src_dtype_check(x, src, 2, "index_add")
+    if src.rank != x.rank:
+        raise OpError(f"source has rank {src.rank} but self has rank {x.rank}", ("inputs", 2))
+    n = idx.shape[0] if idx.rank else 1
+    for k in range(x.rank):
+        want = n if k == d else x.shape[k]
+        if dims_equal(src.shape[k], want) is False:
+            raise OpError(f"source shape {fmt_shape(src.shape)} should be {fmt_shape(x.shape)} with dim {d} "
+                          f"of size {n}", ("inputs", 2))
+    if isinstance(attrs.alpha, float) and not x.dtype.is_float:
+        raise OpError(f"a float alpha needs a floating-point self, not {x.dtype}", ("alpha",))
+    return [TensorType(x.dtype, x.shape)]
+
+
+def _index_add_ref(args, attrs, out_types):
+    x, idx, src = np.asarray(args[0]), np.asarray(args[1]).reshape(-1), np.asarray(args[2])
+    if x.ndim == 0:
+        x1 = _index_add_ref([x.reshape(1), idx, src.reshape(1)], attrs.model_copy(update={"dim": 0}), out_types)
+        return [x1[0].reshape(())]
+    d = attrs.dim % x.ndim
+    i = check_bounds("index_add", idx, x.shape[d], d)
+    work = opmath_np(x.dtype)
+    acc = x.astype(work)
+    v = src.astype(work)
+    if attrs.alpha != 1:
+        v = v * np.asarray(attrs.alpha).astype(work)
+    sl = [slice(None)] * x.ndim
+    sl[d] = i
+    vv = np.moveaxis(v, d, 0)
+    accm = np.moveaxis(acc, d, 0)
+    np.add.at(accm, i, vv)
+    res = acc.astype(x.dtype) if x.dtype.kind != "b" else acc.astype(bool)
+    return [res]
+
+
+register(OpDef("index_add", OpKind.scatter, ("self", "index", "source"), _index_add_infer, _index_add_ref,
+               attrs=IndexAddAttrs, extra={"signature": ("self", "dim", "index", "source")},
+               doc="index_add(self, dim, index, source, alpha=1): self[..., index[i], ...] += alpha * source[..., i, ...]"))
+
+
+class IndexPutAttrs(Attrs):
+    accumulate: bool = False
+
+
+def _index_put_infer(ctx, operands, attrs):
+    x = tensor(operands, 0, "self")
+    idx = _index_tensor(operands, 1)
+    vals = operands[2]
+    if x.rank == 0:
+        raise OpError("index_put needs self of rank >= 1", ("inputs", 0))
+    _src_dtype_check(x, vals, 2, "index_put")
+    region = tuple(idx.shape) + tuple(x.shape[1:])
+    if isinstance(vals, TensorType):
+        b = broadcast_shapes([region, vals.shape], lambda i: ("inputs", 2))
+        if len(b) != len(region) or any(dims_equal(p, q) is False for p, q in zip(b, region)):
+            raise OpError(f"values of shape {fmt_shape(vals.shape)} cannot broadcast to the indexed shape "
+                          f"{fmt_shape(region)}", ("inputs", 2))
+    return [TensorType(x.dtype, x.shape)]
+
+
+def _index_put_ref(args, attrs, out_types):
+    x, idx, vals = np.asarray(args[0]), np.asarray(args[1]), args[2]
+    i = check_bounds("index_put", idx, x.shape[0], 0, allow_negative=True)
+    region = idx.shape + x.shape[1:]
+    v = np.broadcast_to(np.asarray(vals).astype(x.dtype) if isinstance(vals, np.ndarray)
+                        else np.asarray(vals).astype(np.float64 if x.dtype.name == "bfloat16" else None)
+                        .astype(x.dtype), region)
+    if not attrs.accumulate:
+        out = x.copy()
+        out[i] = v
+        return [out]
+    work = opmath_np(x.dtype)
+    acc = x.astype(work)
+    np.add.at(acc, i, v.astype(work))
+    return [acc.astype(x.dtype) if x.dtype.kind != "b" else acc.astype(bool)]
+
+
+register(OpDef("index_put", OpKind.scatter, ("self", "index", "values"), _index_put_infer, _index_put_ref,
+               attrs=IndexPutAttrs, literal_ok=frozenset({2}),
+               doc="index_put(self, index, values, accumulate=False): self[index] = values (or +=); "
+                   "one integer index tensor on dim 0, negative indices wrap"))
+
+# Positions of the scatter family's operands, for the segmenter: (self, index, src).
+SCATTER_SELF = 0
+_ = (Scalar, DType)

@@ -1,0 +1,343 @@
+"""Pointwise ops: unary, binary, ternary and cast, with PyTorch's promotion rules.
+
+Every pointwise op is defined by one `_pw(...)` call: its NumPy function and its CUDA
+expression. Operands are promoted to the op's compute dtype (reduced-precision floats are
+computed in float32, PyTorch's "opmath" type) and the result is rounded to the output dtype.
+CUDA expressions call overloaded helpers (`sf_*`) from the codegen prelude where C lacks the
+PyTorch semantics (floor division, Python remainder, NaN-propagating max, ...).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..dtypes import DEFAULT_FLOAT, DType, result_type
+from ..errors import OpError
+from .registry import (Attrs, NoAttrs, OpDef, OpKind, Scalar, TensorType, broadcast_shapes,
+                       register)
+
+_erf = np.frompyfunc(math.erf, 1, 1)
+
+_ANY, _NOBOOL, _INT_BOOL, _INT, _FLOAT = "any", "nobool", "int_bool", "int", "float"
+_ALLOWED_TEXT = {_NOBOOL: "not supported for bool", _INT_BOOL: "needs integer or bool operands",
+                 _INT: "needs integer operands", _FLOAT: "needs floating-point operands"}
+
+
+def _check_allowed(name: str, allowed: str, dt: DType) -> None:
+    ok = {_ANY: True, _NOBOOL: not dt.is_bool, _INT_BOOL: not dt.is_float, _INT: dt.is_int,
+          _FLOAT: dt.is_float}[allowed]
+    if not ok:
+        raise OpError(f"{name} {_ALLOWED_TEXT[allowed]} (operands promote to {dt})", ("inputs",))
+
+
+def _operand_dtype(operands) -> DType:
+    tensors = [(o.dtype, o.rank) for o in operands if isinstance(o, TensorType)]
+    literals = [o.value for o in operands if isinstance(o, Scalar)]
+    return result_type(tensors, literals)
+
+
+def opmath(dt: DType) -> DType:
+    """The dtype arithmetic runs in: float32 for float16/bfloat16, else the dtype itself."""
+    return DType.float32 if dt in (DType.float16, DType.bfloat16) else dt
+
+
+def _make_pw(name, nin, np_fn, cuda, allowed=_ANY, int_to_float=False, out_bool=False,
+             literal_ok=None, doc=""):
+    def compute_dtype(operands, attrs) -> DType:
+        dt = _operand_dtype(operands)
+        if int_to_float and not dt.is_float:
+            dt = DEFAULT_FLOAT
+        return dt
+
+    def infer(ctx, operands, attrs):
+        if not any(isinstance(o, TensorType) for o in operands):
+            raise OpError(f"{name} needs at least one tensor operand", ("inputs",))
+        dt = compute_dtype(operands, attrs)
+        _check_allowed(name, allowed, dt)
+        shapes = [o.shape for o in operands if isinstance(o, TensorType)]
+        idx = [i for i, o in enumerate(operands) if isinstance(o, TensorType)]
+        shape = broadcast_shapes(shapes, lambda k: ("inputs", idx[k]))
+        return [TensorType(DType.bool if out_bool else dt, shape)]
+
+    def ref(args, attrs, out_types):
+        types = [a for a in args]
+        dt = compute_dtype([_as_operand(a) for a in types], attrs)
+        work = opmath(dt).np
+        xs = [np.asarray(a, dtype=work) if isinstance(a, np.ndarray) else np.asarray(a).astype(work)
+              for a in args]
+        with np.errstate(all="ignore"):
+            r = np_fn(*xs)
+        return [np.asarray(r).astype(out_types[0].dtype.np)]
+
+    return register(OpDef(
+        name=name, kind=OpKind.pointwise, operands=("x", "y", "z")[:nin] if nin > 1 else ("x",),
+        infer=infer, ref=ref, attrs=NoAttrs,
+        literal_ok=frozenset(range(nin)) if literal_ok is None else frozenset(literal_ok),
+        compute_dtype=compute_dtype, cuda=cuda, doc=doc))
+
+
+def _as_operand(a):
+    from ..dtypes import from_numpy
+
+    if isinstance(a, np.ndarray):
+        return TensorType(from_numpy(a.dtype), a.shape)
+    return Scalar(a)
+
+
+def _int_div_guard(fn):
+    """Integer division by zero raises, as in PyTorch on the CPU (it would be UB on the GPU)."""
+
+    def wrapped(a, b):
+        if a.dtype.kind in "iub" and np.any(b == 0):
+            raise OpError("integer division by zero", ("inputs", 1))
+        return fn(a, b)
+
+    return wrapped
+
+
+def _sign(x):
+    return np.sign(x) if x.dtype.kind == "f" else np.sign(x.astype(np.int64)).astype(x.dtype) if x.dtype.kind != "b" else x
+
+
+def _round(x):
+    return np.rint(x) if x.dtype.kind == "f" else x
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def _gelu(x):
+    return (0.5 * x * (1.0 + _erf(x.astype(np.float64) / math.sqrt(2.0)).astype(np.float64))).astype(x.dtype)
+
+
+def _erf_np(x):
+    return _erf(x.astype(np.float64)).astype(np.float64).astype(x.dtype)
+
+
+def _shift_left(a, b):
+    bits = a.dtype.itemsize * 8
+    out = np.left_shift(a, np.clip(b, 0, bits - 1).astype(a.dtype))
+    return np.where((b >= bits) | (b < 0), np.zeros_like(out), out)
+
+
+def _shift_right(a, b):
+    bits = a.dtype.itemsize * 8
+    out = np.right_shift(a, np.clip(b, 0, bits - 1).astype(a.dtype))
+    # shifting by >= width leaves only the sign (PyTorch defines it; C does not)
+    fill = np.where(a < 0, -1, 0).astype(a.dtype) if a.dtype.kind == "i" else np.zeros_like(out)
+    return np.where((b >= bits) | (b < 0), fill, out)
+
+
+def _ceil_div(a, b):
+    if a.dtype.kind in "iu":
+        return -np.floor_divide(-a, b)
+    return np.ceil(a / b)
+
+
+def _pow(a, b):
+    if a.dtype.kind in "iu" and np.any(b < 0):
+        raise OpError("integers to negative integer powers are not allowed", ("inputs", 1))
+    return np.power(a, b)
+
+
+def _remainder(a, b):
+    return np.remainder(a, b)
+
+
+def _fmod(a, b):
+    return np.fmod(a, b)
+
+
+# ---- unary ------------------------------------------------------------------------------
+_UNARY = [
+    # name, numpy, cuda, allowed, int_to_float, out_bool
+    ("neg", np.negative, lambda x: f"(-{x})", _NOBOOL, False, False),
+    ("abs", np.abs, lambda x: f"sf_abs({x})", _NOBOOL, False, False),
+    ("exp", np.exp, lambda x: f"exp({x})", _ANY, True, False),
+    ("exp2", np.exp2, lambda x: f"exp2({x})", _ANY, True, False),
+    ("expm1", np.expm1, lambda x: f"expm1({x})", _ANY, True, False),
+    ("log", np.log, lambda x: f"log({x})", _ANY, True, False),
+    ("log2", np.log2, lambda x: f"log2({x})", _ANY, True, False),
+    ("log10", np.log10, lambda x: f"log10({x})", _ANY, True, False),
+    ("log1p", np.log1p, lambda x: f"log1p({x})", _ANY, True, False),
+    ("sqrt", np.sqrt, lambda x: f"sqrt({x})", _ANY, True, False),
+    ("rsqrt", lambda x: 1.0 / np.sqrt(x), lambda x: f"rsqrt({x})", _ANY, True, False),
+    ("sin", np.sin, lambda x: f"sin({x})", _ANY, True, False),
+    ("cos", np.cos, lambda x: f"cos({x})", _ANY, True, False),
+    ("tan", np.tan, lambda x: f"tan({x})", _ANY, True, False),
+    ("tanh", np.tanh, lambda x: f"tanh({x})", _ANY, True, False),
+    ("sigmoid", _sigmoid, lambda x: f"sf_sigmoid({x})", _ANY, True, False),
+    ("relu", lambda x: np.where(x > 0, x, np.zeros_like(x)) if x.dtype.kind != "f" else np.where(np.isnan(x) | (x > 0), x, 0).astype(x.dtype),
+     lambda x: f"sf_relu({x})", _NOBOOL, False, False),
+    ("silu", lambda x: x * _sigmoid(x), lambda x: f"sf_silu({x})", _FLOAT, False, False),
+    ("gelu", _gelu, lambda x: f"sf_gelu({x})", _FLOAT, False, False),
+    ("erf", _erf_np, lambda x: f"erf({x})", _ANY, True, False),
+    ("floor", lambda x: np.floor(x) if x.dtype.kind == "f" else x, lambda x: f"sf_floor({x})", _NOBOOL, False, False),
+    ("ceil", lambda x: np.ceil(x) if x.dtype.kind == "f" else x, lambda x: f"sf_ceil({x})", _NOBOOL, False, False),
+    ("round", _round, lambda x: f"sf_round({x})", _NOBOOL, False, False),
+    ("trunc", lambda x: np.trunc(x) if x.dtype.kind == "f" else x, lambda x: f"sf_trunc({x})", _NOBOOL, False, False),
+    ("sign", _sign, lambda x: f"sf_sign({x})", _ANY, False, False),
+    ("reciprocal", lambda x: 1.0 / x, lambda x: f"(1 / {x})", _ANY, True, False),
+    ("logical_not", np.logical_not, lambda x: f"(!{x})", _ANY, False, True),
+    ("bitwise_not", np.invert, lambda x: f"sf_bitnot({x})", _INT_BOOL, False, False),
+    ("isnan", np.isnan, lambda x: f"sf_isnan({x})", _ANY, False, True),
+    ("isinf", np.isinf, lambda x: f"sf_isinf({x})", _ANY, False, True),
+    ("isfinite", np.isfinite, lambda x: f"sf_isfinite({x})", _ANY, False, True),
+]
+
+_BINARY = [
+    ("add", np.add, lambda a, b: f"sf_add({a}, {b})", _ANY, False, False),
+    ("sub", np.subtract, lambda a, b: f"({a} - {b})", _NOBOOL, False, False),
+    ("mul", np.multiply, lambda a, b: f"sf_mul({a}, {b})", _ANY, False, False),
+    ("div", np.true_divide, lambda a, b: f"({a} / {b})", _ANY, True, False),
+    ("floor_divide", _int_div_guard(np.floor_divide), lambda a, b: f"sf_floordiv({a}, {b})", _NOBOOL, False, False),
+    ("remainder", _int_div_guard(_remainder), lambda a, b: f"sf_remainder({a}, {b})", _NOBOOL, False, False),
+    ("fmod", _int_div_guard(_fmod), lambda a, b: f"sf_fmod({a}, {b})", _NOBOOL, False, False),
+    ("pow", _pow, lambda a, b: f"sf_pow({a}, {b})", _NOBOOL, False, False),
+    ("maximum", np.maximum, lambda a, b: f"sf_max({a}, {b})", _ANY, False, False),
+    ("minimum", np.minimum, lambda a, b: f"sf_min({a}, {b})", _ANY, False, False),
+    ("atan2", np.arctan2, lambda a, b: f"atan2({a}, {b})", _ANY, True, False),
+    ("eq", np.equal, lambda a, b: f"({a} == {b})", _ANY, False, True),
+    ("ne", np.not_equal, lambda a, b: f"({a} != {b})", _ANY, False, True),
+    ("lt", np.less, lambda a, b: f"({a} < {b})", _ANY, False, True),
+    ("le", np.less_equal, lambda a, b: f"({a} <= {b})", _ANY, False, True),
+    ("gt", np.greater, lambda a, b: f"({a} > {b})", _ANY, False, True),
+    ("ge", np.greater_equal, lambda a, b: f"({a} >= {b})", _ANY, False, True),
+    ("logical_and", np.logical_and, lambda a, b: f"(bool({a}) && bool({b}))", _ANY, False, True),
+    ("logical_or", np.logical_or, lambda a, b: f"(bool({a}) || bool({b}))", _ANY, False, True),
+    ("logical_xor", np.logical_xor, lambda a, b: f"(bool({a}) != bool({b}))", _ANY, False, True),
+    ("bitwise_and", np.bitwise_and, lambda a, b: f"({a} & {b})", _INT_BOOL, False, False),
+    ("bitwise_or", np.bitwise_or, lambda a, b: f"({a} | {b})", _INT_BOOL, False, False),
+    ("bitwise_xor", np.bitwise_xor, lambda a, b: f"({a} ^ {b})", _INT_BOOL, False, False),
+    ("left_shift", _shift_left, lambda a, b: f"sf_shl({a}, {b})", _INT, False, False),
+    ("right_shift", _shift_right, lambda a, b: f"sf_shr({a}, {b})", _INT, False, False),
+    ("ceil_div", _int_div_guard(_ceil_div), lambda a, b: f"sf_ceildiv({a}, {b})", _NOBOOL, False, False),
+]
+
+for _name, _fn, _cu, _allowed, _i2f, _ob in _UNARY:
+    _make_pw(_name, 1, _fn, _cu, _allowed, _i2f, _ob, literal_ok=())
+for _name, _fn, _cu, _allowed, _i2f, _ob in _BINARY:
+    _make_pw(_name, 2, _fn, _cu, _allowed, _i2f, _ob)
+
+
+# ---- ternary ----------------------------------------------------------------------------
+def _where_dtype(operands, attrs):
+    return _operand_dtype(operands[1:])
+
+
+def _where_infer(ctx, operands, attrs):
+    cond = operands[0]
+    if not isinstance(cond, TensorType):
+        raise OpError("where's condition must be a tensor", ("inputs", 0))
+    if cond.dtype is not DType.bool:
+        raise OpError(f"where's condition must be bool, not {cond.dtype}", ("inputs", 0))
+    dt = _where_dtype(operands, attrs)
+    idx = [i for i, o in enumerate(operands) if isinstance(o, TensorType)]
+    shape = broadcast_shapes([operands[i].shape for i in idx], lambda k: ("inputs", idx[k]))
+    return [TensorType(dt, shape)]
+
+
+def _where_ref(args, attrs, out_types):
+    dt = out_types[0].dtype.np
+    return [np.where(np.asarray(args[0], dtype=bool), np.asarray(args[1]).astype(dt), np.asarray(args[2]).astype(dt))
+            .astype(dt)]
+
+
+register(OpDef("where", OpKind.pointwise, ("condition", "x", "y"), _where_infer, _where_ref,
+               literal_ok=frozenset({1, 2}), compute_dtype=_where_dtype,
+               cuda=lambda c, a, b: f"({c} ? {a} : {b})",
+               doc="where(condition, x, y): x where condition is true, else y"))
+
+
+def _clamp_dtype(operands, attrs):
+    return _operand_dtype(operands)
+
+
+def _clamp_infer(ctx, operands, attrs):
+    if not isinstance(operands[0], TensorType):
+        raise OpError("clamp's first operand must be a tensor", ("inputs", 0))
+    dt = _clamp_dtype(operands, attrs)
+    _check_allowed("clamp", _NOBOOL, dt)
+    idx = [i for i, o in enumerate(operands) if isinstance(o, TensorType)]
+    shape = broadcast_shapes([operands[i].shape for i in idx], lambda k: ("inputs", idx[k]))
+    return [TensorType(dt, shape)]
+
+
+def _clamp_ref(args, attrs, out_types):
+    dt = out_types[0].dtype
+    work = opmath(dt).np
+    x, lo, hi = (np.asarray(a).astype(work) for a in args)
+    with np.errstate(all="ignore"):
+        r = np.minimum(np.maximum(x, lo), hi)
+    return [r.astype(dt.np)]
+
+
+register(OpDef("clamp", OpKind.pointwise, ("x", "min", "max"), _clamp_infer, _clamp_ref,
+               literal_ok=frozenset({1, 2}), compute_dtype=_clamp_dtype,
+               cuda=lambda x, lo, hi: f"sf_min(sf_max({x}, {lo}), {hi})",
+               doc="clamp(x, min, max) = minimum(maximum(x, min), max); NaN propagates"))
+
+
+def _lerp_infer(ctx, operands, attrs):
+    s, e = operands[0], operands[1]
+    for i, o in enumerate((s, e)):
+        if not isinstance(o, TensorType):
+            raise OpError("lerp's start and end must be tensors", ("inputs", i))
+    if s.dtype is not e.dtype:
+        raise OpError(f"lerp expects start and end of one dtype, got {s.dtype} and {e.dtype}", ("inputs", 1))
+    if not s.dtype.is_float:
+        raise OpError(f"lerp needs floating-point tensors, not {s.dtype}", ("inputs", 0))
+    w = operands[2]
+    if isinstance(w, TensorType) and w.dtype is not s.dtype:
+        raise OpError(f"lerp expects weight of dtype {s.dtype}, got {w.dtype}", ("inputs", 2))
+    idx = [i for i, o in enumerate(operands) if isinstance(o, TensorType)]
+    shape = broadcast_shapes([operands[i].shape for i in idx], lambda k: ("inputs", idx[k]))
+    return [TensorType(s.dtype, shape)]
+
+
+def _lerp_ref(args, attrs, out_types):
+    dt = out_types[0].dtype
+    work = opmath(dt).np
+    s, e, w = (np.asarray(a).astype(work) for a in args)
+    with np.errstate(all="ignore"):
+        d = e - s
+        r = np.where(np.abs(w) < 0.5, s + w * d, e - d * (1 - w))
+    return [r.astype(dt.np)]
+
+
+register(OpDef("lerp", OpKind.pointwise, ("start", "end", "weight"), _lerp_infer, _lerp_ref,
+               literal_ok=frozenset({2}), compute_dtype=lambda ops, a: ops[0].dtype,
+               cuda=lambda s, e, w: f"sf_lerp({s}, {e}, {w})",
+               doc="lerp(start, end, weight) = start + weight * (end - start), PyTorch's two-sided formula"))
+
+
+class CastAttrs(Attrs):
+    dtype: DType
+
+
+def _cast_infer(ctx, operands, attrs):
+    x = operands[0]
+    if not isinstance(x, TensorType):
+        raise OpError("cast needs a tensor operand", ("inputs", 0))
+    return [TensorType(attrs.dtype, x.shape)]
+
+
+def _cast_ref(args, attrs, out_types):
+    x = np.asarray(args[0])
+    dst = attrs.dtype
+    if dst.is_bool:
+        return [x != 0]
+    if x.dtype.kind == "f" and dst.is_int:
+        with np.errstate(all="ignore"):
+            return [np.trunc(x.astype(np.float64)).astype(dst.np)]
+    if dst is DType.bfloat16 and x.dtype.kind in "iub":
+        return [x.astype(np.float64).astype(dst.np)]
+    return [x.astype(dst.np)]
+
+
+register(OpDef("cast", OpKind.pointwise, ("x",), _cast_infer, _cast_ref, attrs=CastAttrs,
+               compute_dtype=lambda ops, a: ops[0].dtype,
+               cuda="cast", doc="cast(x, dtype): C conversion; floats to integers truncate toward zero"))

@@ -1,0 +1,267 @@
+"""Reductions (sum prod amax amin mean argmax argmin), scans (cumsum cumprod) and sorting
+(argsort sort topk), with PyTorch's dtype rules: integer sums and products accumulate in int64,
+reduced-precision floats accumulate in float32."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..dtypes import DType
+from ..errors import OpError
+from .pointwise import opmath
+from .registry import Attrs, OpDef, OpKind, TensorType, norm_dim, register, tensor
+
+
+class ReduceAttrs(Attrs):
+    dims: list[int] | int | None = None
+    keepdim: bool = False
+    dtype: DType | None = None
+
+
+class ArgReduceAttrs(Attrs):
+    dim: int | None = None
+    keepdim: bool = False
+
+
+def reduced_dims(x: TensorType, dims) -> tuple[int, ...]:
+    if dims is None:
+        return tuple(range(x.rank))
+    lst = [dims] if isinstance(dims, int) else list(dims)
+    out = []
+    for k, d in enumerate(lst):
+        nd = norm_dim(d, x.rank, ("dims",) if isinstance(dims, int) else ("dims", k))
+        if nd in out:
+            raise OpError(f"dim {nd} appears more than once", ("dims", k))
+        out.append(nd)
+    if x.rank == 0:
+        return ()
+    return tuple(sorted(out))
+
+
+def _out_shape(x: TensorType, rdims, keepdim):
+    if keepdim:
+        return tuple(1 if i in rdims else d for i, d in enumerate(x.shape))
+    return tuple(d for i, d in enumerate(x.shape) if i not in rdims)
+
+
+def _acc_dtype(name, x: TensorType, attrs) -> DType:
+    if attrs.dtype is not None:
+        return attrs.dtype
+    if name in ("sum", "prod") and not x.dtype.is_float:
+        return DType.int64
+    return x.dtype
+
+
+def _make_reduce(name, np_fn, needs_nonempty=False, float_only=False, doc=""):
+    def infer(ctx, operands, attrs):
+        x = tensor(operands, 0)
+        rd = reduced_dims(x, attrs.dims)
+        if float_only and not (attrs.dtype or x.dtype).is_float:
+            raise OpError(f"{name} needs a floating-point input or dtype, got {x.dtype}", ("inputs", 0))
+        if needs_nonempty:
+            for d in rd:
+                if x.shape[d] == 0:
+                    raise OpError(f"{name} of an empty dim {d} has no identity", ("dims",))
+        if name in ("amax", "amin") and attrs.dtype is not None:
+            raise OpError(f"{name} takes no dtype", ("dtype",))
+        return [TensorType(_acc_dtype(name, x, attrs), _out_shape(x, rd, attrs.keepdim))]
+
+    def ref(args, attrs, out_types):
+        x = np.asarray(args[0])
+        t = out_types[0]
+        rd = tuple(d % x.ndim for d in ([attrs.dims] if isinstance(attrs.dims, int) else attrs.dims)) \
+            if attrs.dims is not None and x.ndim else None
+        if x.ndim == 0:
+            rd = None
+        if needs_nonempty and x.size == 0 and (rd is None or any(x.shape[d] == 0 for d in rd)):
+            raise OpError(f"{name} of an empty tensor has no identity", ("inputs", 0))
+        work = opmath(t.dtype).np if t.dtype.is_float else t.dtype.np
+        xs = x.astype(work) if name != "amax" and name != "amin" else x.astype(opmath(t.dtype).np)
+        with np.errstate(all="ignore"):
+            r = np_fn(xs, axis=rd, keepdims=attrs.keepdim)
+        return [np.asarray(r).astype(t.dtype.np).reshape(t.shape)]
+
+    return register(OpDef(name, OpKind.reduction, ("x",), infer, ref, attrs=ReduceAttrs, doc=doc))
+
+
+_make_reduce("sum", np.sum, doc="sum(x, dims=None, keepdim=False, dtype=None); integers sum in int64")
+_make_reduce("prod", np.prod, doc="prod(x, dims=None, keepdim=False, dtype=None)")
+_make_reduce("amax", np.max, needs_nonempty=True, doc="amax(x, dims=None, keepdim=False); NaN propagates")
+_make_reduce("amin", np.min, needs_nonempty=True, doc="amin(x, dims=None, keepdim=False); NaN propagates")
+_make_reduce("mean", np.mean, float_only=True, doc="mean(x, dims=None, keepdim=False, dtype=None); floats only")
+
+
+def _make_argreduce(name, np_fn):
+    def infer(ctx, operands, attrs):
+        x = tensor(operands, 0)
+        if attrs.dim is None:
+            if any(d == 0 for d in x.shape):
+                raise OpError(f"{name} of an empty tensor", ("inputs", 0))
+            shape = tuple(1 for _ in x.shape) if attrs.keepdim else ()
+            return [TensorType(DType.int64, shape)]
+        d = norm_dim(attrs.dim, x.rank)
+        if x.rank and x.shape[d] == 0:
+            raise OpError(f"{name} over empty dim {d}", ("dim",))
+        rd = (d,) if x.rank else ()
+        return [TensorType(DType.int64, _out_shape(x, rd, attrs.keepdim))]
+
+    def ref(args, attrs, out_types):
+        x = np.asarray(args[0])
+        if x.dtype.kind == "f" or x.dtype.name == "bfloat16":
+            x = x.astype(np.float64)
+        if attrs.dim is None or x.ndim == 0:
+            r = np_fn(x.reshape(-1))
+        else:
+            r = np_fn(x, axis=attrs.dim % x.ndim)
+        return [np.asarray(r, dtype=np.int64).reshape(out_types[0].shape)]
+
+    register(OpDef(name, OpKind.reduction, ("x",), infer, ref, attrs=ArgReduceAttrs,
+                   doc=f"{name}(x, dim=None, keepdim=False) -> int64; the first extreme (NaN counts as the max)"))
+
+
+def _nan_first_argmax(x, axis=None):
+    if x.dtype.kind == "f":
+        isn = np.isnan(x)
+        if isn.any():
+            base = np.argmax(np.where(isn, -np.inf, x), axis=axis)
+            first_nan = np.argmax(isn, axis=axis)
+            has = isn.any(axis=axis)
+            return np.where(has, first_nan, base)
+    return np.argmax(x, axis=axis)
+
+
+def _nan_first_argmin(x, axis=None):
+    if x.dtype.kind == "f":
+        isn = np.isnan(x)
+        if isn.any():
+            base = np.argmin(np.where(isn, np.inf, x), axis=axis)
+            first_nan = np.argmax(isn, axis=axis)
+            has = isn.any(axis=axis)
+            return np.where(has, first_nan, base)
+    return np.argmin(x, axis=axis)
+
+
+_make_argreduce("argmax", _nan_first_argmax)
+_make_argreduce("argmin", _nan_first_argmin)
+
+
+# ---- scans ------------------------------------------------------------------------------
+class ScanAttrs(Attrs):
+    dim: int
+    dtype: DType | None = None
+
+
+def _make_scan(name, np_fn):
+    def infer(ctx, operands, attrs):
+        x = tensor(operands, 0)
+        norm_dim(attrs.dim, x.rank)
+        dt = attrs.dtype or (x.dtype if x.dtype.is_float else DType.int64)
+        return [TensorType(dt, x.shape)]
+
+    def ref(args, attrs, out_types):
+        x = np.asarray(args[0])
+        t = out_types[0]
+        work = opmath(t.dtype).np
+        if x.ndim == 0:
+            return [x.astype(t.dtype.np)]
+        with np.errstate(all="ignore"):
+            r = np_fn(x.astype(work), axis=attrs.dim % x.ndim)
+        return [r.astype(t.dtype.np)]
+
+    register(OpDef(name, OpKind.scan, ("x",), infer, ref, attrs=ScanAttrs,
+                   doc=f"{name}(x, dim, dtype=None): inclusive; integers accumulate in int64"))
+
+
+_make_scan("cumsum", np.cumsum)
+_make_scan("cumprod", np.cumprod)
+
+
+# ---- sorting ----------------------------------------------------------------------------
+def sort_key(x: np.ndarray) -> np.ndarray:
+    """A key that orders like PyTorch's sort: NaN after +inf; float16/bfloat16 via float64."""
+    if x.dtype.kind == "f" or x.dtype.name == "bfloat16":
+        return x.astype(np.float64)
+    return x
+
+
+def stable_argsort(x: np.ndarray, axis: int, descending: bool) -> np.ndarray:
+    """Stable argsort in either direction; ties keep their original order (as torch stable=True)."""
+    k = sort_key(x)
+    if not descending:
+        return np.argsort(k, axis=axis, kind="stable")
+    rev = np.flip(k, axis=axis)
+    n = k.shape[axis]
+    return np.flip(n - 1 - np.argsort(rev, axis=axis, kind="stable"), axis=axis)
+
+
+class SortAttrs(Attrs):
+    dim: int = -1
+    descending: bool = False
+    stable: bool = False
+
+
+def _sort_infer_factory(n_out):
+    def infer(ctx, operands, attrs):
+        x = tensor(operands, 0)
+        norm_dim(attrs.dim, x.rank)
+        idx = TensorType(DType.int64, x.shape)
+        return [idx] if n_out == 1 else [TensorType(x.dtype, x.shape), idx]
+
+    return infer
+
+
+def _argsort_ref(args, attrs, out_types):
+    x = np.asarray(args[0])
+    if x.ndim == 0:
+        return [np.zeros((), dtype=np.int64)]
+    return [stable_argsort(x, attrs.dim % x.ndim, attrs.descending).astype(np.int64)]
+
+
+def _sort_ref(args, attrs, out_types):
+    x = np.asarray(args[0])
+    if x.ndim == 0:
+        return [x.copy(), np.zeros((), dtype=np.int64)]
+    ax = attrs.dim % x.ndim
+    idx = stable_argsort(x, ax, attrs.descending).astype(np.int64)
+    return [np.take_along_axis(x, idx, axis=ax), idx]
+
+
+register(OpDef("argsort", OpKind.sort, ("x",), _sort_infer_factory(1), _argsort_ref, attrs=SortAttrs,
+               doc="argsort(x, dim=-1, descending=False, stable=False) -> int64; segfuse always sorts stably"))
+register(OpDef("sort", OpKind.sort, ("x",), _sort_infer_factory(2), _sort_ref, attrs=SortAttrs, n_outputs=2,
+               doc="sort(x, dim=-1, descending=False, stable=False) -> (values, indices)"))
+
+
+class TopkAttrs(Attrs):
+    k: int | str
+    dim: int = -1
+    largest: bool = True
+    sorted: bool = True
+
+
+def _topk_infer(ctx, operands, attrs):
+    x = tensor(operands, 0)
+    d = norm_dim(attrs.dim, x.rank)
+    k = ctx.size(attrs.k, ("k",))
+    size = x.shape[d] if x.rank else 1
+    if isinstance(k, int) and (k < 0 or (isinstance(size, int) and k > size)):
+        raise OpError(f"k={k} is out of range for a dim of size {size}", ("k",))
+    shape = list(x.shape)
+    if x.rank:
+        shape[d] = k
+    return [TensorType(x.dtype, tuple(shape)), TensorType(DType.int64, tuple(shape))]
+
+
+def _topk_ref(args, attrs, out_types):
+    x = np.asarray(args[0])
+    if x.ndim == 0:
+        return [x.copy(), np.zeros((), dtype=np.int64)]
+    ax = attrs.dim % x.ndim
+    k = out_types[0].shape[ax]
+    idx = stable_argsort(x, ax, attrs.largest).astype(np.int64)
+    idx = np.take(idx, np.arange(k), axis=ax)
+    return [np.take_along_axis(x, idx, axis=ax), idx]
+
+
+register(OpDef("topk", OpKind.sort, ("x",), _topk_infer, _topk_ref, attrs=TopkAttrs, n_outputs=2,
+               doc="topk(x, k, dim=-1, largest=True, sorted=True) -> (values, indices); ties keep input order"))

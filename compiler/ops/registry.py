@@ -1,0 +1,172 @@
+"""The op registry: the single table that defines every op.
+
+Each `OpDef` holds everything the rest of the pipeline needs to know about one op:
+its operands and attributes (a pydantic model, so the JSON Schema is generated from it),
+its shape/dtype rule (`infer`), its NumPy reference semantics (`ref`), and what the CUDA
+renderer needs (`cuda`). Validation, the NumPy backend and codegen all read this table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Callable
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+from ..dtypes import DType
+from ..errors import OpError
+from ..shapes import fmt_shape, norm, parse_size
+
+
+class OpKind(str, Enum):
+    pointwise = "pointwise"  # elementwise over broadcast operands
+    creation = "creation"  # full, full_like, iota: no tensor data read
+    view = "view"  # reshape/squeeze/unsqueeze/expand/broadcast_in_dim: no data moves
+    movement = "movement"  # permute/slice/pad/cat: each output element reads one input element
+    reduction = "reduction"
+    scan = "scan"
+    sort = "sort"
+    gather = "gather"  # reads its data operand at computed positions
+    scatter = "scatter"  # writes into its `self` operand's buffer (in place in the kernel)
+
+
+class Attrs(BaseModel):
+    """Base of every op's attribute model: unknown attributes are errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class NoAttrs(Attrs):
+    pass
+
+
+@dataclass(frozen=True)
+class TensorType:
+    dtype: DType
+    shape: tuple
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    def __str__(self) -> str:
+        return f"{self.dtype}{fmt_shape(self.shape)}"
+
+
+@dataclass(frozen=True)
+class Scalar:
+    """A number literal operand; behaves like a Python scalar in PyTorch (weakly typed)."""
+
+    value: bool | int | float
+
+    def __str__(self) -> str:
+        return repr(self.value)
+
+
+Operand = TensorType | Scalar
+
+
+@dataclass
+class InferCtx:
+    """What shape rules may consult: the graph's size symbols, and their values once bound."""
+
+    symbols: frozenset = frozenset()
+    env: dict | None = None
+
+    def size(self, value, where: tuple):
+        """A size attribute (int or expression string) as a dim (int when bound or static)."""
+        if isinstance(value, bool):
+            raise OpError("a size must be an integer or a size expression, not a bool", where)
+        if isinstance(value, int):
+            return value
+        try:
+            d = parse_size(value, set(self.symbols))
+        except ValueError as e:
+            raise OpError(str(e), where) from None
+        if self.env is not None and not isinstance(d, int):
+            d = int(d.subs({s: self.env[s.name] for s in d.free_symbols}))
+        return norm(d)
+
+
+@dataclass(frozen=True)
+class OpDef:
+    name: str
+    kind: OpKind
+    operands: tuple[str, ...]  # operand names, for docs and messages ("self", "index", "src")
+    infer: Callable[[InferCtx, list[Operand], Any], list[TensorType]]
+    ref: Callable[[list[Any], Any, list[TensorType]], list[np.ndarray]]
+    attrs: type[Attrs] = NoAttrs
+    min_operands: int | None = None  # default: len(operands)
+    variadic: bool = False  # cat: any number of tensors
+    literal_ok: frozenset = frozenset()  # operand positions that accept number literals
+    n_outputs: int = 1
+    doc: str = ""
+    # Operand positions read at computed (not own-thread) positions: gather data, scatter self.
+    compute_dtype: Callable[[list[Operand], Any], DType] | None = None
+    cuda: Any = None  # renderer data for codegen (see compiler.codegen)
+    extra: dict = field(default_factory=dict)
+
+    def arity(self) -> tuple[int, int | None]:
+        lo = len(self.operands) if self.min_operands is None else self.min_operands
+        return lo, (None if self.variadic else len(self.operands))
+
+
+REGISTRY: dict[str, OpDef] = {}
+
+
+def register(op: OpDef) -> OpDef:
+    if op.name in REGISTRY:
+        raise ValueError(f"op {op.name} registered twice")
+    REGISTRY[op.name] = op
+    return op
+
+
+def get(name: str) -> OpDef | None:
+    return REGISTRY.get(name)
+
+
+# ---- helpers shared by the rule modules -------------------------------------------------
+
+def tensor(operands: list[Operand], i: int, name: str | None = None) -> TensorType:
+    x = operands[i]
+    if not isinstance(x, TensorType):
+        raise OpError(f"{name or 'operand'} must be a tensor, not the literal {x}", ("inputs", i))
+    return x
+
+
+def norm_dim(dim: int, rank: int, where: tuple = ("dim",), allow_end: bool = False) -> int:
+    """Wrap a negative dim like PyTorch; a 0-d tensor accepts dims 0 and -1."""
+    r = max(rank, 1) + (1 if allow_end else 0)
+    if not -r <= dim < r:
+        raise OpError(f"dim {dim} is out of range for a tensor of rank {rank} "
+                      f"(expected {-r} to {r - 1})", where)
+    return dim % r
+
+
+def broadcast_shapes(shapes: list[tuple], where_of: Callable[[int], tuple] = lambda i: ()) -> tuple:
+    """NumPy/PyTorch broadcasting over possibly symbolic dims."""
+    from ..shapes import dims_equal
+
+    rank = max((len(s) for s in shapes), default=0)
+    out = []
+    for k in range(rank):
+        dim = 1
+        for i, s in enumerate(shapes):
+            j = len(s) - rank + k
+            if j < 0:
+                continue
+            d = s[j]
+            if d == 1:
+                continue
+            if dim == 1:
+                dim = d
+                continue
+            eq = dims_equal(dim, d)
+            if eq is False:
+                raise OpError(f"shapes {', '.join(fmt_shape(x) for x in shapes)} cannot be broadcast "
+                              f"(size {dim} against {d} at dim {k - rank})", where_of(i))
+            # unknown (symbolic): assume equal; checked again with bound sizes
+        out.append(dim)
+    return tuple(norm(d) if not isinstance(d, int) else d for d in out)
