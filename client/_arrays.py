@@ -1,0 +1,125 @@
+"""Arrays on the wire: host copies of NumPy/CuPy/torch arrays, KServe datatype names, .npy bytes.
+
+No hard dependency on CuPy or torch: device arrays are recognised by protocol
+(`__dlpack__`, `__cuda_array_interface__`), never by importing their library.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+
+from segfuse.compiler.dtypes import FROM_KSERVE, KSERVE_NAMES, DType, from_numpy
+
+# DLPack device type codes (dlpack.h): only kDLCPU is readable by NumPy directly.
+_DL_CPU = 1
+
+
+def to_host(array) -> np.ndarray:
+    """A C-contiguous NumPy copy-or-view of `array` on the host.
+
+    Accepts NumPy arrays and anything array-like, CPU tensors through DLPack, and GPU
+    arrays (CuPy, torch CUDA tensors, ...) through DLPack's cross-device copy or
+    `__cuda_array_interface__`.
+    """
+    if isinstance(array, np.ndarray):
+        return np.ascontiguousarray(array)
+    if hasattr(array, "__dlpack_device__"):
+        host = _from_dlpack(array)
+        if host is not None:
+            return np.ascontiguousarray(host)
+    if hasattr(array, "__cuda_array_interface__"):
+        return _from_cuda_array_interface(array)
+    if hasattr(array, "__dlpack_device__"):
+        raise TypeError(f"cannot copy a {type(array).__name__} on DLPack device "
+                        f"{array.__dlpack_device__()} to the host; pass a NumPy array")
+    return np.ascontiguousarray(np.asarray(array))
+
+
+def _from_dlpack(array) -> np.ndarray | None:
+    device_type, _ = array.__dlpack_device__()
+    # torch refuses to export tensors that require grad; the detached view shares memory.
+    if getattr(array, "requires_grad", False) and hasattr(array, "detach"):
+        array = array.detach()
+    if int(device_type) == _DL_CPU:
+        return np.from_dlpack(array)
+    try:
+        # DLPack 1.0 / array API 2023.12: the producer copies to the host for us.
+        return np.from_dlpack(array, device="cpu", copy=True)
+    except (TypeError, ValueError, BufferError, NotImplementedError, RuntimeError):
+        return None  # an older producer: try __cuda_array_interface__ next
+
+
+def _from_cuda_array_interface(array) -> np.ndarray:
+    cai = array.__cuda_array_interface__
+    dtype = np.dtype(cai["typestr"])
+    shape = tuple(cai["shape"])
+    ptr = cai["data"][0]
+    out = np.empty(shape, dtype=dtype)
+    if out.nbytes == 0:
+        return out
+    strides = cai.get("strides")
+    if strides is not None and tuple(strides) != out.strides:
+        # A strided view: let the owning library make it contiguous on the device first.
+        for attr in ("contiguous", "copy"):
+            if hasattr(array, attr):
+                return _from_cuda_array_interface(getattr(array, attr)())
+        raise TypeError("a non-contiguous __cuda_array_interface__ array; make it contiguous first")
+    stream = cai.get("stream")
+    _cuda_memcpy_to_host(out, ptr, stream)
+    return out
+
+
+def _cuda_memcpy_to_host(out: np.ndarray, ptr: int, stream) -> None:
+    """cudaMemcpy through whichever CUDA Python binding is installed (CuPy or cuda-bindings)."""
+    try:
+        import cupy
+
+        if stream not in (None, 0, 1, 2):
+            cupy.cuda.ExternalStream(stream).synchronize()
+        cupy.cuda.runtime.memcpy(out.ctypes.data, ptr, out.nbytes, cupy.cuda.runtime.memcpyDeviceToHost)
+        return
+    except ImportError:
+        pass
+    try:
+        from cuda.bindings import runtime as cudart
+    except ImportError:
+        raise TypeError("copying a __cuda_array_interface__ array to the host needs CuPy or cuda-bindings; "
+                        "pass a NumPy array instead") from None
+    (err,) = cudart.cudaDeviceSynchronize()
+    err, = cudart.cudaMemcpy(out.ctypes.data, ptr, out.nbytes, cudart.cudaMemcpyKind.cudaMemcpyDeviceToHost)
+    if int(err) != 0:
+        raise TypeError(f"cudaMemcpy to the host failed: {err}")
+
+
+# ---- datatypes ------------------------------------------------------------------------------
+def kserve_datatype(dtype) -> str:
+    """'INT64' for int64 and so on; ValueError for a dtype segfuse does not support."""
+    return KSERVE_NAMES[from_numpy(dtype)]
+
+
+def numpy_dtype(datatype: str) -> np.dtype:
+    """The NumPy dtype of a KServe datatype name ('FP32') or a segfuse dtype name ('float32')."""
+    if datatype in FROM_KSERVE:
+        return FROM_KSERVE[datatype].np
+    try:
+        return DType(datatype).np
+    except ValueError:
+        raise ValueError(f"unknown datatype '{datatype}'") from None
+
+
+def dtype_name(dtype) -> str:
+    """segfuse's name of a NumPy dtype ('int64', 'bfloat16')."""
+    return from_numpy(dtype).value
+
+
+# ---- .npy ---------------------------------------------------------------------------------
+def npy_bytes(array: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, array, allow_pickle=False)
+    return buf.getvalue()
+
+
+def load_npy(data: bytes) -> np.ndarray:
+    return np.load(io.BytesIO(data), allow_pickle=False)

@@ -1,0 +1,303 @@
+"""Everything the sync and async clients share: URLs, request building, response decoding.
+
+Each public client method is a *call*: a generator that yields `httpx.Request`s and receives
+the `httpx.Response` for each, then returns the method's result. It does no I/O itself, so the
+same call runs under `Client` (which sends with `httpx.Client.send`) and `AsyncClient` (which
+awaits `httpx.AsyncClient.send`). Most calls send one request; `plan` of an unregistered graph
+sends two.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Generator, Mapping, Sequence
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+import numpy as np
+
+from ._arrays import dtype_name, kserve_datatype, load_npy, npy_bytes, numpy_dtype, to_host
+from ._errors import SegfuseError
+from ._types import Buffer, FusionRef, RunResult
+
+Call = Generator[httpx.Request, httpx.Response, Any]
+
+NPY = "application/x-npy"
+OCTET = "application/octet-stream"
+HEADER_LENGTH = "Inference-Header-Content-Length"  # the binary tensor data extension
+
+
+def normalize_url(url: str) -> str:
+    """'localhost:8000' (Triton style) or 'http://localhost:8000/base' -> a base URL with scheme."""
+    url = url.strip()
+    if not url:
+        raise ValueError("empty server URL")
+    if "://" not in url:
+        url = "http://" + url
+    return url.rstrip("/")
+
+
+def graph_dict(fusion) -> dict:
+    """The JSON graph of a FusionDefinition, a dict, a JSON string or a path to a .json file."""
+    if hasattr(fusion, "to_dict"):
+        return fusion.to_dict()
+    if isinstance(fusion, Mapping):
+        return dict(fusion)
+    if isinstance(fusion, (str, os.PathLike)):
+        text = str(fusion)
+        if text.lstrip().startswith("{"):
+            return json.loads(text)
+        try:
+            with open(fusion) as f:
+                return json.load(f)
+        except OSError as e:
+            raise SegfuseError(f"cannot read graph file {fusion}: {e.strerror}") from None
+        except json.JSONDecodeError as e:
+            raise SegfuseError(f"graph file {fusion} is not valid JSON: {e}") from None
+    raise TypeError(f"a fusion is a FusionDefinition, a dict or a path to a JSON file, "
+                    f"not {type(fusion).__name__}")
+
+
+def is_registered_name(fusion) -> bool:
+    """A str that names a fusion on the server rather than a graph file or inline JSON."""
+    return (isinstance(fusion, str) and not fusion.lstrip().startswith("{")
+            and not fusion.endswith(".json") and not os.path.exists(fusion))
+
+
+def format_shapes(shapes: Mapping[str, int] | str) -> str:
+    """{'T': 4096, 'K': 8} -> 'T=4096,K=8' (the plan endpoint's query syntax)."""
+    if isinstance(shapes, str):
+        return shapes
+    return ",".join(f"{k}={int(v)}" for k, v in shapes.items())
+
+
+# ---- decoding ---------------------------------------------------------------------------------
+def _decode(response: httpx.Response) -> httpx.Response:
+    """The response if it succeeded; else a SegfuseError built from the server's error body."""
+    if response.is_success:
+        return response
+    message, details = response.reason_phrase or "error", []
+    try:
+        body = response.json()
+    except (ValueError, UnicodeDecodeError):
+        body = None
+        if response.text.strip():
+            message = response.text.strip()[:500]
+    if isinstance(body, dict):
+        message = str(body.get("error") or body.get("detail") or message)
+        if isinstance(body.get("details"), list):
+            details = body["details"]
+    raise SegfuseError(message, status=response.status_code, details=details, url=str(response.request.url))
+
+
+def _json(response: httpx.Response):
+    return _decode(response).json()
+
+
+def transport_error(e: httpx.TransportError, base_url: str) -> SegfuseError:
+    """A connection-level failure, with the URL so the user sees where it tried to go."""
+    url = str(e.request.url) if getattr(e, "_request", None) is not None else base_url
+    kind = "timed out talking to" if isinstance(e, httpx.TimeoutException) else "cannot reach"
+    return SegfuseError(f"{kind} the segfuse server at {url}: {e or type(e).__name__}", url=url)
+
+
+def _split_binary(response: httpx.Response) -> tuple[dict, bytes]:
+    """(JSON header, trailing binary section) of a possibly binary-framed response."""
+    content = response.content
+    n = response.headers.get(HEADER_LENGTH)
+    if n is None:
+        return json.loads(content), b""
+    n = int(n)
+    return json.loads(content[:n]), content[n:]
+
+
+def decode_infer(response: httpx.Response) -> RunResult:
+    body, blob = _split_binary(_decode(response))
+    arrays, buffers, offset = {}, {}, 0
+    for out in body.get("outputs", []):
+        params = out.get("parameters") or {}
+        name = out["name"]
+        if "buffer" in params and out.get("data") is None and "binary_data_size" not in params:
+            buffers[name] = params["buffer"]
+            continue
+        dtype, shape = numpy_dtype(out["datatype"]), tuple(out.get("shape", ()))
+        if "binary_data_size" in params:
+            size = int(params["binary_data_size"])
+            arr = np.frombuffer(blob[offset:offset + size], dtype=dtype.newbyteorder("<") if
+                                dtype.itemsize > 1 else dtype).astype(dtype, copy=True).reshape(shape)
+            offset += size
+        else:
+            arr = np.asarray(out.get("data", []), dtype=np.float64 if dtype.kind == "f" else None
+                             ).astype(dtype).reshape(shape)
+        arrays[name] = arr
+        if "buffer" in params:
+            buffers[name] = params["buffer"]
+    params = body.get("parameters") or {}
+    timings = {k.removesuffix("_us"): float(v) for k, v in params.items()
+               if k.endswith("_us") and isinstance(v, (int, float))}
+    return RunResult(model_name=body.get("model_name", ""), id=body.get("id"), outputs=arrays,
+                     buffers=buffers, timings_us=timings, cache_hits=int(params.get("cache_hits", 0)),
+                     cache_misses=int(params.get("cache_misses", 0)), parameters=params)
+
+
+def decode_fusion_ref(response: httpx.Response) -> FusionRef:
+    body = _json(response)
+    return FusionRef(id=body["id"], name=body.get("name", ""), info=body)
+
+
+# ---- requests -----------------------------------------------------------------------------
+class _RequestBuilder:
+    """Makes the httpx.Request of every endpoint; knows the URL layout and the wire formats."""
+
+    def __init__(self, base_url: str, token: str | None = None):
+        self.base_url = normalize_url(base_url)
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+
+    def request(self, method: str, path: str, **kwargs) -> httpx.Request:
+        headers = {**self.headers, **kwargs.pop("headers", {})}
+        return httpx.Request(method, self.base_url + path, headers=headers, **kwargs)
+
+    # health and metadata
+    def get(self, path: str, **kwargs) -> httpx.Request:
+        return self.request("GET", path, **kwargs)
+
+    # buffers
+    def put_buffer(self, name: str, array) -> httpx.Request:
+        host = to_host(array)
+        # Raw bytes + dtype/shape query: no .npy header to parse, and bfloat16 survives (NumPy
+        # cannot describe ml_dtypes' bfloat16 in a .npy header).
+        return self.request("PUT", f"/v2/buffers/{_seg(name)}", content=host.tobytes(),
+                            params={"dtype": dtype_name(host.dtype),
+                                    "shape": ",".join(str(d) for d in host.shape)},
+                            headers={"Content-Type": OCTET})
+
+    def infer(self, fusion, inputs: Mapping[str, Any], outputs) -> httpx.Request:
+        """POST /v2/models/{name}/infer for a registered fusion, else POST /v2/execute inline."""
+        body, blobs = infer_body(inputs, outputs)
+        if isinstance(fusion, FusionRef) or is_registered_name(fusion):
+            ref = fusion.id if isinstance(fusion, FusionRef) else fusion
+            path = f"/v2/models/{_seg(ref)}/infer"
+        else:
+            body["graph"] = graph_dict(fusion)
+            path = "/v2/execute"
+        header = json.dumps(body, separators=(",", ":")).encode()
+        if not blobs:
+            return self.request("POST", path, content=header, headers={"Content-Type": "application/json"})
+        return self.request("POST", path, content=b"".join([header, *blobs]),
+                            headers={"Content-Type": OCTET, HEADER_LENGTH: str(len(header))})
+
+
+def infer_body(inputs: Mapping[str, Any], outputs) -> tuple[dict, list[bytes]]:
+    """The KServe v2 request JSON and the binary section (arrays in input order)."""
+    if not isinstance(inputs, Mapping):
+        raise TypeError("inputs is a dict of name -> array or Buffer")
+    body_inputs, blobs = [], []
+    for name, value in inputs.items():
+        if isinstance(value, Buffer):
+            body_inputs.append({"name": name, "parameters": {"buffer": value.name}})
+            continue
+        host = to_host(value)
+        raw = host.tobytes()
+        body_inputs.append({"name": name, "shape": list(host.shape), "datatype": kserve_datatype(host.dtype),
+                            "parameters": {"binary_data_size": len(raw)}})
+        blobs.append(raw)
+    body: dict = {"inputs": body_inputs}
+    if outputs is not None:
+        body["outputs"] = [_output_entry(name, dest) for name, dest in _output_items(outputs)]
+    else:
+        # Every output, returned as binary (KServe: omitted outputs means all of them).
+        body["parameters"] = {"binary_data_output": True}
+    return body, blobs
+
+
+def _output_items(outputs) -> list[tuple[str, Any]]:
+    if isinstance(outputs, str):
+        return [(outputs, None)]
+    if isinstance(outputs, Mapping):
+        return list(outputs.items())
+    if isinstance(outputs, Sequence):
+        return [(name, None) for name in outputs]
+    raise TypeError("outputs is a list of names or a dict of name -> Buffer (or None to return it)")
+
+
+def _output_entry(name: str, dest) -> dict:
+    if dest is None or dest is True:
+        return {"name": name, "parameters": {"binary_data": True}}
+    if isinstance(dest, str):
+        dest = Buffer(dest)
+    if not isinstance(dest, Buffer):
+        raise TypeError(f"output '{name}': a destination is a Buffer, a buffer name or None")
+    params: dict = {"buffer": dest.name}
+    if dest.overwrite:
+        params["overwrite"] = True
+    return {"name": name, "parameters": params}
+
+
+def _seg(name: str) -> str:
+    """One URL path segment."""
+    return quote(str(name), safe="")
+
+
+# ---- calls ----------------------------------------------------------------------------------
+class _Calls:
+    """The client's methods as I/O-free generators (see the module docstring)."""
+
+    def __init__(self, builder: _RequestBuilder):
+        self.build = builder
+
+    def is_live(self) -> Call:
+        response = yield self.build.get("/v2/health/live")
+        return response.status_code == 200
+
+    def is_ready(self) -> Call:
+        response = yield self.build.get("/v2/health/ready")
+        return response.status_code == 200
+
+    def metadata(self) -> Call:
+        return _json((yield self.build.get("/v2")))
+
+    def put(self, name: str, array) -> Call:
+        return _json((yield self.build.put_buffer(name, array)))
+
+    def get(self, name: str) -> Call:
+        response = _decode((yield self.build.get(f"/v2/buffers/{_seg(name)}", headers={"Accept": NPY})))
+        return load_npy(response.content)
+
+    def delete(self, name: str) -> Call:
+        _decode((yield self.build.request("DELETE", f"/v2/buffers/{_seg(name)}")))
+
+    def buffers(self) -> Call:
+        body = _json((yield self.build.get("/v2/buffers")))
+        return body.get("buffers", body) if isinstance(body, dict) else body
+
+    def register(self, fusion, replace: bool = False) -> Call:
+        params = {"replace": "true"} if replace else {}
+        response = yield self.build.request("POST", "/v2/fusions", json=graph_dict(fusion), params=params)
+        return decode_fusion_ref(response)
+
+    def fusions(self) -> Call:
+        body = _json((yield self.build.get("/v2/fusions")))
+        return body.get("fusions", body) if isinstance(body, dict) else body
+
+    def fusion(self, ref) -> Call:
+        return _json((yield self.build.get(f"/v2/fusions/{_seg(_ref_id(ref))}")))
+
+    def unregister(self, ref) -> Call:
+        _decode((yield self.build.request("DELETE", f"/v2/fusions/{_seg(_ref_id(ref))}")))
+
+    def plan(self, fusion, shapes) -> Call:
+        if isinstance(fusion, FusionRef) or is_registered_name(fusion):
+            ref = _ref_id(fusion)
+        else:
+            ref = (yield from self.register(fusion)).id
+        response = yield self.build.get(f"/v2/fusions/{_seg(ref)}/plan", params={"shape": format_shapes(shapes)})
+        return _json(response)
+
+    def run(self, fusion, inputs: Mapping[str, Any] | None = None, outputs=None) -> Call:
+        return decode_infer((yield self.build.infer(fusion, inputs or {}, outputs)))
+
+
+def _ref_id(ref) -> str:
+    return ref.id if isinstance(ref, FusionRef) else str(ref)

@@ -1,0 +1,194 @@
+"""`Client` and `AsyncClient`: the same methods, one sending with httpx.Client, one awaiting
+httpx.AsyncClient. Everything else (URLs, bodies, decoding, errors) lives in `_builder`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+import numpy as np
+
+from ._builder import Call, _Calls, _RequestBuilder, transport_error
+from ._types import FusionRef, RunResult
+
+DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=5.0)  # a first GPU run may compile for seconds
+
+
+class _BaseClient:
+    def __init__(self, url: str, token: str | None, timeout):
+        self._build = _RequestBuilder(url, token)
+        self._calls = _Calls(self._build)
+        self.timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
+
+    @property
+    def url(self) -> str:
+        return self._build.base_url
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+
+class Client(_BaseClient):
+    """A synchronous client of a segfuse server.
+
+        with Client("localhost:8000") as c:
+            c.put("ids_0", ids)
+            res = c.run("moe_problem_sizes", inputs={"topk_ids": Buffer("ids_0")}, outputs=["counts"])
+            res["counts"]
+
+    `url` is "host:port" or a full URL; `token` is the server's bearer token, if it has one.
+    Every failure raises `SegfuseError`.
+    """
+
+    def __init__(self, url: str = "127.0.0.1:8000", token: str | None = None,
+                 timeout: float | httpx.Timeout = DEFAULT_TIMEOUT, *, transport: httpx.BaseTransport | None = None):
+        super().__init__(url, token, timeout)
+        self._http = httpx.Client(timeout=self.timeout, transport=transport)
+
+    def _send(self, call: Call):
+        """Drive one call: send each request it yields, hand back the response."""
+        try:
+            request = next(call)
+            while True:
+                try:
+                    response = self._http.send(request)
+                except httpx.TransportError as e:
+                    raise transport_error(e, self.url) from None
+                request = call.send(response)
+        except StopIteration as done:
+            return done.value
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # health and metadata
+    def is_live(self) -> bool:
+        return self._send(self._calls.is_live())
+
+    def is_ready(self) -> bool:
+        return self._send(self._calls.is_ready())
+
+    def metadata(self) -> dict:
+        return self._send(self._calls.metadata())
+
+    # buffers
+    def put(self, name: str, array) -> dict:
+        """Store `array` (NumPy, or a CuPy/torch array copied to the host) as buffer `name`."""
+        return self._send(self._calls.put(name, array))
+
+    def get(self, name: str) -> np.ndarray:
+        return self._send(self._calls.get(name))
+
+    def delete(self, name: str) -> None:
+        return self._send(self._calls.delete(name))
+
+    def buffers(self) -> list[dict]:
+        return self._send(self._calls.buffers())
+
+    # fusions
+    def register(self, fusion, replace: bool = False) -> FusionRef:
+        """Register a FusionDefinition, a graph dict or a path to a graph JSON file."""
+        return self._send(self._calls.register(fusion, replace))
+
+    def fusions(self) -> list[dict]:
+        return self._send(self._calls.fusions())
+
+    def fusion(self, ref: FusionRef | str) -> dict:
+        return self._send(self._calls.fusion(ref))
+
+    def unregister(self, ref: FusionRef | str) -> None:
+        return self._send(self._calls.unregister(ref))
+
+    def plan(self, fusion, shapes: Mapping[str, int] | str) -> dict:
+        """The segment plan for sizes such as {"T": 4096, "K": 8} (registers the graph if needed)."""
+        return self._send(self._calls.plan(fusion, shapes))
+
+    def run(self, fusion, inputs: Mapping[str, Any] | None = None, outputs=None) -> RunResult:
+        """Run a fusion: a FusionRef, a registered name or id, or a graph (sent inline).
+
+        An input is an array (sent in the binary extension) or `Buffer("name")`. `outputs` is a
+        list of names to return, or a dict of name -> `Buffer("name")` to store instead (None
+        returns that one); omitted, every output is returned.
+        """
+        return self._send(self._calls.run(fusion, inputs, outputs))
+
+
+class AsyncClient(_BaseClient):
+    """The asynchronous twin of `Client`: the same methods, as coroutines.
+
+        async with AsyncClient("localhost:8000") as c:
+            res = await c.run(graph, inputs={"topk_ids": ids})
+    """
+
+    def __init__(self, url: str = "127.0.0.1:8000", token: str | None = None,
+                 timeout: float | httpx.Timeout = DEFAULT_TIMEOUT, *,
+                 transport: httpx.AsyncBaseTransport | None = None):
+        super().__init__(url, token, timeout)
+        self._http = httpx.AsyncClient(timeout=self.timeout, transport=transport)
+
+    async def _send(self, call: Call):
+        try:
+            request = next(call)
+            while True:
+                try:
+                    response = await self._http.send(request)
+                except httpx.TransportError as e:
+                    raise transport_error(e, self.url) from None
+                request = call.send(response)
+        except StopIteration as done:
+            return done.value
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+    async def is_live(self) -> bool:
+        return await self._send(self._calls.is_live())
+
+    async def is_ready(self) -> bool:
+        return await self._send(self._calls.is_ready())
+
+    async def metadata(self) -> dict:
+        return await self._send(self._calls.metadata())
+
+    async def put(self, name: str, array) -> dict:
+        return await self._send(self._calls.put(name, array))
+
+    async def get(self, name: str) -> np.ndarray:
+        return await self._send(self._calls.get(name))
+
+    async def delete(self, name: str) -> None:
+        return await self._send(self._calls.delete(name))
+
+    async def buffers(self) -> list[dict]:
+        return await self._send(self._calls.buffers())
+
+    async def register(self, fusion, replace: bool = False) -> FusionRef:
+        return await self._send(self._calls.register(fusion, replace))
+
+    async def fusions(self) -> list[dict]:
+        return await self._send(self._calls.fusions())
+
+    async def fusion(self, ref: FusionRef | str) -> dict:
+        return await self._send(self._calls.fusion(ref))
+
+    async def unregister(self, ref: FusionRef | str) -> None:
+        return await self._send(self._calls.unregister(ref))
+
+    async def plan(self, fusion, shapes: Mapping[str, int] | str) -> dict:
+        return await self._send(self._calls.plan(fusion, shapes))
+
+    async def run(self, fusion, inputs: Mapping[str, Any] | None = None, outputs=None) -> RunResult:
+        return await self._send(self._calls.run(fusion, inputs, outputs))

@@ -1,0 +1,31 @@
+"""The one exception the client raises."""
+
+from __future__ import annotations
+
+
+class SegfuseError(Exception):
+    """A request failed: the server answered with an error, or it could not be reached.
+
+    `status` is the HTTP status (None when no answer came back), `message` the server's
+    `error` text, `details` its list of `{"loc": [...], "msg": ...}` entries, `url` the
+    request's URL.
+    """
+
+    def __init__(self, message: str, status: int | None = None, details: list[dict] | None = None,
+                 url: str | None = None):
+        self.message = message
+        self.status = status
+        self.details = list(details or [])
+        self.url = url
+        super().__init__(message)
+
+    def __str__(self) -> str:
+        head = f"[{self.status}] {self.message}" if self.status is not None else self.message
+        lines = [head]
+        for d in self.details:
+            loc = ".".join(str(p) for p in d.get("loc", []))
+            lines.append(f"  {loc}: {d.get('msg', '')}" if loc else f"  {d.get('msg', '')}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"SegfuseError({self.message!r}, status={self.status!r}, details={self.details!r})"
