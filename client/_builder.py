@@ -135,10 +135,10 @@ def decode_infer(response: httpx.Response) -> RunResult:
         if "buffer" in params:
             buffers[name] = params["buffer"]
     params = body.get("parameters") or {}
-    timings = {k.removesuffix("_us"): float(v) for k, v in params.items()
-               if k.endswith("_us") and isinstance(v, (int, float))}
-    return RunResult(model_name=body.get("model_name", ""), id=body.get("id"), outputs=arrays,
-                     buffers=buffers, timings_us=timings, cache_hits=int(params.get("cache_hits", 0)),
+    return RunResult(model_name=body.get("model_name", ""), id=body.get("id"),
+                     fusion_id=params.get("fusion_id", ""), outputs=arrays, buffers=buffers,
+                     timings_us={k: float(v) for k, v in (params.get("timings_us") or {}).items()},
+                     cache_hits=int(params.get("cache_hits", 0)),
                      cache_misses=int(params.get("cache_misses", 0)), parameters=params)
 
 

@@ -38,7 +38,8 @@ class RunResult:
     """
 
     model_name: str
-    id: str | None
+    id: str | None  # the request id, echoed
+    fusion_id: str  # content hash of the graph that ran
     outputs: dict[str, np.ndarray]
     buffers: dict[str, str]
     timings_us: dict[str, float]

@@ -7,10 +7,10 @@ import argparse
 import sys
 
 from ..errors import SegfuseError
-from . import graph_cmds
+from . import client_cmds, graph_cmds
 
 # Modules that add sub-commands; each has add_parsers(subparsers).
-COMMAND_MODULES = [graph_cmds]
+COMMAND_MODULES = [graph_cmds, client_cmds]
 
 EPILOG = """examples:
   segfuse validate examples/moe_problem_sizes.json

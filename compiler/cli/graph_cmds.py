@@ -8,6 +8,8 @@ import sys
 
 import numpy as np
 
+from . import client_cmds
+
 
 def add_parsers(sub) -> None:
     p = sub.add_parser("validate", help="check a graph file and print its tensors",
@@ -27,6 +29,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--output", "-o", action="append", default=[], metavar="NAME=FILE.npy",
                    help="write an output to a .npy file (repeatable); outputs not named are printed")
     p.add_argument("--backend", default="numpy", help="numpy (default)")
+    client_cmds.add_server_options(p)  # --server URL: run on a segfuse server instead
     p.set_defaults(func=cmd_run)
 
 
@@ -74,6 +77,9 @@ def cmd_validate(args) -> int:
 def cmd_run(args) -> int:
     from ..engine import Engine
     from . import UserError
+
+    if args.server:
+        return client_cmds.run_remote(args)
 
     f = _load(args.graph)
     inputs = {}

@@ -1,0 +1,384 @@
+"""Commands that talk to a segfuse server (`buffers`, `run --server`) and the GPU-side helpers
+`warmup` and `bench`.
+
+Server commands take `--server URL` (default $SEGFUSE_SERVER, else http://127.0.0.1:8000) and
+`--token` (default $SEGFUSE_TOKEN). A server's 4xx answer or an unreachable server is a user
+error (exit status 2); a 5xx is a server bug (exit status 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+DEFAULT_SERVER = "http://127.0.0.1:8000"
+BUFFER_PREFIX = "buffer:"  # --input ids=buffer:ids_0 reads (or --output stores into) a server buffer
+
+_RAW = argparse.RawDescriptionHelpFormatter
+
+
+def add_server_options(p: argparse.ArgumentParser, default_server: str | None = None) -> None:
+    """--server and --token. `default_server` None means the command runs in-process without it."""
+    default_help = f"default: $SEGFUSE_SERVER or {DEFAULT_SERVER}" if default_server else \
+        "default: run in-process"
+    p.add_argument("--server", "-s", default=default_server, metavar="URL",
+                   help=f"segfuse server, host:port or a URL ({default_help})")
+    p.add_argument("--token", default=os.environ.get("SEGFUSE_TOKEN"),
+                   help="bearer token of the server (default: $SEGFUSE_TOKEN)")
+
+
+def add_parsers(sub) -> None:
+    # ---- buffers ------------------------------------------------------------------------
+    p = sub.add_parser("buffers", help="list, upload, download and delete buffers on a server",
+                       formatter_class=_RAW, description="Manage the named buffers a segfuse server holds.",
+                       epilog="examples:\n"
+                              "  segfuse buffers ls --server 127.0.0.1:8000\n"
+                              "  segfuse buffers put ids_0 ids.npy\n"
+                              "  segfuse buffers get counts_0 counts.npy\n"
+                              "  segfuse buffers rm ids_0 counts_0")
+    bsub = p.add_subparsers(dest="buffers_command", metavar="ACTION")
+    bsub.required = True
+    q = bsub.add_parser("ls", help="list buffers", formatter_class=_RAW,
+                        epilog="example:\n  segfuse buffers ls --json")
+    q.add_argument("--json", action="store_true", help="print the server's JSON")
+    add_server_options(q, os.environ.get("SEGFUSE_SERVER", DEFAULT_SERVER))
+    q.set_defaults(func=cmd_buffers_ls)
+    q = bsub.add_parser("put", help="upload a .npy file as a buffer", formatter_class=_RAW,
+                        epilog="example:\n  segfuse buffers put ids_0 ids.npy")
+    q.add_argument("name", help="buffer name")
+    q.add_argument("file", help=".npy file to upload")
+    add_server_options(q, os.environ.get("SEGFUSE_SERVER", DEFAULT_SERVER))
+    q.set_defaults(func=cmd_buffers_put)
+    q = bsub.add_parser("get", help="download a buffer into a .npy file", formatter_class=_RAW,
+                        epilog="example:\n  segfuse buffers get counts_0 counts.npy   # '-' prints it")
+    q.add_argument("name", help="buffer name")
+    q.add_argument("file", nargs="?", default="-", help=".npy file to write ('-' or omitted: print)")
+    add_server_options(q, os.environ.get("SEGFUSE_SERVER", DEFAULT_SERVER))
+    q.set_defaults(func=cmd_buffers_get)
+    q = bsub.add_parser("rm", help="delete buffers", formatter_class=_RAW,
+                        epilog="example:\n  segfuse buffers rm ids_0 counts_0")
+    q.add_argument("names", nargs="+", metavar="NAME", help="buffer names")
+    add_server_options(q, os.environ.get("SEGFUSE_SERVER", DEFAULT_SERVER))
+    q.set_defaults(func=cmd_buffers_rm)
+
+    # ---- warmup ---------------------------------------------------------------------------
+    p = sub.add_parser("warmup", help="compile a graph's kernels ahead of time for given sizes",
+                       formatter_class=_RAW,
+                       description="Plan, and on a GPU compile, every segment of each graph for each "
+                                   "--shape, so that the kernel cache is warm before serving. On the "
+                                   "NumPy backend there is nothing to compile: it plans only.",
+                       epilog="examples:\n"
+                              "  segfuse warmup examples/moe_problem_sizes.json --shape T=4096,K=8\n"
+                              "  segfuse warmup examples/*.json --shape T=1 --shape T=4096 --backend cupy")
+    p.add_argument("graphs", nargs="+", metavar="GRAPH.json", help="graph files")
+    p.add_argument("--shape", action="append", default=[], metavar="SYM=N,...",
+                   help="values of the graph's symbolic sizes (repeatable), e.g. T=4096,K=8")
+    p.add_argument("--backend", default="auto", help="auto (cupy when a GPU is visible, else numpy), cupy or numpy")
+    p.set_defaults(func=cmd_warmup)
+
+    # ---- bench ---------------------------------------------------------------------------
+    p = sub.add_parser("bench", help="run the GPU benchmarks (benchmarks/bench_gpu.py)",
+                       formatter_class=_RAW,
+                       description="Runs benchmarks/bench_gpu.py with a progress bar; it writes the "
+                                   "results table and plots to --out. Needs a CUDA GPU and CuPy.",
+                       epilog="examples:\n  segfuse bench\n  segfuse bench --out /tmp/bench -- --quick")
+    p.add_argument("--out", default="benchmarks/out", help="where the table and plots go (default: benchmarks/out)")
+    p.add_argument("--script", default=None, help="benchmark script (default: benchmarks/bench_gpu.py)")
+    p.add_argument("extra", nargs=argparse.REMAINDER, help="arguments after -- go to the script")
+    p.set_defaults(func=cmd_bench)
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+def _client(args):
+    from segfuse.client import Client
+
+    from . import UserError
+
+    try:
+        return Client(args.server, token=args.token)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
+def _calling(fn, *a, **kw):
+    """Run a client call; a SegfuseError becomes a printed error and an exit status."""
+    from segfuse.client import SegfuseError
+
+    try:
+        return fn(*a, **kw)
+    except SegfuseError as e:
+        raise ServerError(e) from None
+
+
+class ServerError(Exception):
+    """A client error in a CLI command: printed; exit status 1 for a server bug (5xx), else 2."""
+
+    def __init__(self, error):
+        super().__init__(str(error))
+        self.error = error
+
+    @property
+    def exit_status(self) -> int:
+        return 1 if (self.error.status or 0) >= 500 else 2
+
+
+def _guard(cmd):
+    """Decorator: maps ServerError to its message and exit status."""
+    def wrapper(args) -> int:
+        try:
+            return cmd(args)
+        except ServerError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return e.exit_status
+    wrapper.__name__ = cmd.__name__
+    wrapper.__doc__ = cmd.__doc__
+    return wrapper
+
+
+def _load_npy(path: str, what: str) -> np.ndarray:
+    from . import UserError
+
+    try:
+        return np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as e:
+        raise UserError(f"cannot load {what} from {path}: {e}") from None
+
+
+def _print_array(name: str, arr: np.ndarray) -> None:
+    with np.printoptions(threshold=64, edgeitems=4):
+        print(f"{name}: {arr.dtype}{list(arr.shape)}\n{arr}")
+
+
+# ---- buffers ------------------------------------------------------------------------------------
+@_guard
+def cmd_buffers_ls(args) -> int:
+    with _client(args) as c:
+        bufs = _calling(c.buffers)
+    if args.json:
+        print(json.dumps(bufs, indent=2))
+        return 0
+    if not bufs:
+        print("no buffers")
+        return 0
+    width = max(len(b["name"]) for b in bufs)
+    for b in bufs:
+        print(f"{b['name']:<{width}}  {b['dtype']:<8} {str(b['shape']):<16} {b['bytes']:>12} B  {b.get('device', '')}")
+    return 0
+
+
+@_guard
+def cmd_buffers_put(args) -> int:
+    arr = _load_npy(args.file, f"buffer '{args.name}'")
+    with _client(args) as c:
+        _calling(c.put, args.name, arr)
+    print(f"{args.name}: {arr.dtype}{list(arr.shape)} <- {args.file}")
+    return 0
+
+
+@_guard
+def cmd_buffers_get(args) -> int:
+    with _client(args) as c:
+        arr = _calling(c.get, args.name)
+    if args.file == "-":
+        _print_array(args.name, arr)
+    else:
+        np.save(args.file, arr)
+        print(f"{args.name}: {arr.dtype}{list(arr.shape)} -> {args.file}")
+    return 0
+
+
+@_guard
+def cmd_buffers_rm(args) -> int:
+    with _client(args) as c:
+        for name in args.names:
+            _calling(c.delete, name)
+            print(f"deleted {name}")
+    return 0
+
+
+# ---- run --server (called by graph_cmds.cmd_run) ---------------------------------------------------
+@_guard
+def run_remote(args) -> int:
+    """`segfuse run GRAPH --server URL`: the same inputs/outputs as the in-process run, plus
+    `NAME=buffer:BUF` to read an input from, or store an output into, a server buffer."""
+    from segfuse.client import Buffer
+
+    from . import UserError
+    from .graph_cmds import parse_pairs
+
+    inputs: dict = {}
+    for name, src in parse_pairs(args.input, "input").items():
+        inputs[name] = Buffer(src[len(BUFFER_PREFIX):]) if src.startswith(BUFFER_PREFIX) else \
+            _load_npy(src, f"input '{name}'")
+    files, outputs = {}, {}
+    for name, dest in parse_pairs(args.output, "output").items():
+        if dest.startswith(BUFFER_PREFIX):
+            outputs[name] = Buffer(dest[len(BUFFER_PREFIX):], overwrite=True)
+        else:
+            outputs[name], files[name] = None, dest
+    graph = args.graph
+    if not os.path.exists(graph) and graph.endswith(".json"):
+        raise UserError(f"cannot read {graph}: no such file")
+    with _client(args) as c:
+        # Named outputs only when some are named: otherwise every output comes back.
+        res = _calling(c.run, graph, inputs=inputs, outputs=outputs or None)
+    for name, arr in res.outputs.items():
+        if name in files:
+            np.save(files[name], arr)
+            print(f"{name}: {arr.dtype}{list(arr.shape)} -> {files[name]}")
+        else:
+            _print_array(name, arr)
+    for name, buf in res.buffers.items():
+        print(f"{name}: stored in buffer '{buf}'")
+    t = ", ".join(f"{k} {v:.0f} us" for k, v in res.timings_us.items())
+    print(f"# {res.model_name} ({res.fusion_id}): {t}; kernel cache {res.cache_hits} hits, "
+          f"{res.cache_misses} misses", file=sys.stderr)
+    return 0
+
+
+# ---- warmup -------------------------------------------------------------------------------------
+def parse_symbols(text: str) -> dict[str, int]:
+    """'T=4096,K=8' -> {'T': 4096, 'K': 8}."""
+    from . import UserError
+
+    out = {}
+    for part in text.split(","):
+        name, sep, value = part.strip().partition("=")
+        try:
+            if not sep or not name:
+                raise ValueError
+            out[name.strip()] = int(value)
+        except ValueError:
+            raise UserError(f"--shape expects SYM=N[,SYM=N...], e.g. T=4096,K=8; got '{text}'") from None
+    return out
+
+
+def _engine(backend: str):
+    from ..engine import Engine
+    from . import UserError
+
+    if backend == "auto":
+        backend = "cupy" if gpu_visible() else "numpy"
+    try:
+        return Engine.default(backend)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
+def cmd_warmup(args) -> int:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from . import UserError
+    from .graph_cmds import _load
+
+    shapes = [parse_symbols(s) for s in args.shape] or [{}]
+    fusions = [(path, _load(path)) for path in args.graphs]
+    for path, f in fusions:
+        for env in shapes:
+            missing = sorted(str(s) for s in f.symbols if str(s) not in env)
+            if missing:
+                raise UserError(f"{path}: give a value for {', '.join(missing)} with --shape, "
+                                f"e.g. --shape {','.join(f'{m}=1024' for m in missing)}")
+    engine = _engine(args.backend)
+    # The GPU engine compiles on warmup; engines without it can still plan (the NumPy backend
+    # has nothing to compile); an engine with neither only validates.
+    step = getattr(engine, "warmup", None) or getattr(engine, "plan", None)
+    verb = "compile" if hasattr(engine, "warmup") else ("plan" if step else "validate")
+    done = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  transient=not sys.stderr.isatty(), console=_stderr_console()) as bar:
+        task = bar.add_task(f"{verb} on {engine.backend}", total=len(fusions) * len(shapes))
+        for path, f in fusions:
+            for env in shapes:
+                label = ",".join(f"{k}={v}" for k, v in env.items() if k in {str(s) for s in f.symbols})
+                bar.update(task, description=f"{verb} {f.name} {label}".rstrip())
+                t0 = time.perf_counter()
+                result = step(f, {k: v for k, v in env.items() if k in {str(s) for s in f.symbols}}) \
+                    if step else None
+                done.append((f.name, label, _summary(result), (time.perf_counter() - t0) * 1e3))
+                bar.advance(task)
+    for name, label, summary, ms in done:
+        print(f"{name} {label}: {summary} ({ms:.1f} ms)".replace("  ", " "))
+    print(f"warmed up {len(done)} graph/size pair(s) on the {engine.backend} backend"
+          + ("" if verb == "compile" else f" ({verb} only: no kernels to compile)"))
+    return 0
+
+
+def _summary(result) -> str:
+    if result is None:
+        return "valid"
+    if isinstance(result, dict):
+        return ", ".join(f"{k} {v}" for k, v in result.items() if isinstance(v, (int, float, str)))
+    segs = getattr(result, "segments", None)
+    if segs is not None:
+        return f"{len(segs)} segment(s), {getattr(result, 'kernel_count', len(segs))} kernel(s)"
+    return str(result)
+
+
+def _stderr_console():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+# ---- bench --------------------------------------------------------------------------------------
+def gpu_visible() -> bool:
+    """True when CuPy imports and sees at least one CUDA device."""
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # ImportError, or CUDARuntimeError when there is no driver
+        return False
+
+
+def _repo_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def cmd_bench(args) -> int:
+    from . import UserError
+
+    script = Path(args.script) if args.script else next(
+        (p for p in (Path("benchmarks/bench_gpu.py"), _repo_root() / "benchmarks" / "bench_gpu.py") if p.exists()),
+        None)
+    if script is None or not script.exists():
+        raise UserError("no benchmark script: benchmarks/bench_gpu.py is not in this checkout "
+                        "(run from the repository root, or pass --script)")
+    if not gpu_visible():
+        raise UserError("no CUDA GPU is visible (or CuPy is not installed): segfuse bench measures GPU "
+                        "kernels and cannot run here; see benchmarks/README.md")
+    extra = args.extra[1:] if args.extra[:1] == ["--"] else args.extra
+    return _run_with_progress([sys.executable, str(script), "--out", args.out, *extra])
+
+
+def _run_with_progress(cmd: list[str]) -> int:
+    """Run a script, showing its output lines under a progress bar. Lines like '[3/12] name'
+    set the bar's position; others only update its description."""
+    import re
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    step = re.compile(r"^\[(\d+)/(\d+)\]\s*(.*)")
+    console = _stderr_console()
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=console) as bar:
+        task = bar.add_task("benchmarks", total=None)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            m = step.match(line)
+            if m:
+                bar.update(task, completed=int(m[1]), total=int(m[2]), description=m[3][:60])
+            else:
+                bar.console.print(line, markup=False, highlight=False)
+        rc = proc.wait()
+    return rc
