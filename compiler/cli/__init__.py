@@ -7,10 +7,10 @@ import argparse
 import sys
 
 from ..errors import SegfuseError
-from . import client_cmds, graph_cmds
+from . import client_cmds, graph_cmds, serve_cmd
 
 # Modules that add sub-commands; each has add_parsers(subparsers).
-COMMAND_MODULES = [graph_cmds, client_cmds]
+COMMAND_MODULES = [graph_cmds, client_cmds, serve_cmd]
 
 EPILOG = """examples:
   segfuse validate examples/moe_problem_sizes.json

@@ -1,0 +1,80 @@
+"""`segfuse serve`: the REST service (FastAPI on uvicorn). Flags default to SEGFUSE_* variables."""
+
+from __future__ import annotations
+
+import argparse
+
+EPILOG = """environment variables (defaults for the flags): SEGFUSE_HOST, SEGFUSE_PORT, SEGFUSE_BACKEND,
+SEGFUSE_DEVICE, SEGFUSE_CACHE_DIR, SEGFUSE_TOKEN, SEGFUSE_MAX_BODY_BYTES, SEGFUSE_MAX_OPS,
+SEGFUSE_MAX_RANK, SEGFUSE_MAX_BUFFER_BYTES, SEGFUSE_MAX_TOTAL_BYTES, SEGFUSE_MAX_QUEUED_RUNS,
+SEGFUSE_RUN_WORKERS, SEGFUSE_LOG_LEVEL. Sizes take K/M/G suffixes (binary units).
+
+examples:
+  segfuse serve --port 8000
+  SEGFUSE_TOKEN=secret segfuse serve --backend cupy --device 0 --cache-dir /var/cache/segfuse
+  curl -s localhost:8000/v2/health/ready
+"""
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("serve", help="run the REST service (KServe v2 style)", epilog=EPILOG,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, help="port (default 8000)")
+    p.add_argument("--backend", choices=["auto", "cupy", "numpy"],
+                   help="auto (default): CuPy when it imports and a GPU is visible, else NumPy")
+    p.add_argument("--device", type=int, help="GPU index (default 0)")
+    p.add_argument("--cache-dir", help="kernel cache directory (CUPY_CACHE_DIR for the CuPy backend)")
+    p.add_argument("--token", help="require 'Authorization: Bearer TOKEN' (health checks stay open); "
+                                   "prefer SEGFUSE_TOKEN, which does not show in ps")
+    size = _size
+    p.add_argument("--max-body-bytes", type=size, help="request body limit (default 256M)")
+    p.add_argument("--max-ops", type=int, help="ops per graph (default 4096)")
+    p.add_argument("--max-rank", type=int, help="tensor rank (default 8)")
+    p.add_argument("--max-buffer-bytes", type=size, help="bytes of one buffer (default 4G)")
+    p.add_argument("--max-total-bytes", type=size, help="bytes of all buffers together (default 32G)")
+    p.add_argument("--max-queued-runs", type=int, help="runs queued or running before 429 (default 256)")
+    p.add_argument("--run-workers", type=int, help="threads running fusions (default 1)")
+    p.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"],
+                   help="uvicorn log level (default info)")
+    p.set_defaults(func=cmd_serve)
+
+
+def _size(text: str) -> int:
+    from segfuse.server.settings import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a size like 1048576, 64M or 2G") from None
+
+
+def settings_from_args(args):
+    from segfuse.server.settings import Settings
+
+    from . import UserError
+
+    overrides = {k: getattr(args, k, None) for k in (
+        "host", "port", "backend", "device", "cache_dir", "token", "max_body_bytes", "max_ops", "max_rank",
+        "max_buffer_bytes", "max_total_bytes", "max_queued_runs", "run_workers", "log_level")}
+    try:
+        return Settings.from_env(**overrides)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
+def cmd_serve(args) -> int:
+    from . import UserError
+
+    try:
+        import uvicorn
+
+        from segfuse.server import create_app
+        from segfuse.server.backend import cupy_visible
+    except ImportError as e:
+        raise UserError(f"the server needs its extra dependencies: pip install 'segfuse[server]' ({e})") from None
+    settings = settings_from_args(args)
+    if settings.backend == "cupy" and not cupy_visible():
+        raise UserError("--backend cupy needs CuPy and a visible GPU (use --backend auto or numpy)")
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level)
+    return 0

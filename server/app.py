@@ -1,0 +1,91 @@
+"""`create_app(settings)`: the FastAPI application (tests build one per settings)."""
+
+from __future__ import annotations
+
+import asyncio
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Response
+from fastapi.openapi.utils import get_openapi
+
+from segfuse.compiler.schema import GraphSpec
+
+from . import __version__, errors
+from .middleware import GuardMiddleware
+from .models import BufferJson, BufferJsonOut, ErrorBody, ExecuteRequest, InferRequest
+from .routers import buffers, fusions, health, infer
+from .runtime import Runtime
+from .settings import Settings
+
+DESCRIPTION = """Segmented fusion executor. Register tensor fusion graphs, keep named buffers on the
+device, and run fusions on them through KServe v2 style inference requests (with the binary tensor
+data extension). Errors: `{"error": "...", "details": [{"loc": [...], "msg": "..."}]}`."""
+
+# Models used only in hand-written request bodies (binary framing, content negotiation).
+EXTRA_SCHEMAS = (InferRequest, ExecuteRequest, BufferJson, BufferJsonOut, ErrorBody, GraphSpec)
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings.from_env()
+    settings.check()
+    runtime = Runtime(settings)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        # Initialise in the background: /v2/health/live answers at once, /ready says 503 until done.
+        starting = asyncio.create_task(runtime.start())
+        app.state.starting = starting
+        try:
+            yield
+        finally:
+            await starting
+            await runtime.stop()
+
+    app = FastAPI(title="segfuse", version=__version__, description=DESCRIPTION, lifespan=lifespan)
+    app.state.runtime = runtime
+    app.state.settings = settings
+    errors.install(app)
+    app.add_middleware(GuardMiddleware, runtime=runtime)
+    for r in (health.router, buffers.router, fusions.router, infer.router):
+        app.include_router(r)
+
+    @app.get("/metrics", tags=["health"], summary="Prometheus metrics", response_class=Response,
+             responses={200: {"content": {"text/plain": {}}, "description": "Prometheus text format"}})
+    async def metrics() -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        if runtime.store is not None:
+            runtime.metrics.buffers_changed(runtime.store)
+        if runtime.executor is not None:
+            runtime.metrics.runs_admitted.set(runtime.executor.admitted)
+        return Response(runtime.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    def openapi() -> dict:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        comps = schema.setdefault("components", {}).setdefault("schemas", {})
+        for model in EXTRA_SCHEMAS:
+            s = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            comps.update(s.pop("$defs", {}))
+            comps.setdefault(model.__name__, s)
+        post = schema["paths"]["/v2/fusions"]["post"]
+        post["requestBody"]["content"]["application/json"]["schema"] = {"$ref": "#/components/schemas/GraphSpec"}
+        if settings.token:
+            comps_root = schema["components"]
+            comps_root["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
+            schema["security"] = [{"bearer": []}]
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi
+    return app
+
+
+async def wait_ready(app: FastAPI) -> None:
+    """For tests and embedders: wait until the lifespan's background start has finished."""
+    starting = getattr(app.state, "starting", None)
+    if starting is not None:
+        await asyncio.shield(starting)
+
+

@@ -1,0 +1,153 @@
+"""Choosing the compute backend and moving arrays between the host and where buffers live.
+
+CuPy is imported only here and only when asked for (or probed by "auto"), never at module level,
+so the server imports and runs on machines without a GPU.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+
+import numpy as np
+
+log = logging.getLogger("segfuse.server")
+
+
+class BackendUnavailable(RuntimeError):
+    pass
+
+
+class ArrayBackend:
+    """Host <-> buffer-device transfers for one backend. NumPy: buffers are host arrays."""
+
+    name = "numpy"
+
+    def __init__(self, device: int = 0):
+        self.device_index = device
+
+    @property
+    def device(self) -> str:
+        return "cpu"
+
+    def activate(self) -> None:
+        """Called in each worker thread before it touches arrays (selects the GPU for CuPy)."""
+
+    def from_host(self, a: np.ndarray):
+        # A private, writeable, contiguous copy: stored buffers never share memory with request bodies.
+        return np.array(a, copy=True, order="C")
+
+    def to_host(self, a) -> np.ndarray:
+        return np.ascontiguousarray(np.asarray(a))
+
+    def copy(self, a):
+        return a.copy()
+
+    def may_share(self, a, b) -> bool:
+        return np.may_share_memory(a, b)
+
+    def owns(self, a) -> bool:
+        """Whether `a` can be stored as is: a writeable array of this backend's kind."""
+        return isinstance(a, np.ndarray) and a.flags.writeable
+
+    def contiguous(self, a):
+        return np.ascontiguousarray(a)
+
+    def synchronize(self) -> None:
+        pass
+
+
+class CupyBackend(ArrayBackend):
+    name = "cupy"
+
+    def __init__(self, device: int = 0):
+        super().__init__(device)
+        import cupy  # noqa: F401  (deferred: only with a GPU)
+
+        self.cp = cupy
+        n = cupy.cuda.runtime.getDeviceCount()
+        if not 0 <= device < n:
+            raise BackendUnavailable(f"GPU {device} is not visible ({n} visible)")
+
+    @property
+    def device(self) -> str:
+        return f"cuda:{self.device_index}"
+
+    def activate(self) -> None:
+        self.cp.cuda.Device(self.device_index).use()
+
+    def from_host(self, a: np.ndarray):
+        self.activate()
+        return self.cp.array(a, copy=True, order="C")
+
+    def to_host(self, a) -> np.ndarray:
+        if isinstance(a, np.ndarray):
+            return np.ascontiguousarray(a)
+        return self.cp.asnumpy(a)
+
+    def may_share(self, a, b) -> bool:
+        if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+            return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and np.may_share_memory(a, b)
+        return bool(self.cp.may_share_memory(a, b))
+
+    def owns(self, a) -> bool:
+        return isinstance(a, self.cp.ndarray)
+
+    def copy(self, a):
+        return self.cp.array(a, copy=True)  # also moves a host array to the device
+
+    def contiguous(self, a):
+        return self.cp.ascontiguousarray(a)
+
+    def synchronize(self) -> None:
+        self.cp.cuda.Device(self.device_index).synchronize()
+
+
+def cupy_visible() -> bool:
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no CuPy, no driver, no device: all mean "not visible"
+        return False
+
+
+def make_engine(backend: str, cache_dir: str | None):
+    from segfuse.compiler import Engine
+
+    kwargs = {}
+    if cache_dir:
+        try:
+            params = inspect.signature(Engine.__init__).parameters
+        except (TypeError, ValueError):
+            params = {}
+        if "cache_dir" in params:
+            kwargs["cache_dir"] = cache_dir
+    return Engine(backend, **kwargs)
+
+
+def resolve(backend: str, device: int, cache_dir: str | None):
+    """(engine, array backend) for 'auto' | 'cupy' | 'numpy'. Raises BackendUnavailable."""
+    if cache_dir:
+        os.makedirs(cache_dir, exist_ok=True)
+        os.environ.setdefault("CUPY_CACHE_DIR", cache_dir)  # read by CuPy when it first compiles
+    if backend == "auto":
+        if cupy_visible():
+            try:
+                return resolve("cupy", device, cache_dir)
+            except BackendUnavailable as e:
+                log.warning("auto backend: %s; using numpy", e)
+        return resolve("numpy", device, cache_dir)
+    if backend == "cupy":
+        if not cupy_visible():
+            raise BackendUnavailable("backend 'cupy' needs CuPy and a visible GPU")
+        arrays = CupyBackend(device)
+        try:
+            engine = make_engine("cupy", cache_dir)
+        except ValueError as e:  # the Engine has no CuPy backend yet
+            raise BackendUnavailable(str(e)) from None
+        return engine, arrays
+    if backend == "numpy":
+        return make_engine("numpy", cache_dir), ArrayBackend(device)
+    raise BackendUnavailable(f"unknown backend '{backend}' (auto, cupy or numpy)")

@@ -1,0 +1,31 @@
+"""FastAPI dependencies shared by the routers."""
+
+from __future__ import annotations
+
+from fastapi import Depends, Request
+
+from .runtime import Runtime
+
+
+def get_runtime(request: Request) -> Runtime:
+    return request.app.state.runtime
+
+
+def ready_runtime(rt: Runtime = Depends(get_runtime)) -> Runtime:
+    """The runtime, or 503 until the backend is initialised."""
+    rt.require_ready()
+    return rt
+
+
+ERROR_RESPONSES = {
+    status: {"model": "ErrorBody", "description": text} for status, text in {
+        400: "malformed request", 401: "missing or bad bearer token", 404: "unknown buffer or fusion",
+        409: "name conflict", 413: "over a size limit", 422: "semantic error (graph, inputs, run)",
+        429: "run queue full (retry after Retry-After seconds)", 503: "not ready"}.items()
+}
+
+
+def errors(*statuses: int) -> dict:
+    from .models import ErrorBody
+
+    return {s: {"model": ErrorBody, "description": ERROR_RESPONSES[s]["description"]} for s in statuses}

@@ -1,0 +1,104 @@
+"""One error body for every failure: {"error": "<message>", "details": [{"loc": [...], "msg": "..."}]}.
+
+Compiler errors map to 422 (the request is well formed but disagrees with the graph or the data);
+`ApiError` carries any other status. A 500 means a bug in segfuse, never bad input.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from segfuse.compiler.errors import BindError, GraphError, RunError, SegfuseError
+
+log = logging.getLogger("segfuse.server")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, details: list[dict] | None = None,
+                 headers: dict | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.details = details or []
+        self.headers = headers
+
+
+def bad_request(msg: str, loc: tuple | list = ()) -> ApiError:
+    return ApiError(400, msg, [{"loc": list(loc), "msg": msg}])
+
+
+def unprocessable(msg: str, loc: tuple | list = ()) -> ApiError:
+    return ApiError(422, msg, [{"loc": list(loc), "msg": msg}])
+
+
+def not_found(what: str, name: str, loc: tuple | list = ()) -> ApiError:
+    msg = f"{what} '{name}' not found"
+    return ApiError(404, msg, [{"loc": list(loc), "msg": msg}])
+
+
+def conflict(msg: str, loc: tuple | list = ()) -> ApiError:
+    return ApiError(409, msg, [{"loc": list(loc), "msg": msg}])
+
+
+def too_large(msg: str, loc: tuple | list = ()) -> ApiError:
+    return ApiError(413, msg, [{"loc": list(loc), "msg": msg}])
+
+
+def error_body(message: str, details: list[dict] | None = None) -> dict:
+    return {"error": message, "details": details or []}
+
+
+def error_response(status: int, message: str, details: list[dict] | None = None,
+                   headers: dict | None = None) -> JSONResponse:
+    return JSONResponse(error_body(message, details), status_code=status, headers=headers)
+
+
+_SEGFUSE_TITLES = {GraphError: "invalid graph", BindError: "inputs disagree with the graph",
+                   RunError: "run failed"}
+
+
+def segfuse_status(e: SegfuseError) -> int:
+    return 422
+
+
+def segfuse_message(e: SegfuseError) -> str:
+    title = next((t for cls, t in _SEGFUSE_TITLES.items() if isinstance(e, cls)), "error")
+    return f"{title}: {e}"
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, e: ApiError):
+        return error_response(e.status, e.message, e.details, e.headers)
+
+    @app.exception_handler(SegfuseError)
+    async def _segfuse_error(request: Request, e: SegfuseError):
+        return error_response(segfuse_status(e), segfuse_message(e), e.details())
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, e: RequestValidationError):
+        errors = e.errors()
+        # The request does not have the documented structure (bad JSON, a field of the wrong type,
+        # a malformed path or query parameter): malformed, 400. 422 is kept for requests that are
+        # well formed but disagree with the graph or the data.
+        status = 400
+        details = [{"loc": list(err.get("loc", ())), "msg": err.get("msg", "")} for err in errors]
+        first = details[0] if details else {"loc": [], "msg": "invalid request"}
+        where = ".".join(str(p) for p in first["loc"])
+        return error_response(status, f"invalid request: {where}: {first['msg']}" if where else
+                              f"invalid request: {first['msg']}", details)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, e: StarletteHTTPException):
+        msg = e.detail if isinstance(e.detail, str) else "error"
+        return error_response(e.status_code, msg, [], getattr(e, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, e: Exception):
+        log.exception("internal error on %s %s", request.method, request.url.path)
+        return error_response(500, f"internal error: {type(e).__name__}: {e}")

@@ -1,0 +1,40 @@
+"""Prometheus metrics, one CollectorRegistry per app (several apps in one process don't clash)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class Metrics:
+    def __init__(self):
+        r = self.registry = CollectorRegistry(auto_describe=True)
+        self.requests = Counter("segfuse_requests", "HTTP requests by endpoint, method and status",
+                                ["endpoint", "method", "status"], registry=r)
+        self.run_seconds = Histogram("segfuse_run_seconds", "Fusion run latency, queue wait included",
+                                     buckets=LATENCY_BUCKETS, registry=r)
+        self.runs = Counter("segfuse_runs", "Fusion runs by outcome", ["outcome"], registry=r)
+        self.compiles = Counter("segfuse_compiles", "Kernels compiled (kernel cache misses)", registry=r)
+        self.compile_seconds = Counter("segfuse_compile_seconds", "Time spent compiling kernels", registry=r)
+        self.cache_hits = Counter("segfuse_kernel_cache_hits", "Kernel cache hits", registry=r)
+        self.cache_misses = Counter("segfuse_kernel_cache_misses", "Kernel cache misses", registry=r)
+        self.buffer_bytes = Gauge("segfuse_buffer_bytes", "Bytes held by stored buffers", registry=r)
+        self.buffers = Gauge("segfuse_buffers", "Number of stored buffers", registry=r)
+        self.runs_admitted = Gauge("segfuse_runs_admitted", "Runs queued or running", registry=r)
+        self.fusions = Gauge("segfuse_fusions", "Registered fusions", registry=r)
+
+    def buffers_changed(self, store) -> None:
+        self.buffer_bytes.set(store.used_bytes)
+        self.buffers.set(len(store.all()))
+
+    def observe_run(self, seconds: float, hits: int, misses: int, compile_us: float) -> None:
+        self.runs.labels("ok").inc()
+        self.run_seconds.observe(seconds)
+        self.cache_hits.inc(hits)
+        self.cache_misses.inc(misses)
+        self.compiles.inc(misses)
+        self.compile_seconds.inc(compile_us / 1e6)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

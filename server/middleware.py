@@ -1,0 +1,86 @@
+"""ASGI middleware: bearer-token auth, the request body limit, and request metrics.
+
+Auth and the body limit are middleware rather than route dependencies so they cover every path
+(docs, metrics, unknown paths) and refuse an oversized body before any of it is read.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from fastapi import HTTPException
+
+from .errors import error_body
+
+OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
+
+
+class BodyTooLarge(HTTPException):
+    def __init__(self, limit: int):
+        super().__init__(413, f"request body exceeds the limit of {limit} bytes")
+
+
+async def _send_json(send, status: int, body: dict, headers: list | None = None) -> None:
+    import json
+
+    raw = json.dumps(body).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode()),
+                            *(headers or [])]})
+    await send({"type": "http.response.body", "body": raw})
+
+
+class GuardMiddleware:
+    def __init__(self, app, runtime):
+        self.app = app
+        self.runtime = runtime
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        settings, metrics = self.runtime.settings, self.runtime.metrics
+        status = 500
+
+        async def send_counted(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            headers = dict(scope.get("headers") or [])
+            if settings.token and scope["path"] not in OPEN_PATHS:
+                given = headers.get(b"authorization", b"").decode("latin-1")
+                scheme, _, token = given.partition(" ")
+                if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
+                                                                         settings.token.encode()):
+                    msg = "missing bearer token" if not given else "invalid bearer token"
+                    return await _send_json(send_counted, 401, error_body(msg, [{"loc": ["headers", "Authorization"],
+                                                                               "msg": msg}]),
+                                            [(b"www-authenticate", b"Bearer")])
+            limit = settings.max_body_bytes
+            declared = headers.get(b"content-length")
+            if declared is not None:
+                try:
+                    too_big = int(declared) > limit
+                except ValueError:
+                    return await _send_json(send_counted, 400, error_body("malformed Content-Length header"))
+                if too_big:
+                    msg = f"request body of {int(declared)} bytes exceeds the limit of {limit} bytes"
+                    return await _send_json(send_counted, 413, error_body(msg, [{"loc": ["body"], "msg": msg}]))
+            received = 0
+
+            async def receive_limited():
+                nonlocal received
+                message = await receive()
+                if message["type"] == "http.request":
+                    received += len(message.get("body", b""))
+                    if received > limit:  # chunked bodies declare no length
+                        raise BodyTooLarge(limit)
+                return message
+
+            await self.app(scope, receive_limited, send_counted)
+        finally:
+            route = scope.get("route")
+            endpoint = getattr(route, "path", None) or "unmatched"
+            metrics.requests.labels(endpoint, scope.get("method", ""), str(status)).inc()

@@ -1,0 +1,198 @@
+"""Pydantic models of every request and response body (they make the OpenAPI schema at /docs)."""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Number = Union[bool, int, float]
+TensorData = list[Any]  # flat or nested row-major list of numbers (KServe)
+
+
+class ErrorDetail(BaseModel):
+    loc: list[Union[str, int]] = Field(description="where in the request, e.g. ['inputs', 0, 'shape']")
+    msg: str
+
+
+class ErrorBody(BaseModel):
+    error: str
+    details: list[ErrorDetail] = Field(default_factory=list)
+
+
+# ---- health and metadata ---------------------------------------------------------------
+class ServerMetadata(BaseModel):
+    name: str
+    version: str
+    extensions: list[str]
+    backend: str = Field(description="cupy or numpy")
+    device: str = Field(description="cuda:N or cpu")
+
+
+# ---- buffers ----------------------------------------------------------------------------
+class BufferInfo(BaseModel):
+    name: str
+    dtype: str = Field(description="segfuse dtype name, e.g. int64")
+    datatype: str = Field(description="KServe datatype, e.g. INT64")
+    shape: list[int]
+    bytes: int
+    device: str
+
+
+class BufferList(BaseModel):
+    buffers: list[BufferInfo]
+    total_bytes: int
+    limit_bytes: int
+
+
+class BufferJson(BaseModel):
+    """A buffer as JSON (PUT with Content-Type application/json, GET with Accept application/json)."""
+
+    model_config = ConfigDict(extra="forbid")
+    dtype: str = Field(description="int64 or INT64 style")
+    shape: list[int]
+    data: TensorData
+
+
+class BufferJsonOut(BufferJson):
+    name: str
+
+
+class BufferPut(BaseModel):
+    buffer: BufferInfo
+    created: bool = Field(description="false when an existing buffer was replaced")
+
+
+class Deleted(BaseModel):
+    deleted: str
+
+
+# ---- fusions ----------------------------------------------------------------------------
+class TensorMetadata(BaseModel):
+    name: str
+    datatype: str
+    shape: list[int] = Field(description="-1 for a symbolic (run-time) size")
+
+
+class FusionInfo(BaseModel):
+    id: str = Field(description="content hash of the canonical graph")
+    name: str
+    ops: int
+    inputs: list[TensorMetadata]
+    outputs: list[TensorMetadata]
+    symbols: list[str]
+
+
+class FusionRegistered(FusionInfo):
+    created: bool = Field(description="false when the same graph was already registered")
+    replaced: str | None = Field(None, description="id of the fusion this one replaced under the name")
+
+
+class FusionDetail(FusionInfo):
+    graph: dict[str, Any]
+
+
+class FusionList(BaseModel):
+    fusions: list[FusionInfo]
+
+
+class KernelSource(BaseModel):
+    segment: int
+    name: str | None = None
+    source: str
+
+
+class PlanResponse(BaseModel):
+    fusion_id: str
+    symbols: dict[str, int]
+    shapes: dict[str, list[int]] = Field(description="input shapes the plan was made for")
+    plan: dict[str, Any] = Field(description="segments with kinds, nodes, reasons and launch hints")
+    kernels: list[KernelSource] = Field(default_factory=list,
+                                        description="generated CUDA source per segment, when the engine offers it")
+
+
+# ---- inference (KServe v2) --------------------------------------------------------------
+class InputParameters(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    buffer: str | None = Field(None, description="read this stored buffer instead of inline data")
+    binary_data_size: int | None = Field(None, ge=0, description="bytes of this tensor in the binary tail")
+
+
+class InferInput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    shape: list[int] | None = None
+    datatype: str | None = None
+    parameters: InputParameters | None = None
+    data: TensorData | None = None
+
+
+class OutputParameters(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    buffer: str | None = Field(None, description="store the output under this buffer name (stays on the device)")
+    overwrite: bool = Field(False, description="allow replacing an existing buffer of that name")
+    binary_data: bool | None = Field(None, description="return the data in the binary tail")
+    return_data: bool | None = Field(None, description="also return the data when stored in a buffer")
+
+
+class InferRequestedOutput(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    parameters: OutputParameters | None = None
+
+
+class RequestParameters(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    binary_data_output: bool | None = Field(None, description="binary data for every returned output")
+
+
+class InferRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: str | None = None
+    parameters: RequestParameters | None = None
+    inputs: list[InferInput] = Field(default_factory=list)
+    outputs: list[InferRequestedOutput] | None = Field(
+        None, description="omitted: every graph output is returned inline")
+
+
+class ExecuteRequest(InferRequest):
+    graph: dict[str, Any] = Field(description="a segfuse.fusion/1 graph, registered and run in one call")
+    replace: bool = False
+
+
+class OutputResultParameters(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    buffer: str | None = None
+    binary_data_size: int | None = None
+
+
+class InferOutput(BaseModel):
+    name: str
+    shape: list[int]
+    datatype: str
+    parameters: OutputResultParameters | None = None
+    data: TensorData | None = None
+
+
+class RunParameters(BaseModel):
+    fusion_id: str
+    timings_us: dict[str, float] = Field(description="plan, compile, run (and queue, total) in microseconds")
+    cache_hits: int
+    cache_misses: int
+
+
+class InferResponse(BaseModel):
+    model_name: str
+    model_version: str | None = None
+    id: str | None = None
+    outputs: list[InferOutput]
+    parameters: RunParameters
+
+
+class ModelMetadata(BaseModel):
+    name: str
+    id: str
+    versions: list[str] = Field(default_factory=lambda: ["1"])
+    platform: str = "segfuse"
+    inputs: list[TensorMetadata]
+    outputs: list[TensorMetadata]

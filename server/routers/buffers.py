@@ -1,0 +1,159 @@
+"""Named buffers: arrays that stay where the backend computes, read and written by runs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
+
+from ..deps import errors, ready_runtime
+from ..errors import bad_request, not_found, unprocessable
+from ..models import BufferInfo, BufferJson, BufferJsonOut, BufferList, BufferPut, Deleted
+from ..runtime import Runtime
+from ..tensors import (NAME_PATTERN, check_shape, dtype_of, from_json_data, from_npy, from_raw, kserve_name,
+                       nbytes_of, parse_dtype, parse_shape_param, to_json_data, to_npy, to_raw)
+
+router = APIRouter(prefix="/v2/buffers", tags=["buffers"])
+
+NPY = "application/x-npy"
+RAW = "application/octet-stream"
+JSON = "application/json"
+
+BufferName = Path(pattern=NAME_PATTERN, description="[A-Za-z0-9_.-]{1,128}")
+
+
+def info(rt: Runtime, b) -> BufferInfo:
+    return BufferInfo(name=b.name, dtype=b.dtype.value, datatype=kserve_name(b.dtype), shape=list(b.shape),
+                      bytes=b.nbytes, device=rt.store.device)
+
+
+@router.get("", response_model=BufferList, summary="List buffers", responses=errors(401, 503))
+async def list_buffers(rt: Runtime = Depends(ready_runtime)) -> BufferList:
+    return BufferList(buffers=[info(rt, b) for b in rt.store.all()], total_bytes=rt.store.used_bytes,
+                      limit_bytes=rt.store.max_total_bytes)
+
+
+PUT_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            RAW: {"schema": {"type": "string", "format": "binary"},
+                  "description": "raw little-endian row-major bytes; dtype and shape as query parameters"},
+            NPY: {"schema": {"type": "string", "format": "binary"}, "description": "a .npy file"},
+            JSON: {"schema": {"$ref": "#/components/schemas/BufferJson"}},
+        },
+    }
+}
+
+
+@router.put("/{name}", response_model=BufferPut, summary="Create or replace a buffer", openapi_extra=PUT_BODY,
+            responses={201: {"model": BufferPut, "description": "created"}, **errors(400, 401, 413, 422, 503)})
+async def put_buffer(request: Request, response: Response, name: str = BufferName,
+                     dtype: str | None = Query(None, description="with application/octet-stream: int64 or INT64"),
+                     shape: str | None = Query(None, description="with application/octet-stream: e.g. 4096,8"),
+                     rt: Runtime = Depends(ready_runtime)) -> BufferPut:
+    ctype = request.headers.get("content-type", RAW).split(";")[0].strip().lower()
+    body = await request.body()
+    if ctype == JSON:
+        try:
+            doc = BufferJson.model_validate(json.loads(body))
+        except json.JSONDecodeError as e:
+            raise bad_request(f"the body is not valid JSON: {e}", ["body"]) from None
+        except Exception as e:  # pydantic.ValidationError
+            from fastapi.exceptions import RequestValidationError
+
+            raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors()]) from None
+        dt = parse_dtype(doc.dtype, ["body", "dtype"])
+        shp = check_shape(doc.shape, ["body", "shape"], rt.settings.max_rank)
+        rt.store.check_sizes({name: nbytes_of(shp, dt)}, lambda n: ["body"])
+        host = await asyncio.to_thread(from_json_data, doc.data, dt, shp, ["body", "data"])
+    elif ctype in (NPY, "application/npy"):
+        host = await asyncio.to_thread(from_npy, body, ["body"])
+        check_shape(list(host.shape), ["body"], rt.settings.max_rank)
+    elif ctype == RAW:
+        if dtype is None or shape is None:
+            raise bad_request("raw bytes need the dtype and shape query parameters, e.g. "
+                              "?dtype=int64&shape=4096,8", ["query"])
+        dt = parse_dtype(dtype, ["query", "dtype"])
+        shp = check_shape(list(parse_shape_param(shape, ["query", "shape"])), ["query", "shape"],
+                          rt.settings.max_rank)
+        host = from_raw(body, dt, shp, ["body"])
+    else:
+        raise bad_request(f"unsupported Content-Type '{ctype}' (use {RAW}, {NPY} or {JSON})",
+                          ["headers", "Content-Type"])
+    try:
+        dt = dtype_of(host)
+    except ValueError as e:
+        raise unprocessable(str(e), ["body"]) from None
+    nbytes = nbytes_of(tuple(host.shape), dt)
+    store = rt.store
+    async with store.pin(writes=[name]):  # waits for runs and readers of the old contents
+        async with store.reserve({name: nbytes}, lambda n: ["body"]):
+            device_array = await rt.on_device(rt.arrays.from_host, host)
+            created = store.commit(name, device_array, dt, tuple(host.shape), nbytes)
+        b = store.get(name)
+    response.status_code = 201 if created else 200
+    return BufferPut(buffer=info(rt, b), created=created)
+
+
+GET_RESPONSES = {
+    200: {"description": "the buffer: .npy by default; raw bytes or JSON when Accept asks",
+          "content": {NPY: {"schema": {"type": "string", "format": "binary"}},
+                      RAW: {"schema": {"type": "string", "format": "binary"}},
+                      JSON: {"schema": {"$ref": "#/components/schemas/BufferJsonOut"}}}},
+    **errors(401, 404, 503),
+}
+
+
+def _wants(accept: str) -> str:
+    """The first of npy/raw/json the Accept header names (by q order); .npy by default."""
+    choices = []
+    for i, part in enumerate(accept.split(",")):
+        media, *params = [p.strip() for p in part.split(";")]
+        q = 1.0
+        for p in params:
+            if p.startswith("q="):
+                try:
+                    q = float(p[2:])
+                except ValueError:
+                    pass
+        choices.append((-q, i, media.lower()))
+    for _, _, media in sorted(choices):
+        if media in (NPY, "application/npy"):
+            return NPY
+        if media == RAW:
+            return RAW
+        if media == JSON:
+            return JSON
+    return NPY
+
+
+@router.get("/{name}", summary="Read a buffer", response_class=Response, responses=GET_RESPONSES)
+async def get_buffer(request: Request, name: str = BufferName, rt: Runtime = Depends(ready_runtime)) -> Response:
+    store = rt.store
+    fmt = _wants(request.headers.get("accept", ""))
+    async with store.pin(reads=[name]):  # never a half-written buffer
+        b = store.get(name)
+        if b is None:
+            raise not_found("buffer", name, ["path", "name"])
+        host = await rt.on_device(rt.arrays.to_host, b.array)
+    headers = {"X-Segfuse-Dtype": b.dtype.value, "X-Segfuse-Shape": ",".join(map(str, b.shape))}
+    if fmt == JSON:
+        doc = BufferJsonOut(name=name, dtype=b.dtype.value, shape=list(b.shape), data=to_json_data(host))
+        return Response(doc.model_dump_json(), media_type=JSON, headers=headers)
+    if fmt == RAW:
+        return Response(to_raw(host), media_type=RAW, headers=headers)
+    return Response(to_npy(host), media_type=NPY, headers=headers)
+
+
+@router.delete("/{name}", response_model=Deleted, summary="Delete a buffer (waits for runs using it)",
+               responses=errors(401, 404, 503))
+async def delete_buffer(name: str = BufferName, rt: Runtime = Depends(ready_runtime)) -> Deleted:
+    store = rt.store
+    if name not in store:
+        raise not_found("buffer", name, ["path", "name"])
+    async with store.pin(writes=[name]):
+        if store.remove(name) is None:  # deleted by someone else while we waited
+            raise not_found("buffer", name, ["path", "name"])
+    return Deleted(deleted=name)

@@ -1,0 +1,134 @@
+"""Fusion registry: register (idempotent by content hash), list, inspect, delete, plan."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+from fastapi import APIRouter, Body, Depends, Query, Response
+
+from segfuse.compiler import Fusion
+
+from ..deps import errors, get_runtime, ready_runtime
+from ..errors import ApiError, bad_request, unprocessable
+from ..fusions import fusion_info
+from ..models import Deleted, FusionDetail, FusionInfo, FusionList, FusionRegistered, KernelSource, PlanResponse
+from ..runtime import Runtime
+
+router = APIRouter(prefix="/v2/fusions", tags=["fusions"])
+
+GRAPH_BODY = Body(..., description="a segfuse.fusion/1 graph (schema: GraphSpec)",
+                  openapi_examples={"moe_problem_sizes": {"summary": "MoE problem sizes", "value": {
+                      "format": "segfuse.fusion/1", "name": "moe_problem_sizes",
+                      "inputs": [{"name": "topk_ids", "dtype": "int64", "shape": ["T", "K"]}],
+                      "ops": [{"op": "reshape", "out": "flat", "inputs": ["topk_ids"], "shape": [-1]},
+                              {"op": "full", "out": "zeros", "shape": [16], "value": 0, "dtype": "int64"},
+                              {"op": "full_like", "out": "ones", "inputs": ["flat"], "value": 1},
+                              {"op": "scatter", "out": "counts", "inputs": ["zeros", "flat", "ones"],
+                               "dim": 0, "reduce": "add"}],
+                      "outputs": ["counts"]}}})
+
+
+async def register(rt: Runtime, graph: Any, replace: bool) -> tuple[Fusion, dict]:
+    if not isinstance(graph, dict):
+        raise bad_request("a graph must be a JSON object", ["body"])
+    fusion = await asyncio.to_thread(rt.fusions.parse, graph)  # big graphs take a while to validate
+    reg = rt.fusions.register(fusion, replace)
+    rt.metrics.fusions.set(len(rt.fusions))
+    return fusion, {"created": reg.created, "replaced": reg.replaced}
+
+
+@router.post("", response_model=FusionRegistered, summary="Register a fusion graph",
+             responses={201: {"model": FusionRegistered, "description": "registered"},
+                        **errors(400, 401, 409, 413, 422)})
+async def register_fusion(response: Response, graph: dict[str, Any] = GRAPH_BODY,
+                          replace: bool = Query(False, description="replace a different graph with the same name"),
+                          rt: Runtime = Depends(get_runtime)) -> FusionRegistered:
+    fusion, reg = await register(rt, graph, replace)
+    response.status_code = 201 if reg["created"] else 200
+    return FusionRegistered(**fusion_info(fusion), **reg)
+
+
+@router.get("", response_model=FusionList, summary="List fusions", responses=errors(401))
+async def list_fusions(rt: Runtime = Depends(get_runtime)) -> FusionList:
+    return FusionList(fusions=[FusionInfo(**fusion_info(f)) for f in rt.fusions.all()])
+
+
+@router.get("/{key}", response_model=FusionDetail, summary="A fusion (by id or name) with its graph",
+            responses=errors(401, 404))
+async def get_fusion(key: str, rt: Runtime = Depends(get_runtime)) -> FusionDetail:
+    f = rt.fusions.resolve(key)
+    return FusionDetail(**fusion_info(f), graph=f.to_json())
+
+
+@router.delete("/{key}", response_model=Deleted, summary="Unregister a fusion (runs in progress finish)",
+               responses=errors(401, 404))
+async def delete_fusion(key: str, rt: Runtime = Depends(get_runtime)) -> Deleted:
+    f = rt.fusions.delete(key)
+    rt.metrics.fusions.set(len(rt.fusions))
+    return Deleted(deleted=f.id)
+
+
+_BINDING = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(\d+)\s*$")
+
+
+def parse_symbols(text: str | None, fusion: Fusion) -> dict[str, int]:
+    env: dict[str, int] = {}
+    for part in (text or "").split(","):
+        if not part.strip():
+            continue
+        m = _BINDING.match(part)
+        if not m:
+            raise bad_request(f"shape binding '{part.strip()}' must look like T=4096", ["query", "shape"])
+        env[m.group(1)] = int(m.group(2))
+    unknown = sorted(set(env) - set(fusion.symbols))
+    if unknown:
+        raise unprocessable(f"unknown symbol(s) {', '.join(unknown)}; fusion '{fusion.name}' has "
+                            f"{', '.join(sorted(fusion.symbols)) or 'none'}", ["query", "shape"])
+    missing = sorted(set(fusion.symbols) - set(env))
+    if missing:
+        raise unprocessable(f"give a size for {', '.join(missing)}, e.g. ?shape="
+                            + ",".join(f"{s}=1024" for s in sorted(fusion.symbols)), ["query", "shape"])
+    return env
+
+
+def input_shapes(fusion: Fusion, env: dict[str, int]) -> dict[str, tuple]:
+    return {name: tuple(d if isinstance(d, int) else env[str(d)] for d in t.shape) for name, t in fusion.inputs}
+
+
+def kernel_sources(engine, plan, plan_dict: dict) -> list[KernelSource]:
+    """Generated CUDA source per segment, from whichever form the engine offers (none on NumPy)."""
+    found = []
+    if hasattr(engine, "kernel_sources"):
+        srcs = engine.kernel_sources(plan)
+        items = srcs.items() if isinstance(srcs, dict) else enumerate(srcs or [])
+        for seg, src in items:
+            if src:
+                found.append(KernelSource(segment=int(seg), source=str(src)))
+        return found
+    for seg in plan_dict.get("segments", []):
+        src = seg.get("source") or seg.get("cuda_source")
+        if src:
+            found.append(KernelSource(segment=int(seg.get("id", len(found))), name=seg.get("kernel_name"),
+                                      source=str(src)))
+    return found
+
+
+@router.get("/{key}/plan", response_model=PlanResponse, summary="Segments, reasons and kernel sources",
+            responses={**errors(400, 401, 404, 422, 503), 501: {"description": "the engine has no planner"}})
+async def get_plan(key: str, shape: str | None = Query(None, description="symbol sizes, e.g. T=4096,K=8"),
+                   rt: Runtime = Depends(ready_runtime)) -> PlanResponse:
+    fusion = rt.fusions.resolve(key)
+    env = parse_symbols(shape, fusion)
+    shapes = input_shapes(fusion, env)
+    fusion.bind(shapes)  # BindError (422) for sizes the graph cannot take
+    engine = rt.engine
+    if not hasattr(engine, "plan"):
+        raise ApiError(501, f"the {rt.backend_name} engine of this build has no planner (Engine.plan); "
+                            "runs work, plans are not available", [{"loc": [], "msg": "no planner"}])
+    plan = await rt.executor.call(engine.plan, fusion, shapes)
+    plan_dict = plan.to_dict() if hasattr(plan, "to_dict") else dict(plan)
+    kernels = await rt.executor.call(kernel_sources, engine, plan, plan_dict)
+    return PlanResponse(fusion_id=fusion.id, symbols=env, shapes={k: list(v) for k, v in shapes.items()},
+                        plan=plan_dict, kernels=kernels)

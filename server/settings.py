@@ -1,0 +1,79 @@
+"""Server settings: one dataclass, defaults overridable by SEGFUSE_* environment variables and by
+`segfuse serve` flags (flags win over the environment, the environment over the defaults)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+@dataclass
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    backend: str = "auto"  # auto | cupy | numpy
+    device: int = 0
+    cache_dir: str | None = None  # kernel cache directory (CUPY_CACHE_DIR for the CuPy backend)
+    token: str | None = None  # bearer token; None or "" = no auth
+    # Limits (413 beyond, except max_queued_runs: 429).
+    max_body_bytes: int = 256 * MiB
+    max_ops: int = 4096
+    max_rank: int = 8
+    max_buffer_bytes: int = 4 * GiB
+    max_total_bytes: int = 32 * GiB
+    max_queued_runs: int = 256  # runs admitted (waiting or running) before new ones get 429
+    run_workers: int = 1  # threads that run fusions; 1 serialises GPU work on the device
+    log_level: str = "info"
+    extra: dict = field(default_factory=dict)
+
+    ENV_PREFIX = "SEGFUSE_"
+
+    @classmethod
+    def from_env(cls, environ: dict | None = None, **overrides) -> Settings:
+        """Defaults, then SEGFUSE_<FIELD> variables, then `overrides` whose value is not None."""
+        env = os.environ if environ is None else environ
+        values = {}
+        for f in fields(cls):
+            if f.name == "extra":
+                continue
+            raw = env.get(cls.ENV_PREFIX + f.name.upper())
+            if raw is not None:
+                values[f.name] = _parse(f.name, raw, f.type)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        s = cls(**values)
+        s.check()
+        return s
+
+    def check(self) -> None:
+        if self.backend not in ("auto", "cupy", "numpy"):
+            raise ValueError(f"backend must be auto, cupy or numpy, not '{self.backend}'")
+        for name in ("max_body_bytes", "max_ops", "max_rank", "max_buffer_bytes", "max_total_bytes",
+                     "max_queued_runs", "run_workers"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+
+
+def _parse(name: str, raw: str, typ) -> object:
+    typ = str(typ)
+    try:
+        if typ.startswith("int"):
+            return parse_size(raw)
+    except ValueError:
+        raise ValueError(f"{Settings.ENV_PREFIX}{name.upper()}={raw!r} is not an integer") from None
+    return raw
+
+
+_UNITS = {"k": 1 << 10, "m": MiB, "g": GiB, "t": 1 << 40}
+
+
+def parse_size(text: str | int) -> int:
+    """'64M', '2G', '1024', '8k' -> bytes (binary units). Plain integers pass through."""
+    if isinstance(text, int):
+        return text
+    t = text.strip().lower().removesuffix("ib").removesuffix("b")
+    if t and t[-1] in _UNITS:
+        return int(float(t[:-1]) * _UNITS[t[-1]])
+    return int(t)

@@ -1,0 +1,134 @@
+"""Tensor codecs: dtype names, JSON data lists, raw little-endian bytes and .npy files, all to and
+from NumPy arrays on the host. Every failure is an ApiError naming where in the request it is."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+
+from segfuse.compiler.dtypes import FROM_KSERVE, KSERVE_NAMES, DType, from_numpy
+
+from .errors import bad_request, unprocessable
+
+NAME_PATTERN = r"^[A-Za-z0-9_.\-]{1,128}$"
+
+
+def parse_dtype(text: str, loc: tuple = ()) -> DType:
+    """A segfuse name ('int64') or a KServe name ('INT64')."""
+    if text in FROM_KSERVE:
+        return FROM_KSERVE[text]
+    try:
+        return DType(text)
+    except ValueError:
+        names = ", ".join(KSERVE_NAMES.values())
+        raise bad_request(f"unknown datatype '{text}' (use one of {names}, or "
+                          f"{', '.join(d.value for d in DType)})", loc) from None
+
+
+def kserve_name(dt: DType) -> str:
+    return KSERVE_NAMES[dt]
+
+
+def dtype_of(a) -> DType:
+    return from_numpy(a.dtype)
+
+
+def check_shape(shape, loc: tuple, max_rank: int | None = None) -> tuple[int, ...]:
+    from .errors import too_large
+
+    if not isinstance(shape, (list, tuple)) or not all(isinstance(d, int) and not isinstance(d, bool)
+                                                       for d in shape):
+        raise bad_request("shape must be a list of integers", loc)
+    if any(d < 0 for d in shape):
+        raise bad_request(f"shape {list(shape)} has a negative size", loc)
+    if max_rank is not None and len(shape) > max_rank:
+        raise too_large(f"rank {len(shape)} exceeds the limit of {max_rank}", loc)
+    return tuple(shape)
+
+
+def nbytes_of(shape: tuple[int, ...], dt: DType) -> int:
+    return math.prod(shape) * dt.itemsize
+
+
+def parse_shape_param(text: str, loc: tuple) -> tuple[int, ...]:
+    """'2,3' or '[2,3]' -> (2, 3); '' or '[]' -> () (a scalar)."""
+    t = text.strip().strip("[]()").strip()
+    if not t:
+        return ()
+    try:
+        return tuple(int(p) for p in t.split(",") if p.strip() != "")
+    except ValueError:
+        raise bad_request(f"shape '{text}' must be comma-separated integers, e.g. 4096,8", loc) from None
+
+
+def from_json_data(data, dt: DType, shape: tuple[int, ...], loc: tuple) -> np.ndarray:
+    """A KServe JSON `data` (flat or nested, row-major) as an array of `shape`."""
+    n = math.prod(shape)
+    try:
+        flat = np.asarray(data, dtype=np.float64 if dt.is_float and dt.itemsize < 4 else None)
+    except (ValueError, TypeError) as e:
+        raise bad_request(f"data is not a (nested) list of numbers: {e}", loc) from None
+    if flat.dtype == object:
+        raise bad_request("data is not a rectangular (nested) list of numbers", loc)
+    if flat.size != n:
+        raise bad_request(f"data has {flat.size} elements but shape {list(shape)} needs {n}", loc)
+    if flat.size and flat.dtype.kind not in "biuf":
+        raise bad_request(f"data holds {flat.dtype.kind!r} values, not numbers", loc)
+    if dt.is_bool and flat.size and flat.dtype.kind != "b":
+        raise bad_request("BOOL data must be true/false", loc)
+    if not dt.is_float and flat.size and flat.dtype.kind == "f":
+        raise bad_request(f"{kserve_name(dt)} data holds non-integer numbers", loc)
+    try:
+        with np.errstate(over="raise", invalid="raise"):
+            out = flat.astype(dt.np, copy=False) if flat.size else np.zeros(n, dt.np)
+    except (OverflowError, FloatingPointError, ValueError) as e:
+        raise unprocessable(f"data does not fit {kserve_name(dt)}: {e}", loc) from None
+    if not dt.is_float and flat.size and flat.dtype.kind in "iu" and not np.array_equal(
+            out.astype(flat.dtype), flat):
+        raise unprocessable(f"data has values out of range for {kserve_name(dt)}", loc)
+    return out.reshape(shape)
+
+
+def to_json_data(a: np.ndarray) -> list:
+    """Flat row-major list (KServe's flattened form)."""
+    flat = a.reshape(-1)
+    if flat.dtype.itemsize == 2 and flat.dtype.kind not in "iub":  # float16 / bfloat16
+        flat = flat.astype(np.float32)
+    return flat.tolist()
+
+
+def from_raw(raw: bytes | memoryview, dt: DType, shape: tuple[int, ...], loc: tuple) -> np.ndarray:
+    need = nbytes_of(shape, dt)
+    if len(raw) != need:
+        raise bad_request(f"{len(raw)} bytes given but {kserve_name(dt)}{list(shape)} needs {need}", loc)
+    a = np.frombuffer(raw, dtype=dt.np.newbyteorder("<") if dt.itemsize > 1 else dt.np)
+    return a.reshape(shape)
+
+
+def to_raw(a: np.ndarray) -> bytes:
+    a = np.ascontiguousarray(a)
+    if a.dtype.byteorder == ">":
+        a = a.astype(a.dtype.newbyteorder("<"))
+    return a.tobytes()
+
+
+def from_npy(raw: bytes, loc: tuple) -> np.ndarray:
+    try:
+        a = np.load(io.BytesIO(raw), allow_pickle=False)
+    except Exception as e:  # np.load raises several types for a bad file
+        raise bad_request(f"not a valid .npy file: {e}", loc) from None
+    if not isinstance(a, np.ndarray):
+        raise bad_request("an .npz archive was sent; send a single .npy array", loc)
+    try:
+        from_numpy(a.dtype)
+    except ValueError as e:
+        raise unprocessable(str(e), loc) from None
+    return a
+
+
+def to_npy(a: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, np.ascontiguousarray(a), allow_pickle=False)
+    return buf.getvalue()
