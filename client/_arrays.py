@@ -114,11 +114,11 @@ def dtype_name(dtype) -> str:
     return from_numpy(dtype).value
 
 
-# ---- .npy ---------------------------------------------------------------------------------
-def npy_bytes(array: np.ndarray) -> bytes:
-    buf = io.BytesIO()
-    np.save(buf, array, allow_pickle=False)
-    return buf.getvalue()
+# ---- bytes --------------------------------------------------------------------------------
+def from_raw(raw: bytes, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """A writable array from little-endian row-major bytes (the wire format; every host segfuse
+    runs on is little-endian, so NumPy's native order is the wire order)."""
+    return np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
 
 
 def load_npy(data: bytes) -> np.ndarray:

@@ -18,7 +18,7 @@ from urllib.parse import quote
 import httpx
 import numpy as np
 
-from ._arrays import dtype_name, kserve_datatype, load_npy, npy_bytes, numpy_dtype, to_host
+from ._arrays import dtype_name, from_raw, kserve_datatype, load_npy, numpy_dtype, to_host
 from ._errors import SegfuseError
 from ._types import Buffer, FusionRef, RunResult
 
@@ -125,8 +125,7 @@ def decode_infer(response: httpx.Response) -> RunResult:
         dtype, shape = numpy_dtype(out["datatype"]), tuple(out.get("shape", ()))
         if "binary_data_size" in params:
             size = int(params["binary_data_size"])
-            arr = np.frombuffer(blob[offset:offset + size], dtype=dtype.newbyteorder("<") if
-                                dtype.itemsize > 1 else dtype).astype(dtype, copy=True).reshape(shape)
+            arr = from_raw(blob[offset:offset + size], dtype, shape)
             offset += size
         else:
             arr = np.asarray(out.get("data", []), dtype=np.float64 if dtype.kind == "f" else None
@@ -140,6 +139,14 @@ def decode_infer(response: httpx.Response) -> RunResult:
                      timings_us={k: float(v) for k, v in (params.get("timings_us") or {}).items()},
                      cache_hits=int(params.get("cache_hits", 0)),
                      cache_misses=int(params.get("cache_misses", 0)), parameters=params)
+
+
+def decode_array(response: httpx.Response) -> np.ndarray:
+    """A buffer from GET /v2/buffers/{name}: raw bytes with dtype/shape headers, or a .npy file."""
+    dtype, shape = response.headers.get("X-Segfuse-Dtype"), response.headers.get("X-Segfuse-Shape")
+    if response.headers.get("Content-Type", "").startswith(OCTET) and dtype is not None and shape is not None:
+        return from_raw(response.content, numpy_dtype(dtype), tuple(int(d) for d in shape.split(",") if d.strip()))
+    return load_npy(response.content)
 
 
 def decode_fusion_ref(response: httpx.Response) -> FusionRef:
@@ -262,8 +269,9 @@ class _Calls:
         return _json((yield self.build.put_buffer(name, array)))
 
     def get(self, name: str) -> Call:
-        response = _decode((yield self.build.get(f"/v2/buffers/{_seg(name)}", headers={"Accept": NPY})))
-        return load_npy(response.content)
+        # Raw bytes, typed by the X-Segfuse-Dtype/-Shape headers: bfloat16 has no .npy description.
+        response = _decode((yield self.build.get(f"/v2/buffers/{_seg(name)}", headers={"Accept": f"{OCTET}, {NPY};q=0.5"})))
+        return decode_array(response)
 
     def delete(self, name: str) -> Call:
         _decode((yield self.build.request("DELETE", f"/v2/buffers/{_seg(name)}")))

@@ -24,7 +24,9 @@ class SegfuseError(Exception):
         lines = [head]
         for d in self.details:
             loc = ".".join(str(p) for p in d.get("loc", []))
-            lines.append(f"  {loc}: {d.get('msg', '')}" if loc else f"  {d.get('msg', '')}")
+            line = f"{loc}: {d.get('msg', '')}" if loc else str(d.get("msg", ""))
+            if line not in self.message:  # the server often puts the first detail in the message
+                lines.append("  " + line)
         return "\n".join(lines)
 
     def __repr__(self) -> str:
