@@ -69,7 +69,7 @@ def commit_outputs(fusion: Fusion, values: dict, inputs: dict[str, np.ndarray]) 
         elif any(np.shares_memory(v, a) for a in inputs.values()):
             result[o.name] = v.copy()  # an output never exposes an input's buffer
         else:
-            result[o.name] = np.ascontiguousarray(v)
+            result[o.name] = np.require(v, requirements="C")  # keeps 0-d (ascontiguousarray makes 1-d)
     return result
 
 

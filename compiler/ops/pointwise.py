@@ -55,7 +55,14 @@ def _make_pw(name, nin, np_fn, cuda, allowed=_ANY, int_to_float=False, out_bool=
         if not any(isinstance(o, TensorType) for o in operands):
             raise OpError(f"{name} needs at least one tensor operand", ("inputs",))
         dt = compute_dtype(operands, attrs)
-        _check_allowed(name, allowed, dt)
+        if not (name == "pow" and dt.is_bool and isinstance(operands[1], Scalar)):
+            # (PyTorch takes bool ** True/False: exponent 1 copies, exponent 0 fills ones)
+            _check_allowed(name, allowed, dt)
+        if name == "sub":  # PyTorch refuses subtraction with any bool operand, whatever it promotes to
+            for k, o in enumerate(operands):
+                if (isinstance(o, TensorType) and o.dtype.is_bool) or (isinstance(o, Scalar) and isinstance(o.value, bool)):
+                    raise OpError("sub with a bool operand is not supported (use logical_not or bitwise_xor)",
+                                  ("inputs", k))
         shapes = [o.shape for o in operands if isinstance(o, TensorType)]
         idx = [i for i, o in enumerate(operands) if isinstance(o, TensorType)]
         shape = broadcast_shapes(shapes, lambda k: ("inputs", idx[k]))
@@ -65,11 +72,15 @@ def _make_pw(name, nin, np_fn, cuda, allowed=_ANY, int_to_float=False, out_bool=
         types = [a for a in args]
         dt = compute_dtype([_as_operand(a) for a in types], attrs)
         work = opmath(dt).np
-        xs = [np.asarray(a, dtype=work) if isinstance(a, np.ndarray) else np.asarray(a).astype(work)
-              for a in args]
+        # Operands are converted to the common dtype first (so a float64 0-d tensor or a literal is
+        # rounded to a float16 result dtype, as in PyTorch), then computed in opmath. PyTorch's CPU
+        # mul/div/floor_divide read a scalar second operand at opmath precision instead.
+        xs = [np.asarray(a) if (k == 1 and name in _SCALAR_OPMATH and np.ndim(a) == 0)
+              else np.asarray(a).astype(dt.np) for k, a in enumerate(args)]
+        xs = [x.astype(work) for x in xs]
         with np.errstate(all="ignore"):
             r = np_fn(*xs)
-        return [np.asarray(r).astype(out_types[0].dtype.np)]
+            return [np.asarray(r).astype(out_types[0].dtype.np)]
 
     return register(OpDef(
         name=name, kind=OpKind.pointwise, operands=("x", "y", "z")[:nin] if nin > 1 else ("x",),
@@ -86,6 +97,9 @@ def _as_operand(a):
     return Scalar(a)
 
 
+_SCALAR_OPMATH = frozenset({"mul", "div", "floor_divide"})
+
+
 def _int_div_guard(fn):
     """Integer division by zero raises, as in PyTorch on the CPU (it would be UB on the GPU)."""
 
@@ -98,7 +112,12 @@ def _int_div_guard(fn):
 
 
 def _sign(x):
-    return np.sign(x) if x.dtype.kind == "f" else np.sign(x.astype(np.int64)).astype(x.dtype) if x.dtype.kind != "b" else x
+    if x.dtype.kind == "b":
+        return x
+    if x.dtype.kind == "f":
+        # PyTorch: (0 < x) - (x < 0), so sign(NaN) = 0 and sign(-0.0) = +0.0
+        return (x > 0).astype(x.dtype) - (x < 0).astype(x.dtype)
+    return np.sign(x.astype(np.int64)).astype(x.dtype)
 
 
 def _round(x):
@@ -110,11 +129,11 @@ def _sigmoid(x):
 
 
 def _gelu(x):
-    return (0.5 * x * (1.0 + _erf(x.astype(np.float64) / math.sqrt(2.0)).astype(np.float64))).astype(x.dtype)
+    return (0.5 * x * (1.0 + np.asarray(_erf(x.astype(np.float64) / math.sqrt(2.0))).astype(np.float64))).astype(x.dtype)
 
 
 def _erf_np(x):
-    return _erf(x.astype(np.float64)).astype(np.float64).astype(x.dtype)
+    return np.asarray(_erf(x.astype(np.float64))).astype(np.float64).astype(x.dtype)
 
 
 def _shift_left(a, b):
@@ -132,12 +151,14 @@ def _shift_right(a, b):
 
 
 def _ceil_div(a, b):
-    if a.dtype.kind in "iu":
-        return -np.floor_divide(-a, b)
+    if a.dtype.kind in "iu":  # floor + 1 unless exact; no negation, so unsigned types work
+        return np.floor_divide(a, b) + (np.remainder(a, b) != 0).astype(a.dtype)
     return np.ceil(a / b)
 
 
 def _pow(a, b):
+    if a.dtype.kind == "b":  # only bool ** bool-literal gets here
+        return np.where(b, a, True)
     if a.dtype.kind in "iu" and np.any(b < 0):
         raise OpError("integers to negative integer powers are not allowed", ("inputs", 1))
     return np.power(a, b)
@@ -333,9 +354,10 @@ def _cast_ref(args, attrs, out_types):
     if x.dtype.kind == "f" and dst.is_int:
         with np.errstate(all="ignore"):
             return [np.trunc(x.astype(np.float64)).astype(dst.np)]
-    if dst is DType.bfloat16 and x.dtype.kind in "iub":
-        return [x.astype(np.float64).astype(dst.np)]
-    return [x.astype(dst.np)]
+    with np.errstate(all="ignore"):  # int64 -> float16 overflows to inf, as in PyTorch
+        if dst is DType.bfloat16 and x.dtype.kind in "iub":
+            return [x.astype(np.float64).astype(dst.np)]
+        return [x.astype(dst.np)]
 
 
 register(OpDef("cast", OpKind.pointwise, ("x",), _cast_infer, _cast_ref, attrs=CastAttrs,
