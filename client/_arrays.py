@@ -24,17 +24,22 @@ def to_host(array) -> np.ndarray:
     `__cuda_array_interface__`.
     """
     if isinstance(array, np.ndarray):
-        return np.ascontiguousarray(array)
+        return _c_order(array)
     if hasattr(array, "__dlpack_device__"):
         host = _from_dlpack(array)
         if host is not None:
-            return np.ascontiguousarray(host)
+            return _c_order(host)
     if hasattr(array, "__cuda_array_interface__"):
         return _from_cuda_array_interface(array)
     if hasattr(array, "__dlpack_device__"):
         raise TypeError(f"cannot copy a {type(array).__name__} on DLPack device "
                         f"{array.__dlpack_device__()} to the host; pass a NumPy array")
-    return np.ascontiguousarray(np.asarray(array))
+    return _c_order(np.asarray(array))
+
+
+def _c_order(a: np.ndarray) -> np.ndarray:
+    # Not np.ascontiguousarray: it turns a 0-d array into shape (1,).
+    return np.asarray(a, order="C")
 
 
 def _from_dlpack(array) -> np.ndarray | None:

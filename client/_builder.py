@@ -173,6 +173,7 @@ class _RequestBuilder:
     # buffers
     def put_buffer(self, name: str, array) -> httpx.Request:
         host = to_host(array)
+        _datatype(host, f"buffer '{name}'")
         # Raw bytes + dtype/shape query: no .npy header to parse, and bfloat16 survives (NumPy
         # cannot describe ml_dtypes' bfloat16 in a .npy header).
         return self.request("PUT", f"/v2/buffers/{_seg(name)}", content=host.tobytes(),
@@ -207,7 +208,7 @@ def infer_body(inputs: Mapping[str, Any], outputs) -> tuple[dict, list[bytes]]:
             continue
         host = to_host(value)
         raw = host.tobytes()
-        body_inputs.append({"name": name, "shape": list(host.shape), "datatype": kserve_datatype(host.dtype),
+        body_inputs.append({"name": name, "shape": list(host.shape), "datatype": _datatype(host, f"input '{name}'"),
                             "parameters": {"binary_data_size": len(raw)}})
         blobs.append(raw)
     body: dict = {"inputs": body_inputs}
@@ -217,6 +218,14 @@ def infer_body(inputs: Mapping[str, Any], outputs) -> tuple[dict, list[bytes]]:
         # Every output, returned as binary (KServe: omitted outputs means all of them).
         body["parameters"] = {"binary_data_output": True}
     return body, blobs
+
+
+def _datatype(host: np.ndarray, what: str) -> str:
+    """The KServe name of an array's dtype; checked here so the user learns which array is wrong."""
+    try:
+        return kserve_datatype(host.dtype)
+    except ValueError as e:
+        raise SegfuseError(f"{what}: {e}") from None
 
 
 def _output_items(outputs) -> list[tuple[str, Any]]:

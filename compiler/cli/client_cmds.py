@@ -260,6 +260,11 @@ def parse_symbols(text: str) -> dict[str, int]:
     return out
 
 
+def input_shapes(fusion, env: dict[str, int]) -> dict[str, tuple[int, ...]]:
+    """Each graph input's concrete shape once its symbolic sizes take the values in `env`."""
+    return {name: tuple(d if isinstance(d, int) else env[str(d)] for d in t.shape) for name, t in fusion.inputs}
+
+
 def _engine(backend: str):
     from ..engine import Engine
     from . import UserError
@@ -286,6 +291,11 @@ def cmd_warmup(args) -> int:
             if missing:
                 raise UserError(f"{path}: give a value for {', '.join(missing)} with --shape, "
                                 f"e.g. --shape {','.join(f'{m}=1024' for m in missing)}")
+    known = {str(s) for _, f in fusions for s in f.symbols}
+    unknown = sorted({k for env in shapes for k in env} - known)
+    if unknown:  # a typo would otherwise be ignored silently
+        raise UserError(f"--shape names {', '.join(unknown)}, which no graph has "
+                        f"(symbols: {', '.join(sorted(known)) or 'none'})")
     engine = _engine(args.backend)
     # The GPU engine compiles on warmup; engines without it can still plan (the NumPy backend
     # has nothing to compile); an engine with neither only validates.
@@ -300,8 +310,9 @@ def cmd_warmup(args) -> int:
                 label = ",".join(f"{k}={v}" for k, v in env.items() if k in {str(s) for s in f.symbols})
                 bar.update(task, description=f"{verb} {f.name} {label}".rstrip())
                 t0 = time.perf_counter()
-                result = step(f, {k: v for k, v in env.items() if k in {str(s) for s in f.symbols}}) \
-                    if step else None
+                shapes_of_inputs = input_shapes(f, env)
+                f.bind(shapes_of_inputs)  # BindError (exit 2) for sizes the graph cannot take
+                result = step(f, shapes_of_inputs) if step else None
                 done.append((f.name, label, _summary(result), (time.perf_counter() - t0) * 1e3))
                 bar.advance(task)
     for name, label, summary, ms in done:
