@@ -1,0 +1,142 @@
+"""Every client-side CLI command (`buffers`, `run --server`, `warmup`, `bench`) through a subprocess,
+against a live server where it needs one."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_client import ROOT, counts_of, free_port, live_server
+
+MOE = str(ROOT / "examples" / "moe_problem_sizes.json")
+_SCRIPT = Path(sysconfig.get_path("scripts")) / "segfuse"
+SEGFUSE = [str(_SCRIPT)] if _SCRIPT.exists() else [
+    sys.executable, "-c", "import sys; from segfuse.compiler.cli import main; sys.exit(main())"]
+
+
+def segfuse(*args, server: str | None = None, cwd=None, check: int | None = 0) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": "120"}
+    env.pop("SEGFUSE_TOKEN", None)
+    if server:
+        env["SEGFUSE_SERVER"] = server
+    r = subprocess.run([*SEGFUSE, *map(str, args)], capture_output=True, text=True, env=env, cwd=cwd, timeout=120)
+    if check is not None:
+        assert r.returncode == check, f"exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
+    return r
+
+
+@pytest.fixture(scope="module")
+def server():
+    with live_server() as url:
+        yield url
+
+
+def test_help_lists_commands_with_examples():
+    out = segfuse("--help").stdout
+    for cmd in ("buffers", "warmup", "bench", "run"):
+        assert cmd in out
+    for args in (["buffers"], ["buffers", "put"], ["buffers", "get"], ["buffers", "ls"], ["buffers", "rm"],
+                 ["warmup"], ["bench"], ["run"]):
+        out = segfuse(*args, "--help").stdout
+        assert "example" in out, args
+    assert "--server" in segfuse("run", "--help").stdout
+
+
+def test_buffers_put_ls_get_rm(server, tmp_path):
+    ids = np.random.default_rng(0).integers(0, 16, (32, 4))
+    np.save(tmp_path / "ids.npy", ids)
+    r = segfuse("buffers", "put", "cli_ids", tmp_path / "ids.npy", "--server", server)
+    assert "cli_ids: int64[32, 4]" in r.stdout
+    ls = segfuse("buffers", "ls", server=server).stdout  # server from $SEGFUSE_SERVER
+    assert "cli_ids" in ls and "int64" in ls
+    listed = json.loads(segfuse("buffers", "ls", "--json", "-s", server).stdout)
+    assert any(b["name"] == "cli_ids" and b["shape"] == [32, 4] for b in listed)
+    segfuse("buffers", "get", "cli_ids", tmp_path / "back.npy", "--server", server)
+    assert np.array_equal(np.load(tmp_path / "back.npy"), ids)
+    assert "cli_ids: int64[32, 4]" in segfuse("buffers", "get", "cli_ids", "--server", server).stdout
+    assert "deleted cli_ids" in segfuse("buffers", "rm", "cli_ids", "--server", server).stdout
+    r = segfuse("buffers", "get", "cli_ids", "--server", server, check=2)
+    assert "[404]" in r.stderr and "not found" in r.stderr
+    segfuse("buffers", "rm", "cli_ids", "--server", server, check=2)
+    r = segfuse("buffers", "put", "x", tmp_path / "missing.npy", "--server", server, check=2)
+    assert "cannot load" in r.stderr
+
+
+def test_run_on_a_server(server, tmp_path):
+    ids = np.random.default_rng(1).integers(0, 16, (64, 8))
+    np.save(tmp_path / "ids.npy", ids)
+    # .npy in, .npy out, graph sent inline
+    r = segfuse("run", MOE, "--input", f"topk_ids={tmp_path / 'ids.npy'}", "--output",
+                f"counts={tmp_path / 'counts.npy'}", "--server", server)
+    assert "counts: int64[16] ->" in r.stdout and "kernel cache" in r.stderr
+    assert np.array_equal(np.load(tmp_path / "counts.npy"), counts_of(ids))
+    # buffers in and out, the fusion by its registered name
+    segfuse("buffers", "put", "run_ids", tmp_path / "ids.npy", "--server", server)
+    r = segfuse("run", "moe_problem_sizes", "-i", "topk_ids=buffer:run_ids", "-o", "counts=buffer:run_counts",
+                "--server", server)
+    assert "counts: stored in buffer 'run_counts'" in r.stdout
+    segfuse("buffers", "get", "run_counts", tmp_path / "c2.npy", "--server", server)
+    assert np.array_equal(np.load(tmp_path / "c2.npy"), counts_of(ids))
+    # outputs not named are printed
+    assert "counts: int64[16]" in segfuse("run", MOE, "-i", "topk_ids=buffer:run_ids", "-s", server).stdout
+    segfuse("buffers", "rm", "run_ids", "run_counts", "--server", server)
+
+
+def test_run_user_errors_exit_2(server, tmp_path):
+    r = segfuse("run", MOE, "--input", "topk_ids", "--server", server, check=2)
+    assert "NAME=FILE" in r.stderr
+    r = segfuse("run", MOE, "-i", "topk_ids=buffer:nope", "--server", server, check=2)
+    assert "[404]" in r.stderr and "nope" in r.stderr
+    np.save(tmp_path / "f.npy", np.zeros((2, 2), np.float32))
+    r = segfuse("run", MOE, "-i", f"topk_ids={tmp_path / 'f.npy'}", "--server", server, check=2)
+    assert "[422]" in r.stderr and "inputs.topk_ids" in r.stderr
+    r = segfuse("run", "missing.json", "--server", server, check=2)
+    assert "missing.json" in r.stderr
+    r = segfuse("buffers", "ls", "--server", f"127.0.0.1:{free_port()}", check=2)
+    assert "cannot reach the segfuse server at http://127.0.0.1:" in r.stderr
+
+
+def test_token_from_the_environment(tmp_path):
+    with live_server(token="t0k") as url:
+        r = segfuse("buffers", "ls", "--server", url, check=2)
+        assert "[401]" in r.stderr
+        assert "no buffers" in segfuse("buffers", "ls", "--server", url, "--token", "t0k").stdout
+
+
+def test_warmup():
+    r = segfuse("warmup", MOE, str(ROOT / "examples" / "moe_argsort.json"), "--shape", "T=4096,K=8",
+                "--shape", "T=1,K=8", "--backend", "numpy")
+    assert "warmed up 4 graph/size pair(s) on the numpy backend" in r.stdout
+    assert "moe_problem_sizes T=4096,K=8" in r.stdout
+    assert "give a value for K" in segfuse("warmup", MOE, "--shape", "T=4", check=2).stderr
+    assert "which no graph has" in segfuse("warmup", MOE, "--shape", "T=4,K=2,Q=1", check=2).stderr
+    assert "SYM=N" in segfuse("warmup", MOE, "--shape", "T4096", check=2).stderr
+    assert "cannot read" in segfuse("warmup", "nope.json", "--shape", "T=1", check=2).stderr
+
+
+def test_bench_without_a_gpu(tmp_path):
+    from segfuse.compiler.cli.client_cmds import gpu_visible
+
+    if gpu_visible():
+        pytest.skip("a GPU is visible: bench would really run")
+    script = tmp_path / "bench_gpu.py"
+    script.write_text("print('never runs')\n")
+    r = segfuse("bench", "--script", script, check=2)
+    assert "no CUDA GPU is visible" in r.stderr
+    r = segfuse("bench", cwd=tmp_path / "..", check=2)  # from elsewhere: the checkout's script, or none
+    assert "GPU" in r.stderr or "no benchmark script" in r.stderr
+
+
+def test_bench_progress_follows_step_lines(tmp_path, capsys):
+    from segfuse.compiler.cli.client_cmds import _run_with_progress
+
+    script = tmp_path / "steps.py"
+    script.write_text("for i in range(1, 4):\n    print(f'[{i}/3] case {i}', flush=True)\nprint('table written')\n")
+    assert _run_with_progress([sys.executable, str(script)]) == 0
+    assert "table written" in capsys.readouterr().err
