@@ -266,11 +266,17 @@ def input_shapes(fusion, env: dict[str, int]) -> dict[str, tuple[int, ...]]:
 
 
 def _engine(backend: str):
+    """The engine `segfuse serve --backend` would use: auto is CuPy when it works, else NumPy."""
     from ..engine import Engine
     from . import UserError
 
     if backend == "auto":
-        backend = "cupy" if gpu_visible() else "numpy"
+        if gpu_visible():
+            try:
+                return Engine.default("cupy")
+            except ValueError:  # this build's Engine has no CuPy backend
+                pass
+        backend = "numpy"
     try:
         return Engine.default(backend)
     except ValueError as e:
@@ -341,13 +347,10 @@ def _stderr_console():
 
 # ---- bench --------------------------------------------------------------------------------------
 def gpu_visible() -> bool:
-    """True when CuPy imports and sees at least one CUDA device."""
-    try:
-        import cupy
+    """True when CuPy imports and sees at least one CUDA device (the server's own test)."""
+    from segfuse.server.backend import cupy_visible
 
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # ImportError, or CUDARuntimeError when there is no driver
-        return False
+    return cupy_visible()
 
 
 def _repo_root() -> Path:

