@@ -102,7 +102,8 @@ def test_images_agree_with_each_other_and_the_conventions():
         ignore = (path.parent / (path.name + ".dockerignore")).read_text()
         for src in re.findall(r"^COPY (\S+)", path.read_text(), re.M):
             assert f"!{src.rstrip('/')}" in ignore.replace("/\n", "\n"), f"{src} is not in the build context"
-    assert env_of(gpu)["CUPY_CACHE_DIR"].startswith(env_of(gpu)["SEGFUSE_CACHE_DIR"])
+    for var in ("CUPY_CACHE_DIR", "SEGFUSE_KERNEL_CACHE"):  # both kernel caches on the volume
+        assert env_of(gpu)[var].startswith(env_of(gpu)["SEGFUSE_CACHE_DIR"] + "/")
     assert env_of(cpu)["SEGFUSE_BACKEND"] == "numpy"
 
 
@@ -132,7 +133,7 @@ def test_entrypoint_serves_and_healthcheck_passes(dockerfile, tmp_path):
     image_env = env_of(dockerfile)
     image_env.pop("PATH", None)
     env = {**image_env, "SEGFUSE_CACHE_DIR": str(tmp_path / "cache"), "CUPY_CACHE_DIR": str(tmp_path / "cupy"),
-           "HOME": str(tmp_path)}
+           "SEGFUSE_KERNEL_CACHE": str(tmp_path / "kernels"), "HOME": str(tmp_path)}
     env.setdefault("SEGFUSE_BACKEND", "numpy")
     cmd = command_line(dockerfile)
     with live_server(cmd=cmd, env=run_env(**env)) as url:
