@@ -1,17 +1,26 @@
 """`Engine`: the one entry point that runs fusions, whatever the backend.
 
-The server, the CLI and `FusionDefinition.execute` all go through it.
+The server, the CLI and `FusionDefinition.execute` all go through it. A run binds the inputs'
+sizes, gets the plan of their shape class from the `PlanCache` (planning only on a miss), and
+executes the plan segment by segment on the backend.
+
+Contract: `Engine(backend).run(fusion, inputs) -> RunResult`; an input array is never written
+unless an output declares `alias_of` it, and those are updated only when the whole run
+succeeded (a RunError leaves every input untouched).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
 from .ir import Fusion
-from .numpy_backend import run_graph
+from .numpy_backend import input_types
+from .plan import Plan
+from .segmenter_cache import PlanCache
 
 
 @dataclass
@@ -22,15 +31,33 @@ class RunResult:
     cache_misses: int = 0
 
 
+def _run_numpy(plan: Plan, fusion: Fusion, bound, inputs: dict) -> tuple[dict, dict]:
+    from .plan_executor import run_plan
+
+    return run_plan(plan, fusion, bound.types, inputs), {}
+
+
+# Backend name -> runner(plan, fusion, bound, inputs) -> (outputs, extra timings). The GPU backend
+# registers itself here (register_backend) instead of editing Engine.
+BACKENDS: dict[str, Callable] = {"numpy": _run_numpy}
+DEVICES: dict[str, str] = {"numpy": "cpu"}
+
+
+def register_backend(name: str, runner: Callable, device: str = "cuda") -> None:
+    BACKENDS[name] = runner
+    DEVICES[name] = device
+
+
 class Engine:
-    """Runs fusions on one backend ('numpy' now; 'cupy' with the GPU backend)."""
+    """Runs fusions on one backend ('numpy' now; 'cupy' once the GPU backend registers)."""
 
     _defaults: dict[str, Engine] = {}
 
-    def __init__(self, backend: str = "numpy"):
-        if backend not in ("numpy",):
-            raise ValueError(f"unknown backend '{backend}' (available: numpy)")
+    def __init__(self, backend: str = "numpy", plan_cache: PlanCache | None = None):
+        if backend not in BACKENDS:
+            raise ValueError(f"unknown backend '{backend}' (available: {', '.join(sorted(BACKENDS))})")
         self.backend = backend
+        self.plans = plan_cache or PlanCache()
 
     @classmethod
     def default(cls, backend: str = "numpy") -> Engine:
@@ -40,10 +67,21 @@ class Engine:
 
     @property
     def device(self) -> str:
-        return "cpu"
+        return DEVICES.get(self.backend, "cpu")
+
+    def plan(self, fusion: Fusion, shapes: dict[str, tuple]) -> Plan:
+        """The plan for inputs of these shapes (through the per-shape-class cache)."""
+        return self.plans.get(fusion, fusion.bind(shapes))[0]
 
     def run(self, fusion: Fusion, inputs: dict[str, np.ndarray]) -> RunResult:
         t0 = time.perf_counter()
-        outs = run_graph(fusion, inputs)
-        return RunResult(outputs=outs, timings_us={"plan": 0.0, "compile": 0.0,
-                                                   "run": (time.perf_counter() - t0) * 1e6})
+        inputs = {k: np.asarray(v) for k, v in inputs.items()}
+        shapes, dtypes = input_types(inputs)
+        bound = fusion.bind(shapes, dtypes)
+        plan, hit = self.plans.get(fusion, bound)
+        t1 = time.perf_counter()
+        outputs, extra = BACKENDS[self.backend](plan, fusion, bound, inputs)
+        t2 = time.perf_counter()
+        timings = {"plan": (t1 - t0) * 1e6, "compile": 0.0, "run": (t2 - t1) * 1e6}
+        timings.update(extra)
+        return RunResult(outputs=outputs, timings_us=timings, cache_hits=int(hit), cache_misses=int(not hit))

@@ -32,6 +32,21 @@ class Alias:
     tensor: str
     buffer: str
     why: str = ""
+    # How rule 1 was satisfied: "inplace" (self has no other use), "ordered" (its other readers
+    # run in earlier segments), "copy" (a private copy; `buffer` names it), "input" (writes a
+    # graph input that an output declares alias_of).
+    mode: str = "inplace"
+
+
+@dataclass
+class Copy:
+    """A private copy of a scatter's self: `dst` gets `src`'s data before the scatter writes into it.
+
+    It runs after the segment's first `at` nodes (0: at the start), inside the segment's kernel."""
+
+    src: str
+    dst: str
+    at: int = 0
 
 
 @dataclass
@@ -45,6 +60,7 @@ class Segment:
     aliases: list[Alias] = field(default_factory=list)
     intermediates: list[str] = field(default_factory=list)  # made and consumed inside (registers/smem)
     hints: dict = field(default_factory=dict)  # launch geometry and heuristics (threads, blocks, ...)
+    copies: list[Copy] = field(default_factory=list)  # private copies made in this segment (rule 1)
 
 
 @dataclass
@@ -52,9 +68,10 @@ class Buffer:
     """A device allocation. Several tensors may share one buffer (aliases, reuse after last use)."""
 
     id: int
-    nbytes: int
+    nbytes: int | str  # an int when static, else an expression in the size symbols ("8*K*T")
     tensors: list[str]
     kind: str = "intermediate"  # intermediate | output | input
+    live: list[int] = field(default_factory=list)  # [first segment writing it, last segment using it]
 
 
 @dataclass
@@ -65,6 +82,18 @@ class Plan:
     buffers: list[Buffer] = field(default_factory=list)
     frees: dict = field(default_factory=dict)  # segment id -> tensors whose last use it is
     heuristics: dict = field(default_factory=dict)
+    # Added by the segmenter (issue 3):
+    tensor_buffer: dict = field(default_factory=dict)  # tensor -> Buffer.id holding its data
+    views: dict = field(default_factory=dict)  # tensor -> tensor whose buffer it views (no data moves)
+    tensors: dict = field(default_factory=dict)  # tensor -> {"dtype", "shape"} (class shapes)
+    outputs: list = field(default_factory=list)  # graph outputs, in order
+
+    def segment_of(self, tensor: str) -> Segment | None:
+        """The segment making `tensor` (None for a graph input)."""
+        for s in self.segments:
+            if tensor in s.outputs or tensor in s.intermediates:
+                return s
+        return None
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -77,4 +106,12 @@ class Plan:
 
     @property
     def kernel_count(self) -> int:
+        """Launches: one per segment, except pure views (library calls count as one)."""
         return sum(1 for s in self.segments if s.kind not in (SegmentKind.view,))
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Plan:
+        segs = [Segment(**{**s, "kind": SegmentKind(s["kind"]), "aliases": [Alias(**a) for a in s["aliases"]],
+                           "copies": [Copy(**c) for c in s.get("copies", [])]}) for s in d["segments"]]
+        bufs = [Buffer(**b) for b in d.get("buffers", [])]
+        return cls(**{**d, "segments": segs, "buffers": bufs})

@@ -1,0 +1,142 @@
+"""Run a `Plan` on the CPU, segment by segment, with the plan's real buffer aliasing.
+
+This is the NumPy twin of the GPU runtime, built to make alias bugs visible on a laptop:
+- every plan `Buffer` is one NumPy byte array; the tensors assigned to it are views into it, so
+  a buffer reused by a later tensor really is overwritten, and freed buffers are poisoned;
+- a scatter writes its result into the very array of its `self` buffer (in place), so a plan that
+  lets anything read `self` afterwards produces wrong results here, as it would on the GPU;
+- private copies are real copies; pure views are NumPy views of their base's array;
+- graph inputs are read-only views, except inputs that an output declares `alias_of`, which the
+  caller (`Engine`) stages as private arrays and commits only after the whole run succeeded;
+- a segment sees only its own inputs and what it makes: reading anything else is a plan bug.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import Issue, OpError, RunError
+from .ir import Fusion
+from .plan import Plan
+
+POISON = 0xA5  # freed buffers are filled with this byte so reads after free show up
+
+
+class PlanBug(AssertionError):
+    """The plan is inconsistent (a read of a tensor no segment provides, an alias that is not real)."""
+
+
+def _as_tensor(buf: np.ndarray, t) -> np.ndarray:
+    n = int(np.prod(t.shape, dtype=np.int64)) * t.dtype.itemsize
+    return buf[:n].view(t.dtype.np).reshape(t.shape)
+
+
+def execute(plan: Plan, fusion: Fusion, types: dict, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Run the plan; `types` are the concrete types (Fusion.bind), `inputs` the arrays to read
+    (write-protect them unless they are staged copies). Returns every graph output's array."""
+    copy_src = {c.dst: c.src for s in plan.segments for c in s.copies}
+    types = dict(types)
+    for dst, src in copy_src.items():
+        types[dst] = types[src]
+
+    # One byte array per buffer, sized for the largest tensor it holds at these sizes.
+    arrays: dict[int, np.ndarray] = {}
+    for b in plan.buffers:
+        if b.kind == "input":
+            continue
+        size = max(int(np.prod(types[t].shape, dtype=np.int64)) * types[t].dtype.itemsize for t in b.tensors)
+        arrays[b.id] = np.full(max(size, 1), POISON, dtype=np.uint8)
+
+    glob: dict[str, np.ndarray] = dict(inputs)  # materialised tensors visible to every segment
+
+    def storage_of(t: str) -> np.ndarray | None:
+        bid = plan.tensor_buffer.get(t)
+        if bid is None:
+            return None
+        if bid not in arrays:  # an input buffer: the input array itself
+            owner = next(x for x in plan.buffers[bid].tensors if x in inputs)
+            return inputs[owner]
+        return _as_tensor(arrays[bid], types[t])
+
+    for seg in plan.segments:
+        local: dict[str, np.ndarray] = {}
+
+        def get(t: str) -> np.ndarray:
+            if t in local:
+                return local[t]
+            if t in glob and t in seg.inputs:
+                return glob[t]
+            raise PlanBug(f"segment {seg.id} reads '{t}', which is neither its input nor made in it")
+
+        def put(t: str, value: np.ndarray, *, in_place_of: str | None = None) -> None:
+            dest = storage_of(t)
+            if t in plan.views:
+                b = plan.views[t]
+                base = local.get(b, glob.get(b))
+                if base is None or (value.size and not np.shares_memory(value, base)):
+                    raise PlanBug(f"'{t}' is planned as a view of '{plan.views[t]}' but is not one")
+                dest = value
+            elif dest is None and in_place_of is not None:
+                dest = get(in_place_of)  # an in-place scatter on a register/shared-memory tensor
+            if dest is None:
+                dest = value
+            elif dest is not value:
+                if in_place_of is not None and not np.shares_memory(dest, get(in_place_of)):
+                    raise PlanBug(f"scatter '{t}' is planned in place of '{in_place_of}' but their "
+                                  "buffers differ")
+                np.copyto(dest, value, casting="no")
+            local[t] = dest
+
+        def run_copies(at: int) -> None:
+            for c in seg.copies:
+                if c.at == at:
+                    put(c.dst, np.array(get(c.src), copy=True))
+
+        aliased = {a.tensor: a.buffer for a in seg.aliases}
+        for i, pos in enumerate(seg.nodes):
+            run_copies(i)
+            node = fusion.nodes[pos]
+            args = [get(x) if isinstance(x, str) else x.value for x in node.inputs]
+            if node.outputs[0] in aliased:
+                args[0] = get(aliased[node.outputs[0]])  # the private copy, or self itself
+            out_types = [types[n] for n in node.outputs]
+            try:
+                outs = node.op.ref(args, node.attrs, out_types)
+            except OpError as e:
+                raise RunError([Issue(("ops", node.index) + e.where, e.msg)]) from None
+            for name, arr in zip(node.outputs, outs):
+                put(name, np.asarray(arr), in_place_of=aliased.get(name))
+        run_copies(len(seg.nodes))
+
+        for t in seg.outputs:
+            glob[t] = local[t]
+        for t in plan.frees.get(str(seg.id), []):
+            glob.pop(t, None)
+        for bid in {plan.tensor_buffer[t] for t in plan.frees.get(str(seg.id), []) if t in plan.tensor_buffer}:
+            if not any(plan.tensor_buffer.get(t) == bid and t in glob for t in glob):
+                arrays[bid].fill(POISON)
+
+    missing = [o for o in plan.outputs if o not in glob]
+    if missing:
+        raise PlanBug(f"no segment provides the graph outputs {missing}")
+    return {o: glob[o] for o in plan.outputs}
+
+
+def run_plan(plan: Plan, fusion: Fusion, bound_types: dict, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Execute with the Engine's guarantees: inputs are never written, except `alias_of` targets,
+    which are updated only after every segment succeeded. Returns the outputs."""
+    from .numpy_backend import commit_outputs
+
+    aliased = {o.alias_of for o in fusion.outputs if o.alias_of is not None}
+    staged = {}
+    for name, a in inputs.items():
+        if name in aliased:
+            staged[name] = np.array(a, copy=True)  # the plan may write it in place; commit at the end
+        else:
+            v = a.view()
+            v.flags.writeable = False  # a plan that writes an input fails loudly here
+            staged[name] = v
+    outs = execute(plan, fusion, bound_types, staged)
+    values = dict(staged)
+    values.update(outs)
+    return commit_outputs(fusion, values, inputs)

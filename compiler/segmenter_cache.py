@@ -1,0 +1,52 @@
+"""`PlanCache`: plans cached per (fusion, shape class), like nvFuser's FusionExecutorCache.
+
+A lookup first narrows by the fusion and the 0/1/n class of every size symbol, then replays the
+size tests recorded with each cached plan (`Checks.replay`); a plan whose tests all give the
+same answers at the new sizes is exactly the plan the segmenter would make, so it is reused
+without planning. Least recently used entries are dropped beyond `capacity`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+
+from .ir import Bound, Fusion
+from .plan import Plan
+from .segmenter import plan_checks, segment
+from .segmenter_capability import DEFAULT_CAPABILITY, Capability
+from .segmenter_shapes import base_key
+
+
+class PlanCache:
+    def __init__(self, capacity: int = 256, cap: Capability = DEFAULT_CAPABILITY):
+        self.capacity, self.cap = capacity, cap
+        self._entries: OrderedDict = OrderedDict()  # (fusion id, base key) -> [Plan, ...]
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def get(self, fusion: Fusion, bound: Bound) -> tuple[Plan, bool]:
+        """(plan, hit) for the run's sizes."""
+        key = (fusion.id, base_key(bound.env))
+        with self._lock:
+            for plan in self._entries.get(key, []):
+                exact = plan.heuristics.get("exact_sizes")
+                if plan_checks(plan).replay(bound.env) and (not exact or plan_checks(plan).env == bound.env):
+                    self._entries.move_to_end(key)
+                    self.hits += 1
+                    return plan, True
+        plan = segment(fusion, bound, self.cap)
+        with self._lock:
+            self._entries.setdefault(key, []).append(plan)
+            self._entries.move_to_end(key)
+            while sum(len(v) for v in self._entries.values()) > self.capacity:
+                oldest = next(iter(self._entries))
+                self._entries[oldest].pop(0)
+                if not self._entries[oldest]:
+                    del self._entries[oldest]
+            self.misses += 1
+        return plan, False
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()

@@ -1,0 +1,79 @@
+"""What the backend can generate: the segmenter's one table about code generation (rule 5).
+
+The segmenter asks `can_generate(node, types, mode, checks)` for every op. An op the generator
+cannot emit in a mode becomes a *library* segment (CuPy's own routine on the GPU) instead of an
+error. The GPU engineer adjusts `DEFAULT_CAPABILITY` (or passes another `Capability`) as the
+code generator grows; nothing else in the segmenter knows what codegen supports.
+
+Modes:
+- "grid": a multi-block kernel (any number of blocks, no grid-wide barrier).
+- "single_block": one thread block, phases separated by __syncthreads (rule 4).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .dtypes import DType
+from .ops.registry import OpKind
+
+GRID = "grid"
+SINGLE_BLOCK = "single_block"
+
+_INT = frozenset({DType.int32, DType.int64, DType.uint8, DType.int8, DType.int16})
+_ATOMIC_ADD = frozenset({DType.int32, DType.int64, DType.float32, DType.float64})
+
+
+@dataclass(frozen=True)
+class Capability:
+    # Op kinds the generator emits, per mode. Kinds missing from a mode become library calls.
+    grid_kinds: frozenset = frozenset({OpKind.pointwise, OpKind.creation, OpKind.view, OpKind.movement,
+                                       OpKind.gather, OpKind.reduction, OpKind.scatter})
+    single_block_kinds: frozenset = frozenset(OpKind)
+    # Scatter accumulation through atomics: reduce -> dtypes with a native atomic (nvFuser's
+    # handleScatterAccumulate: add for int32/int64/float/double, max/min for integers only, no mul).
+    scatter_atomics: dict = field(default_factory=lambda: {
+        "none": frozenset(DType), "add": _ATOMIC_ADD, "amax": _INT, "amin": _INT})
+    # Single-block limits (rule 4): every tensor of the region at most this many elements, and
+    # the region's intermediates within the shared memory a block gets without opting in.
+    single_block_max_elems: int = 8192
+    smem_budget_bytes: int = 48 * 1024
+    single_block_threads: int = 1024
+    grid_threads: int = 256
+    # Index arithmetic is 32-bit while every tensor has fewer elements than this.
+    index32_limit: int = 2**31 - 1
+    # CuPy routines for library segments, by op name (default: a generic host-side fallback).
+    library_routines: dict = field(default_factory=lambda: {
+        "argsort": "cupy.argsort", "sort": "cupy.sort", "topk": "cupy.argpartition+cupy.sort",
+        "cumsum": "cupy.cumsum", "cumprod": "cupy.cumprod", "scatter": "cupyx.scatter_add/max/min",
+        "index_add": "cupyx.scatter_add", "index_put": "cupy.ndarray.__setitem__"})
+
+    def library_routine(self, op_name: str) -> str:
+        return self.library_routines.get(op_name, f"cupy {op_name}")
+
+
+DEFAULT_CAPABILITY = Capability()
+
+
+def scatter_reduce_of(node) -> str:
+    """The accumulation a scatter-family op performs: none, add, mul, amax or amin."""
+    a = node.attrs
+    if hasattr(a, "reduce"):
+        return a.reduce
+    if hasattr(a, "accumulate"):
+        return "add" if a.accumulate else "none"
+    return "add"  # index_add
+
+
+def can_generate(node, types: dict, mode: str, cap: Capability = DEFAULT_CAPABILITY) -> tuple[bool, str]:
+    """(True, "") when codegen emits `node` in `mode`; else (False, why) and it runs as a library call."""
+    kinds = cap.grid_kinds if mode == GRID else cap.single_block_kinds
+    if node.kind not in kinds:
+        where = "a multi-block kernel" if mode == GRID else "one thread block"
+        return False, f"codegen has no {node.kind.value} in {where}"
+    if node.kind is OpKind.scatter:
+        reduce = scatter_reduce_of(node)
+        dt = types[node.outputs[0]].dtype
+        if dt not in cap.scatter_atomics.get(reduce, frozenset()):
+            return False, f"no atomic for reduce='{reduce}' on {dt}"
+    return True, ""

@@ -1,0 +1,135 @@
+"""Shape classes: which concrete sizes share one plan.
+
+A plan is made for a *shape class*, not for one set of sizes, so that a new batch size costs
+no re-planning (like nvFuser's FusionExecutorCache reusing a runtime whose heuristics match).
+The class of a run is:
+
+1. for every size symbol, whether it is 0, 1 or larger ("n"): 0 and 1 change broadcasting and
+   emptiness, so those symbols are substituted into the types the segmenter sees; the others
+   stay symbolic, and the plan's sizes (buffer bytes, smem, grid size) are expressions in them;
+2. the outcome of every size test the segmenter made while planning (`Checks`): the index width
+   (32-bit while every tensor has < 2^31 elements), whether each region fits one thread block,
+   library thresholds, and the memory-traffic comparisons behind copy-or-reorder choices.
+
+A later run is in the same class when (1) matches and every recorded test gives the same
+answer with its sizes; then the cached plan is exactly right for it (`PlanCache`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+
+from .errors import OpError
+from .ops.registry import InferCtx, TensorType
+from .shapes import norm, numel, symbol
+
+
+def size_classes(env: dict[str, int]) -> dict[str, str]:
+    """'0', '1' or 'n' for each size symbol."""
+    return {k: (str(v) if v in (0, 1) else "n") for k, v in sorted(env.items())}
+
+
+def base_key(env: dict[str, int]) -> str:
+    return ",".join(f"{k}={c}" for k, c in size_classes(env).items())
+
+
+def _subs(d, fixed: dict):
+    if isinstance(d, int) or not fixed:
+        return d
+    return norm(d.subs(fixed))
+
+
+class _ClassCtx(InferCtx):
+    """Shape inference with the 0/1 symbols fixed and the others left symbolic."""
+
+    def __init__(self, symbols, fixed):
+        super().__init__(symbols, None)
+        self.fixed = fixed
+
+    def size(self, value, where):
+        return _subs(super().size(value, where), self.fixed)
+
+
+def class_types(fusion, env: dict[str, int]) -> dict[str, TensorType] | None:
+    """Every tensor's type for the shape class of `env` (None if inference needs exact sizes)."""
+    fixed = {symbol(k): v for k, v in env.items() if v in (0, 1)}
+    types: dict[str, TensorType] = {}
+    for name, t in fusion.inputs:
+        types[name] = TensorType(t.dtype, tuple(_subs(d, fixed) for d in t.shape))
+    ctx = _ClassCtx(fusion.symbols, fixed)
+    try:
+        for node in fusion.nodes:
+            operands = [types[x] if isinstance(x, str) else x for x in node.inputs]
+            for n, t in zip(node.outputs, node.op.infer(ctx, operands, node.attrs)):
+                types[n] = TensorType(t.dtype, tuple(_subs(d, fixed) for d in t.shape))
+    except (OpError, TypeError, ValueError):
+        return None
+    return types
+
+
+def evaluate(expr, env: dict[str, int]) -> int:
+    if isinstance(expr, int):
+        return expr
+    return int(sympy.sympify(expr).subs({symbol(k): v for k, v in env.items()}))
+
+
+def nbytes(t: TensorType):
+    n = numel(t.shape)
+    return n * t.dtype.itemsize if isinstance(n, int) else norm(n * t.dtype.itemsize)
+
+
+def fmt(expr) -> str | int:
+    """A size as JSON: an int when static, else the expression's text."""
+    return expr if isinstance(expr, int) else str(expr)
+
+
+@dataclass
+class Check:
+    what: str  # what the test decides, in words
+    lhs: object  # sympy expression or int
+    rhs: object
+    holds: bool
+
+    def to_dict(self) -> dict:
+        return {"what": self.what, "test": f"{self.lhs} <= {self.rhs}", "holds": self.holds}
+
+
+@dataclass
+class Checks:
+    """The size tests a planning consulted, with their answers (the size-dependent part of the class)."""
+
+    env: dict[str, int]
+    items: list[Check] = field(default_factory=list)
+    _seen: dict = field(default_factory=dict)
+
+    def le(self, lhs, rhs, what: str) -> bool:
+        """lhs <= rhs at this run's sizes; static tests are answered without recording."""
+        key = (str(lhs), str(rhs))
+        if key in self._seen:
+            return self._seen[key].holds
+        holds = evaluate(lhs, self.env) <= evaluate(rhs, self.env)
+        if isinstance(lhs, int) and isinstance(rhs, int):
+            return holds
+        c = Check(what, lhs, rhs, holds)
+        self._seen[key] = c
+        self.items.append(c)
+        return holds
+
+    def all_le(self, exprs, bound, what: str) -> bool:
+        """Every expression <= bound, as one test (max of the symbolic ones)."""
+        static = [e for e in exprs if isinstance(e, int)]
+        symbolic = sorted({e for e in exprs if not isinstance(e, int)}, key=str)
+        if any(e > bound for e in static):
+            return False
+        if not symbolic:
+            return True
+        return self.le(symbolic[0] if len(symbolic) == 1 else sympy.Max(*symbolic), bound, what)
+
+    def replay(self, env: dict[str, int]) -> bool:
+        """Whether every recorded test has the same answer at other sizes (same class)."""
+        return all((evaluate(c.lhs, env) <= evaluate(c.rhs, env)) == c.holds for c in self.items)
+
+    def signature(self) -> str:
+        return "".join("1" if c.holds else "0" for c in self.items)
