@@ -1,0 +1,286 @@
+"""A corpus of fusion graphs that exercises every op, dtype and segment kind of the codegen.
+
+Used by the offline compile test (tests/test_codegen_compile.py), the GPU tests and the
+benchmarks. Each case is (name, graph dict, input maker); graphs that an op's dtype rules reject
+are skipped when the corpus is built.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..dtypes import DType
+from ..errors import GraphError
+from ..ir import Fusion
+from ..ops.registry import REGISTRY, OpKind
+
+ALL_DTYPES = list(DType)
+_UNARY = [n for n, o in REGISTRY.items() if o.kind is OpKind.pointwise and len(o.operands) == 1 and n != "cast"]
+_BINARY = [n for n, o in REGISTRY.items() if o.kind is OpKind.pointwise and len(o.operands) == 2]
+
+
+def _graph(name, inputs, ops, outputs):
+    return {"format": "segfuse.fusion/1", "name": name, "inputs": inputs, "ops": ops, "outputs": outputs}
+
+
+def _valid_ops(inputs, candidates):
+    """Keep the ops that validate alone (dtype rules differ per op)."""
+    keep = []
+    for op in candidates:
+        try:
+            Fusion.from_json(_graph("probe", inputs, [op], [op["out"]]))
+            keep.append(op)
+        except GraphError:
+            pass
+    return keep
+
+
+def rand(rng, shape, dt: DType, lo=-4, hi=5, nonzero=False):
+    if dt is DType.bool:
+        return rng.random(shape) < 0.5
+    if dt.is_int:
+        lo2 = 0 if dt is DType.uint8 else lo
+        a = rng.integers(lo2, hi, size=shape).astype(dt.np)
+        if nonzero:
+            a[a == 0] = 1
+        return a
+    a = (rng.standard_normal(shape) * 2).astype(np.float64)
+    if nonzero:
+        a[np.abs(a) < 0.1] = 1.0
+    return a.astype(dt.np)
+
+
+def pointwise_cases(shape=(6, 37)):
+    out = []
+    for dt in ALL_DTYPES:
+        ins = [{"name": "x", "dtype": dt.value, "shape": list(shape)},
+               {"name": "y", "dtype": dt.value, "shape": list(shape)},
+               {"name": "z", "dtype": dt.value, "shape": [shape[-1]]}]
+        un = _valid_ops(ins, [{"op": n, "out": f"u_{n}", "inputs": ["x"]} for n in _UNARY])
+        bi = _valid_ops(ins, [{"op": n, "out": f"b_{n}", "inputs": ["x", "y"]} for n in _BINARY])
+        bz = _valid_ops(ins, [{"op": n, "out": f"z_{n}", "inputs": ["x", "z"]} for n in ("add", "mul", "maximum", "lt")])
+        lit = _valid_ops(ins, [{"op": "add", "out": "l_add", "inputs": ["x", 2]},
+                               {"op": "mul", "out": "l_mulf", "inputs": ["x", 0.5]},
+                               {"op": "where", "out": "l_where", "inputs": ["c", "x", 1]}] if False else
+                         [{"op": "add", "out": "l_add", "inputs": ["x", 2]},
+                          {"op": "mul", "out": "l_mulf", "inputs": ["x", 0.5]}])
+        casts = [{"op": "cast", "out": f"c_{d.value}", "inputs": ["x"], "dtype": d.value} for d in ALL_DTYPES]
+        ops = un + bi + bz + lit + casts
+        ops.append({"op": "ne", "out": "cond", "inputs": ["x", "y"]})
+        ops.append({"op": "where", "out": "w", "inputs": ["cond", "x", "y"]})
+        outs = [o["out"] for o in ops]
+        g = _graph(f"pw_{dt.value}", ins, ops, outs)
+
+        def make(rng, dt=dt):
+            pos = {"pow", "left_shift", "right_shift"}
+            return {"x": rand(rng, shape, dt), "y": rand(rng, shape, dt, lo=0 if pos else -4, nonzero=True),
+                    "z": rand(rng, (shape[-1],), dt, nonzero=True)}
+
+        out.append((g["name"], g, make))
+    return out
+
+
+def movement_cases():
+    out = []
+    for dt in (DType.float32, DType.int64, DType.float16, DType.bool, DType.bfloat16, DType.int8):
+        ins = [{"name": "x", "dtype": dt.value, "shape": [4, 6, 5]},
+               {"name": "v", "dtype": dt.value, "shape": [5]}]
+        ops = [
+            {"op": "reshape", "out": "r", "inputs": ["x"], "shape": [24, 5]},
+            {"op": "permute", "out": "p", "inputs": ["x"], "dims": [2, 0, 1]},
+            {"op": "slice", "out": "s", "inputs": ["x"], "dim": 1, "start": 1, "end": 6, "step": 2},
+            {"op": "pad", "out": "pd", "inputs": ["x"], "pad": [1, 2, 0, 1], "value": 1},
+            {"op": "cat", "out": "ct", "inputs": ["x", "x"], "dim": 1},
+            {"op": "expand", "out": "e", "inputs": ["v"], "shape": [3, 5]},
+            {"op": "broadcast_in_dim", "out": "bd", "inputs": ["v"], "shape": [2, 5, 3], "broadcast_dims": [1]},
+            {"op": "unsqueeze", "out": "us", "inputs": ["v"], "dim": 0},
+            {"op": "squeeze", "out": "sq", "inputs": ["us"], "dims": 0},
+            {"op": "full", "out": "f", "inputs": [], "shape": [3, 2], "value": 1, "dtype": dt.value},
+            {"op": "full_like", "out": "fl", "inputs": ["x"], "value": 0},
+            {"op": "iota", "out": "io", "inputs": [], "length": 7, "start": 2, "step": 3},
+            {"op": "iota", "out": "iof", "inputs": [], "length": 7, "start": 0.5, "step": 0.25, "dtype": "float32"},
+            {"op": "permute", "out": "pp", "inputs": ["p"], "dims": [1, 2, 0]},
+            {"op": "reshape", "out": "rp", "inputs": ["p"], "shape": [-1]},
+        ]
+        g = _graph(f"mv_{dt.value}", ins, ops, [o["out"] for o in ops])
+        out.append((g["name"], g, lambda rng, dt=dt: {"x": rand(rng, (4, 6, 5), dt), "v": rand(rng, (5,), dt)}))
+    return out
+
+
+def reduction_cases():
+    out = []
+    for dt in ALL_DTYPES:
+        ins = [{"name": "x", "dtype": dt.value, "shape": [5, 300]}, {"name": "w", "dtype": dt.value, "shape": [3, 7, 9]}]
+        cands = []
+        for n in ("sum", "prod", "amax", "amin", "mean"):
+            cands += [{"op": n, "out": f"{n}_r", "inputs": ["x"], "dims": 1},
+                      {"op": n, "out": f"{n}_c", "inputs": ["x"], "dims": 0},
+                      {"op": n, "out": f"{n}_all", "inputs": ["x"]},
+                      {"op": n, "out": f"{n}_w", "inputs": ["w"], "dims": [0, 2], "keepdim": True}]
+        for n in ("argmax", "argmin"):
+            cands += [{"op": n, "out": f"{n}_r", "inputs": ["x"], "dim": 1},
+                      {"op": n, "out": f"{n}_all", "inputs": ["x"]}]
+        ops = _valid_ops(ins, cands)
+        g = _graph(f"red_{dt.value}", ins, ops, [o["out"] for o in ops])
+        out.append((g["name"], g, lambda rng, dt=dt: {"x": rand(rng, (5, 300), dt, -2, 3),
+                                                     "w": rand(rng, (3, 7, 9), dt, -2, 3)}))
+    return out
+
+
+def scan_sort_cases():
+    out = []
+    for dt in ALL_DTYPES:
+        ins = [{"name": "x", "dtype": dt.value, "shape": [3, 200]}]
+        cands = [{"op": "cumsum", "out": "cs", "inputs": ["x"], "dim": 1},
+                 {"op": "cumsum", "out": "cs0", "inputs": ["x"], "dim": 0},
+                 {"op": "cumprod", "out": "cp", "inputs": ["x"], "dim": 1},
+                 {"op": "argsort", "out": "as", "inputs": ["x"], "dim": 1, "stable": True},
+                 {"op": "argsort", "out": "asd", "inputs": ["x"], "dim": 1, "descending": True, "stable": True},
+                 {"op": "sort", "out": ["sv", "si"], "inputs": ["x"], "dim": 0},
+                 {"op": "topk", "out": ["tv", "ti"], "inputs": ["x"], "k": 5, "dim": 1},
+                 {"op": "topk", "out": ["bv", "bi"], "inputs": ["x"], "k": 3, "dim": 1, "largest": False}]
+        ops = _valid_ops(ins, cands)
+        outs = [n for o in ops for n in ([o["out"]] if isinstance(o["out"], str) else o["out"])]
+        g = _graph(f"scan_sort_{dt.value}", ins, ops, outs)
+        out.append((g["name"], g, lambda rng, dt=dt: {"x": rand(rng, (3, 200), dt, -3, 4)}))
+    return out
+
+
+def gather_cases():
+    out = []
+    for it in (DType.int64, DType.int32):
+        ins = [{"name": "x", "dtype": "float32", "shape": [6, 8]},
+               {"name": "i", "dtype": it.value, "shape": [6, 3]},
+               {"name": "j", "dtype": it.value, "shape": [4]}]
+        ops = [{"op": "gather", "out": "g", "inputs": ["x", "i"], "dim": 1},
+               {"op": "take_along_axis", "out": "ta", "inputs": ["x", "i"], "dim": 1},
+               {"op": "index_select", "out": "isel", "inputs": ["x", "j"], "dim": 0},
+               {"op": "mul", "out": "gm", "inputs": ["g", 2.0]}]
+        g = _graph(f"gather_{it.value}", ins, ops, [o["out"] for o in ops])
+        out.append((g["name"], g, lambda rng, it=it: {
+            "x": rand(rng, (6, 8), DType.float32), "i": rng.integers(0, 8, (6, 3)).astype(it.np),
+            "j": rng.integers(0, 6, (4,)).astype(it.np)}))
+    return out
+
+
+def scatter_cases(n_src=64, m=10):
+    out = []
+    for dt in ALL_DTYPES:
+        for reduce in ("none", "add", "mul", "amax", "amin"):
+            for include_self in (True, False):
+                if reduce == "none" and not include_self:
+                    continue
+                ins = [{"name": "s", "dtype": dt.value, "shape": [m]},
+                       {"name": "i", "dtype": "int64", "shape": [n_src]},
+                       {"name": "v", "dtype": dt.value, "shape": [n_src]}]
+                ops = [{"op": "scatter", "out": "o", "inputs": ["s", "i", "v"], "dim": 0, "reduce": reduce,
+                        "include_self": include_self}]
+                try:
+                    Fusion.from_json(_graph("p", ins, ops, ["o"]))
+                except GraphError:
+                    continue
+                src = "v"
+                if reduce == "none":  # duplicates make plain stores nondeterministic: use a permutation
+                    ins[1]["shape"] = [m]
+                    ins[2]["shape"] = [m]
+
+                def make(rng, dt=dt, reduce=reduce):
+                    k = m if reduce == "none" else n_src
+                    idx = rng.permutation(m) if reduce == "none" else rng.integers(0, m, k)
+                    vv = rand(rng, (k,), dt, -2, 3)
+                    if reduce == "mul" and dt.is_float:
+                        vv = (np.sign(vv.astype(np.float64)) * 1.0 + 0.0).astype(dt.np)
+                    return {"s": rand(rng, (m,), dt, -2, 3), "i": idx.astype(np.int64), "v": vv}
+
+                g = _graph(f"sc_{dt.value}_{reduce}_{int(include_self)}", ins, ops, ["o"])
+                _ = src
+                out.append((g["name"], g, make))
+    # 2-D scatter along dim 1 with a scalar src; index_add; index_put
+    for dt in (DType.float32, DType.int64, DType.float16, DType.int32):
+        ins = [{"name": "s", "dtype": dt.value, "shape": [4, 9]},
+               {"name": "i", "dtype": "int32", "shape": [4, 5]},
+               {"name": "r", "dtype": "int64", "shape": [6]},
+               {"name": "v", "dtype": dt.value, "shape": [6, 9]}]
+        ops = [{"op": "scatter", "out": "o2", "inputs": ["s", "i", 1], "dim": 1, "reduce": "add"},
+               {"op": "index_add", "out": "ia", "inputs": ["s", "r", "v"], "dim": 0, "alpha": 2},
+               {"op": "index_put", "out": "ip", "inputs": ["s", "r", "v"], "accumulate": True},
+               {"op": "index_put", "out": "ip0", "inputs": ["s", "r", 3], "accumulate": True}]
+        g = _graph(f"sc2_{dt.value}", ins, ops, ["o2", "ia", "ip", "ip0"])
+        out.append((g["name"], g, lambda rng, dt=dt: {
+            "s": rand(rng, (4, 9), dt), "i": rng.integers(0, 9, (4, 5)).astype(np.int32),
+            "r": rng.integers(-4, 4, (6,)).astype(np.int64), "v": rand(rng, (6, 9), dt)}))
+    return out
+
+
+def moe_graphs(E=256, K=8, idt="int64"):
+    """The four MoE fusions (nvFuser SgLangMoETest) with E experts, topk K."""
+    ids = {"name": "topk_ids", "dtype": idt, "shape": ["T", K]}
+    counts_in = {"name": "tokens_per_expert", "dtype": idt, "shape": [E]}
+    ps = _graph("moe_problem_sizes", [ids], [
+        {"op": "reshape", "out": "flat", "inputs": ["topk_ids"], "shape": [-1]},
+        {"op": "full", "out": "zeros", "inputs": [], "shape": [E], "value": 0, "dtype": "int64"},
+        {"op": "full_like", "out": "ones", "inputs": ["flat"], "value": 1, "dtype": "int64"},
+        {"op": "scatter", "out": "counts", "inputs": ["zeros", "flat", "ones"], "dim": 0, "reduce": "add"}],
+        ["counts"])
+    eo = _graph("moe_expert_offsets", [counts_in], [
+        {"op": "cumsum", "out": "cs", "inputs": ["tokens_per_expert"], "dim": 0},
+        {"op": "pad", "out": "expert_offsets", "inputs": ["cs"], "pad": [1, 0]}], ["expert_offsets"])
+    bs = _graph("moe_blockscale_offsets", [counts_in], [
+        {"op": "cumsum", "out": "cs", "inputs": ["tokens_per_expert"], "dim": 0},
+        {"op": "pad", "out": "expert_offsets", "inputs": ["cs"], "pad": [1, 0]},
+        {"op": "ceil_div", "out": "blocks", "inputs": ["tokens_per_expert", 128]},
+        {"op": "mul", "out": "rounded", "inputs": ["blocks", 128]},
+        {"op": "cumsum", "out": "cs2", "inputs": ["rounded"], "dim": 0},
+        {"op": "pad", "out": "blockscale_offsets", "inputs": ["cs2"], "pad": [1, 0]}],
+        ["expert_offsets", "blockscale_offsets"])
+    ar = _graph("moe_argsort", [ids], [
+        {"op": "reshape", "out": "flat", "inputs": ["topk_ids"], "shape": [-1]},
+        {"op": "argsort", "out": "order", "inputs": ["flat"], "dim": 0, "descending": True, "stable": True},
+        {"op": "floor_divide", "out": "input_permutation", "inputs": ["order", K]},
+        {"op": "full", "out": "z", "inputs": [], "shape": [f"T*{K}"], "value": 0, "dtype": "int64"},
+        {"op": "iota", "out": "ar", "inputs": [], "length": f"T*{K}"},
+        {"op": "scatter", "out": "output_permutation", "inputs": ["z", "order", "ar"], "dim": 0}],
+        ["input_permutation", "output_permutation"])
+
+    def ids_maker(T, dtn=idt):
+        return lambda rng: {"topk_ids": rng.integers(0, E, (T, K)).astype(np.dtype(dtn))}
+
+    def counts_maker(T, dtn=idt):
+        return lambda rng: {"tokens_per_expert": rng.integers(0, T * K // E + 3, (E,)).astype(np.dtype(dtn))}
+
+    return [(ps, ids_maker), (eo, counts_maker), (bs, counts_maker), (ar, ids_maker)]
+
+
+def all_cases():
+    cases = pointwise_cases() + movement_cases() + reduction_cases() + scan_sort_cases() + gather_cases() + \
+        scatter_cases()
+    for idt in ("int64", "int32"):
+        for g, mk in moe_graphs(idt=idt):
+            for T in (1, 128):
+                cases.append((f"{g['name']}_{idt}_T{T}", g, mk(T)))
+    return cases
+
+
+def case_inputs(case, seed=0):
+    name, g, make = case
+    return make(np.random.default_rng(seed))
+
+
+def modules_for(fusion, inputs: dict, mode: str = "auto", sm_count: int = 132):
+    """Generated modules (or Unsupported reasons) for a fusion's segments under a planning mode:
+    'grid' (one segment per anchor), 'block' (one single-block segment) or 'auto'."""
+    from ..cuda.simple_plan import simple_plan
+    from .lazy import Unsupported
+    from .segment import generate
+
+    shapes = {k: np.shape(v) for k, v in inputs.items()}
+    types = fusion.bind(shapes).types
+    small = {"grid": -1, "block": 1 << 62, "auto": 8192}[mode]
+    plan = simple_plan(fusion, types, small=small)
+    out = []
+    for seg in plan.segments:
+        try:
+            out.append(generate(fusion, seg, types, sm_count=sm_count))
+        except Unsupported as e:
+            out.append(e)
+    return out

@@ -1,0 +1,235 @@
+"""Lazy tensors: each non-anchor op of a segment becomes a C++ lambda `vK(c0, .., cR-1)` that
+returns the tensor's value at a coordinate. Views and movement are index transforms, creation
+ops are expressions, gathers read their data operand at a checked index. The kernel body calls
+the lambdas of what it materializes; NVRTC inlines them, so a chain of ops costs no memory.
+
+One renderer per op family, looked up in tables (`RENDER_BY_KIND`, `RENDER_BY_NAME`).
+"""
+
+from __future__ import annotations
+
+from ..dtypes import DType
+from ..ops.pointwise import opmath
+from ..ops.registry import OpKind, Scalar, TensorType
+from . import ctypes_ as ct
+
+
+class Unsupported(Exception):
+    """The codegen cannot render this; the runtime falls back to a library/host path."""
+
+
+def coords(rank: int) -> list[str]:
+    return [f"c{k}" for k in range(rank)]
+
+
+def linearize(cs: list[str], shape, I: str) -> str:
+    if not shape:
+        return "0"
+    expr = f"(({I}){cs[0]})"
+    for c, d in zip(cs[1:], shape[1:]):
+        expr = f"({expr} * {d} + {c})"
+    return expr
+
+
+def delinearize(lin: str, shape, I: str, prefix: str = "c") -> str:
+    """Statements declaring prefix0..prefixR-1 from a linear index."""
+    r = len(shape)
+    if r == 0:
+        return ""
+    out = [f"{I} {prefix}_r = {lin};"]
+    for k in range(r - 1, 0, -1):
+        out.append(f"{I} {prefix}{k} = {prefix}_r % {shape[k]}; {prefix}_r /= {shape[k]};")
+    out.append(f"{I} {prefix}0 = {prefix}_r;")
+    return " ".join(out)
+
+
+# Ops whose operand must be checked before use: (operand position, checker, dtype test).
+_GUARDS = {
+    "floor_divide": (1, "sf_nz"), "remainder": (1, "sf_nz"), "fmod": (1, "sf_nz"), "ceil_div": (1, "sf_nz"),
+    "pow": (1, "sf_nonneg"),
+}
+# Operands passed through unconverted (where's condition stays bool).
+_RAW = {"where": {0}}
+
+
+def _pointwise(ctx, node, out_t):
+    types = [ctx.operand_type(x) for x in node.inputs]
+    cd = node.op.compute_dtype(types, node.attrs)
+    work_dt = opmath(cd)
+    work = ct.value(work_dt)
+    R = len(out_t.shape)
+    args = []
+    for k, x in enumerate(node.inputs):
+        if isinstance(x, Scalar):
+            e = ct.literal(x.value)
+        else:
+            t = types[k]
+            off = R - t.rank
+            cs = ["0" if t.shape[j] == 1 else f"c{j + off}" for j in range(t.rank)]
+            e = ctx.call(x, cs)
+        if k not in _RAW.get(node.op.name, ()):
+            e = ct.cvt(e, work)
+        g = _GUARDS.get(node.op.name)
+        if g and g[0] == k and work_dt.is_int:
+            e = f"{g[1]}({e}, sf_err, {node.index})"
+        args.append(e)
+    cuda = node.op.cuda
+    expr = args[0] if cuda == "cast" else cuda(*args)
+    return f"return {ct.cvt(expr, ct.value(out_t.dtype))};"
+
+
+def _full(ctx, node, out_t):
+    return f"return {ct.literal(node.attrs.value, ct.value(out_t.dtype))};"
+
+
+def _iota(ctx, node, out_t):
+    a = node.attrs
+    if out_t.dtype.is_int:
+        e = f"({ct.literal(int(a.start))} + {ct.literal(int(a.step))} * (long long)c0)"
+    else:
+        e = f"((double){float(a.start)!r} + (double){float(a.step)!r} * (double)c0)"
+    return f"return {ct.cvt(e, ct.value(out_t.dtype))};"
+
+
+def _reshape(ctx, node, out_t):
+    x = node.inputs[0]
+    in_t = ctx.types[x]
+    I = ctx.I
+    lin = linearize(coords(out_t.rank), out_t.shape, I)
+    body = delinearize(lin, in_t.shape, I, "d")
+    return f"{body} return {ctx.call(x, [f'd{k}' for k in range(in_t.rank)])};"
+
+
+def _expand(ctx, node, out_t):
+    x = node.inputs[0]
+    in_t = ctx.types[x]
+    off = out_t.rank - in_t.rank
+    cs = ["0" if in_t.shape[j] == 1 else f"c{j + off}" for j in range(in_t.rank)]
+    return f"return {ctx.call(x, cs)};"
+
+
+def _broadcast_in_dim(ctx, node, out_t):
+    x = node.inputs[0]
+    in_t = ctx.types[x]
+    bd = node.attrs.broadcast_dims
+    cs = ["0" if in_t.shape[i] == 1 else f"c{bd[i]}" for i in range(in_t.rank)]
+    return f"return {ctx.call(x, cs)};"
+
+
+def _permute(ctx, node, out_t):
+    x = node.inputs[0]
+    in_t = ctx.types[x]
+    cs = [None] * in_t.rank
+    for k, d in enumerate(node.attrs.dims):
+        cs[d % max(in_t.rank, 1)] = f"c{k}"
+    return f"return {ctx.call(x, cs)};"
+
+
+def _slice(ctx, node, out_t):
+    from ..ops.shape_ops import _slice_bounds
+
+    x = node.inputs[0]
+    in_t = ctx.types[x]
+    a = node.attrs
+    d = a.dim % in_t.rank
+    start, _ = _slice_bounds(in_t.shape[d], a.start, a.end, a.step)
+    cs = coords(in_t.rank)
+    cs[d] = f"({start} + {a.step} * c{d})"
+    return f"return {ctx.call(x, cs)};"
+
+
+def _pad(ctx, node, out_t):
+    x = node.inputs[0]
+    in_t = ctx.types[x]
+    a = node.attrs
+    cs, conds = coords(in_t.rank), []
+    for k in range(len(a.pad) // 2):
+        d = in_t.rank - 1 - k
+        lo = a.pad[2 * k]
+        cs[d] = f"(c{d} - ({lo}))"
+        conds.append(f"{cs[d]} >= 0 && {cs[d]} < {in_t.shape[d]}")
+    vt = ct.value(out_t.dtype)
+    fill = ct.literal(a.value, vt)
+    if not conds:
+        return f"return {ctx.call(x, cs)};"
+    return f"if ({' && '.join(conds)}) return {ctx.call(x, cs)}; return {fill};"
+
+
+def _cat(ctx, node, out_t):
+    d = node.attrs.dim % out_t.rank
+    vt = ct.value(out_t.dtype)
+    parts, off = [], 0
+    for x in node.inputs:
+        t = ctx.types[x]
+        cs = coords(t.rank)
+        cs[d] = f"(c{d} - {off})"
+        off += t.shape[d]
+        parts.append((off, ct.cvt(ctx.call(x, cs), vt)))
+    body = "".join(f"if (c{d} < {end}) return {e}; " for end, e in parts[:-1])
+    return body + f"return {parts[-1][1]};"
+
+
+def _check(ctx, node, var: str, size: int, dim: int, allow_negative=False) -> str:
+    lo = f"-{size}" if allow_negative else "0"
+    wrap = f" if ({var} < 0) {var} += {size};" if allow_negative else ""
+    return (f"if ({var} < {lo} || {var} >= {size}) {{ sf_fail(sf_err, 1, {node.index}, {var}, {dim}, {size}); "
+            f"{var} = 0; }}{wrap}")
+
+
+def _gather(ctx, node, out_t):
+    x, idx = node.inputs[0], node.inputs[1]
+    xt = ctx.types[x]
+    if xt.rank == 0:
+        raise Unsupported("gather on a 0-d tensor")
+    d = node.attrs.dim % xt.rank
+    body = f"long long ix = (long long)({ctx.call(idx, coords(out_t.rank))}); {_check(ctx, node, 'ix', xt.shape[d], d)} "
+    cs = coords(xt.rank)
+    cs[d] = f"({ctx.I})ix"
+    return body + f"return {ctx.call(x, cs)};"
+
+
+def _take_along_axis(ctx, node, out_t):
+    x, idx = node.inputs[0], node.inputs[1]
+    xt, it = ctx.types[x], ctx.types[idx]
+    if xt.rank == 0:
+        raise Unsupported("take_along_axis on a 0-d tensor")
+    d = node.attrs.dim % xt.rank
+    ics = ["0" if (k != d and it.shape[k] == 1) else f"c{k}" for k in range(it.rank)]
+    body = f"long long ix = (long long)({ctx.call(idx, ics)}); {_check(ctx, node, 'ix', xt.shape[d], d)} "
+    xcs = ["0" if (k != d and xt.shape[k] == 1) else f"c{k}" for k in range(xt.rank)]
+    xcs[d] = f"({ctx.I})ix"
+    return body + f"return {ctx.call(x, xcs)};"
+
+
+def _index_select(ctx, node, out_t):
+    x, idx = node.inputs[0], node.inputs[1]
+    xt, it = ctx.types[x], ctx.types[idx]
+    if xt.rank == 0:
+        raise Unsupported("index_select on a 0-d tensor")
+    d = node.attrs.dim % xt.rank
+    body = f"long long ix = (long long)({ctx.call(idx, [f'c{d}'] if it.rank else [])}); " \
+           f"{_check(ctx, node, 'ix', xt.shape[d], d)} "
+    cs = coords(xt.rank)
+    cs[d] = f"({ctx.I})ix"
+    return body + f"return {ctx.call(x, cs)};"
+
+
+RENDER_BY_KIND = {OpKind.pointwise: _pointwise}
+RENDER_BY_NAME = {
+    "full": _full, "full_like": _full, "iota": _iota,
+    "reshape": _reshape, "squeeze": _reshape, "unsqueeze": _reshape,
+    "expand": _expand, "broadcast_in_dim": _broadcast_in_dim,
+    "permute": _permute, "slice": _slice, "pad": _pad, "cat": _cat,
+    "gather": _gather, "take_along_axis": _take_along_axis, "index_select": _index_select,
+}
+LAZY_KINDS = (OpKind.pointwise, OpKind.creation, OpKind.view, OpKind.movement, OpKind.gather)
+
+
+def render_lazy(ctx, node, out_t: TensorType) -> str:
+    fn = RENDER_BY_NAME.get(node.op.name) or RENDER_BY_KIND.get(node.op.kind)
+    if fn is None:
+        raise Unsupported(f"no lazy renderer for op {node.op.name}")
+    return fn(ctx, node, out_t)
+
+
+_ = DType

@@ -1,0 +1,414 @@
+"""The CuPy backend: executes a Plan on the GPU.
+
+Per (fusion, input shapes/dtypes/strides) the runtime prepares once: plan, generated modules,
+loaded kernels, launch geometry. A run then only allocates buffers from CuPy's pool, launches
+the kernels on the calling thread's own stream, checks the device error word once at the end
+and commits outputs (and in-place `alias_of` updates) only if the whole run succeeded.
+
+Segments the codegen does not cover fall back to CuPy routines (sorts, scans) or, last resort,
+to the NumPy reference implementation on the host, so every plan runs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..codegen.lazy import Unsupported
+from ..codegen.segment import generate
+from ..dtypes import DType, from_numpy
+from ..errors import BindError, Issue, RunError
+from ..numpy_backend import eval_node
+from .cache import KernelCache
+
+_ERR_WORDS = 5
+
+
+def _cp():
+    import cupy
+
+    return cupy
+
+
+def cp_dtype(dt: DType):
+    # CuPy has no bfloat16: such tensors live on the GPU as their uint16 bit patterns
+    return np.dtype(np.uint16) if dt is DType.bfloat16 else dt.np
+
+
+def _host_view(a: np.ndarray, dt: DType) -> np.ndarray:
+    return a.view(dt.np) if dt is DType.bfloat16 else a
+
+
+@dataclass
+class Step:
+    kind: str  # kernel | library | host | copy
+    seg: object
+    run: object  # callable(env, ctx)
+    desc: str = ""
+
+
+@dataclass
+class Prepared:
+    plan: object
+    types: dict
+    steps: list
+    compile_s: float = 0.0
+    kernels: int = 0
+    fallbacks: list = field(default_factory=list)
+
+
+class _RunCtx:
+    def __init__(self, rt, stream, err, prepared):
+        self.rt, self.stream, self.err, self.prepared = rt, stream, err, prepared
+
+
+class CupyRuntime:
+    def __init__(self, cache_dir: str | None = None, planner=None):
+        cp = _cp()
+        self.cp = cp
+        dev = cp.cuda.Device()
+        self.sm_count = dev.attributes["MultiProcessorCount"]
+        self.arch = f"sm_{dev.compute_capability}"
+        self.cache = KernelCache(cache_dir, arch=self.arch, loader=self._load_module)
+        self.planner = planner
+        self._prepared: dict = {}
+        self._plock = threading.Lock()
+        self._tls = threading.local()
+
+    # ---- modules -------------------------------------------------------------------------
+    def _load_module(self, path, source, opts):
+        if path is not None:
+            return self.cp.RawModule(path=path)
+        return self.cp.RawModule(code=source, options=tuple(opts), backend="nvrtc")
+
+    def _thread_state(self):
+        st = getattr(self._tls, "st", None)
+        if st is None:
+            cp = self.cp
+            stream = cp.cuda.Stream(non_blocking=True)
+            with stream:
+                err = cp.zeros(_ERR_WORDS, dtype=np.int64)
+            host = cp.cuda.alloc_pinned_memory(_ERR_WORDS * 8)
+            st = self._tls.st = (stream, err, np.frombuffer(host, np.int64, _ERR_WORDS))
+        return st
+
+    # ---- planning ------------------------------------------------------------------------
+    def _plan(self, fusion, types, env_sizes):
+        if self.planner is not None:
+            return self.planner(fusion, types)
+        try:
+            from ..segmenter import segment as real_segment  # the segmenter, once it lands
+        except Exception:
+            real_segment = None
+        if real_segment is not None:
+            try:
+                return real_segment(fusion, env_sizes)
+            except TypeError:
+                pass
+        from .simple_plan import simple_plan
+
+        return simple_plan(fusion, types)
+
+    def prepare(self, fusion, shapes: dict, dtypes: dict, strides: dict) -> Prepared:
+        key = (fusion.id, tuple(sorted((k, tuple(v)) for k, v in shapes.items())),
+               tuple(sorted((k, str(v)) for k, v in dtypes.items())),
+               tuple(sorted((k, tuple(v)) for k, v in strides.items())))
+        hit = self._prepared.get(key)
+        if hit is not None:
+            return hit
+        with self._plock:
+            hit = self._prepared.get(key)
+            if hit is not None:
+                return hit
+            bound = fusion.bind(shapes, dtypes)
+            types = dict(bound.types)
+            t0 = time.perf_counter()
+            plan = self._plan(fusion, types, bound.env)
+            prep = Prepared(plan, types, [])
+            c0 = self.cache.stats.compile_s
+            for seg in plan.segments:
+                prep.steps.append(self._step(fusion, seg, types, strides, prep))
+            prep.compile_s = self.cache.stats.compile_s - c0
+            prep.plan_s = time.perf_counter() - t0
+            self._prepared[key] = prep
+            return prep
+
+    def warmup(self, fusion, shapes: dict, dtypes: dict | None = None) -> Prepared:
+        """Compile a graph's kernels for these input shapes without running it."""
+        dtypes = dtypes or {n: t.dtype for n, t in fusion.inputs}
+        strides = {n: _contig(shapes[n]) for n in shapes}
+        return self.prepare(fusion, {k: tuple(v) for k, v in shapes.items()}, dtypes, strides)
+
+    # ---- steps ---------------------------------------------------------------------------
+    def _step(self, fusion, seg, types, in_strides, prep) -> Step:
+        kind = getattr(seg.kind, "value", seg.kind)
+        if kind == "view" or kind == "copy":
+            if not seg.nodes:
+                return Step("copy", seg, _copy_step(self, seg, types), "copy")
+        graph_inputs = set(fusion.input_names)
+        aliased, alias_buf = set(), {}
+        for a in getattr(seg, "aliases", []) or []:
+            if a.buffer in seg.inputs and a.buffer not in graph_inputs:
+                aliased.add(a.tensor)
+                alias_buf[a.tensor] = a.buffer
+        strides = {n: in_strides.get(n) or _contig(types[n].shape) for n in seg.inputs}
+        try:
+            mod = generate(fusion, seg, types, strides, aliased=aliased, sm_count=self.sm_count,
+                           single_block=(kind == "single_block"))
+        except Unsupported as e:
+            lib = _library_step(self, fusion, seg, types)
+            if lib is not None:
+                prep.fallbacks.append(f"segment {seg.id}: library ({e})")
+                return Step("library", seg, lib, str(e))
+            prep.fallbacks.append(f"segment {seg.id}: host ({e})")
+            return Step("host", seg, _host_step(self, fusion, seg, types), str(e))
+        rawmod = self.cache.get(mod.source)
+        prep.kernels += len(mod.launches)
+        kernels = []
+        for ln in mod.launches:
+            k = rawmod.get_function(ln.kernel)
+            if ln.smem > 48 * 1024:
+                k.max_dynamic_shared_size_bytes = ln.smem
+            kernels.append((k, ln))
+        return Step("kernel", seg, _kernel_step(self, mod, kernels, types, alias_buf), mod.key)
+
+    # ---- running -------------------------------------------------------------------------
+    def run(self, fusion, inputs: dict) -> tuple[dict, dict]:
+        cp = self.cp
+        stream, err, host_err = self._thread_state()
+        shapes, dtypes, strides, arrays = {}, {}, {}, {}
+        issues = []
+        with stream:
+            for name, a in inputs.items():
+                if isinstance(a, cp.ndarray):
+                    g = a
+                    dt = _dtype_of(fusion, name, a.dtype)
+                else:
+                    h = np.asarray(a)
+                    try:
+                        dt = from_numpy(h.dtype)
+                    except ValueError as e:
+                        issues.append(Issue(("inputs", name), str(e)))
+                        continue
+                    g = cp.asarray(h.view(np.uint16) if dt is DType.bfloat16 else h)
+                if dt is None:
+                    issues.append(Issue(("inputs", name), f"unsupported dtype {a.dtype}"))
+                    continue
+                shapes[name], dtypes[name] = tuple(g.shape), dt
+                strides[name] = tuple(s // max(g.itemsize, 1) for s in g.strides)
+                arrays[name] = g
+        if issues:
+            raise BindError(issues)
+        t0 = time.perf_counter()
+        prep = self.prepare(fusion, shapes, dtypes, strides)
+        t1 = time.perf_counter()
+        env = dict(arrays)
+        ctx = _RunCtx(self, stream, err, prep)
+        with stream:
+            cp.cuda.runtime.memsetAsync(err.data.ptr, 0, _ERR_WORDS * 8, stream.ptr)
+            for st in prep.steps:
+                st.run(env, ctx)
+            cp.cuda.runtime.memcpyAsync(host_err.ctypes.data, err.data.ptr, _ERR_WORDS * 8,
+                                        cp.cuda.runtime.memcpyDeviceToHost, stream.ptr)
+        stream.synchronize()
+        if host_err[0] != 0:
+            raise _device_error(fusion, [int(x) for x in host_err])
+        outs = self._commit(fusion, env, inputs, arrays)
+        t2 = time.perf_counter()
+        return outs, {"prepare_us": (t1 - t0) * 1e6, "run_us": (t2 - t1) * 1e6,
+                      "compile_us": prep.compile_s * 1e6, "fallbacks": prep.fallbacks}
+
+    def _commit(self, fusion, env, inputs, arrays):
+        cp = self.cp
+        result = {}
+        for o in fusion.outputs:
+            v = env[o.name]
+            if o.alias_of is not None:
+                dst = inputs[o.alias_of]
+                if isinstance(dst, cp.ndarray):
+                    dst[...] = v
+                    result[o.name] = dst
+                else:
+                    h = cp.asnumpy(v)
+                    np.copyto(dst, h.view(dst.dtype) if h.dtype != dst.dtype else h)
+                    result[o.name] = cp.asarray(v)
+            elif any(v is a for a in arrays.values()) or o.name in arrays:
+                result[o.name] = v.copy()  # an output never exposes an input's buffer
+            else:
+                result[o.name] = v
+        self.stream_sync()
+        return result
+
+    def stream_sync(self):
+        self._thread_state()[0].synchronize()
+
+
+def _dtype_of(fusion, name, np_dtype):
+    try:
+        dt = from_numpy(np_dtype)
+    except ValueError:
+        return None
+    for n, t in fusion.inputs:
+        if n == name and t.dtype is DType.bfloat16 and np.dtype(np_dtype) == np.uint16:
+            return DType.bfloat16  # bfloat16 travels as uint16 bits on the GPU
+    return dt
+
+
+def _contig(shape):
+    s, acc = [], 1
+    for d in reversed(tuple(shape)):
+        s.append(acc)
+        acc *= d
+    return tuple(reversed(s))
+
+
+_ERROR_TEXT = {
+    1: lambda op, v, d, s: f"{op}: index {v} is out of bounds for dimension {d} with size {s}",
+    2: lambda op, v, d, s: "integer division by zero",
+    3: lambda op, v, d, s: "integers to negative integer powers are not allowed",
+}
+
+
+def _device_error(fusion, w):
+    code, op_index, value, dim, size = w
+    name = next((nd.op.name for nd in fusion.nodes if nd.index == op_index), "op")
+    text = _ERROR_TEXT.get(code, lambda *a: f"device error code {code}")(name, value, dim, size)
+    return RunError([Issue(("ops", op_index, "inputs", 1), text)])
+
+
+def _alloc(rt, types, name):
+    t = types[name]
+    return rt.cp.empty(tuple(t.shape), dtype=cp_dtype(t.dtype))
+
+
+def _kernel_step(rt, mod, kernels, types, alias_buf):
+    cp = rt.cp
+    params = mod.params
+    null = np.uint64(0)
+    scratch_bytes = mod.scratch_bytes
+    vec_align = 16
+
+    def run(env, ctx):
+        args = []
+        for p in params:
+            a = env.get(p)
+            if a is None:
+                src = alias_buf.get(p)
+                a = env[src] if src is not None else _alloc(rt, types, p)
+                env[p] = a
+            args.append(a)
+        scratch = cp.empty(scratch_bytes, dtype=np.uint8) if scratch_bytes else None
+        args.append(scratch if scratch is not None else null)
+        args.append(ctx.err)
+        args = tuple(args)
+        skip_next = False
+        for k, ln in kernels:
+            if skip_next:
+                skip_next = False
+                continue
+            if ln.vector_of is not None:
+                if all((a.data.ptr % vec_align) == 0 for a in args[:len(params)] if a.size):
+                    k((ln.grid,), (ln.block,), args, shared_mem=ln.smem)
+                    skip_next = True
+                continue
+            k((ln.grid,), (ln.block,), args, shared_mem=ln.smem)
+
+    return run
+
+
+def _copy_step(rt, seg, types):
+    def run(env, ctx):
+        for i, o in zip(seg.inputs, seg.outputs):
+            env[o] = env[i].copy()
+
+    return run
+
+
+def _host_step(rt, fusion, seg, types):
+    """Last resort: the NumPy references on the host (exact semantics, slow)."""
+    cp = rt.cp
+    nodes = [fusion.nodes[p] for p in seg.nodes]
+
+    def run(env, ctx):
+        values = {}
+        for n in seg.inputs:
+            values[n] = _host_view(cp.asnumpy(env[n], stream=ctx.stream), types[n].dtype)
+        ctx.stream.synchronize()
+        for nd in nodes:
+            for x in nd.inputs:
+                if isinstance(x, str) and x not in values:
+                    values[x] = _host_view(cp.asnumpy(env[x], stream=ctx.stream), types[x].dtype)
+            eval_node(nd, values, types)
+        for o in seg.outputs:
+            h = np.ascontiguousarray(values[o])
+            if types[o].dtype is DType.bfloat16:
+                h = h.view(np.uint16)
+            env[o] = cp.asarray(h)
+
+    return run
+
+
+def _library_step(rt, fusion, seg, types):
+    """CuPy routines for single-op sort/scan segments the codegen cannot emit (rows too long)."""
+    nodes = [fusion.nodes[p] for p in seg.nodes]
+    anchors = [nd for nd in nodes if nd.op.name in _LIBRARY]
+    if len(nodes) != 1 or not anchors:
+        return None
+    nd = nodes[0]
+    if any(types[x].dtype is DType.bfloat16 for x in nd.inputs if isinstance(x, str)):
+        return None
+    fn = _LIBRARY[nd.op.name]
+
+    def run(env, ctx):
+        outs = fn(rt.cp, [env[x] if isinstance(x, str) else x.value for x in nd.inputs], nd.attrs,
+                  [types[o] for o in nd.outputs])
+        for o, v in zip(nd.outputs, outs):
+            env[o] = rt.cp.ascontiguousarray(v)
+
+    return run
+
+
+def _argsort(cp, x, axis, descending):
+    if not descending:
+        return cp.argsort(x, axis=axis)  # CuPy's argsort is a stable (thrust) sort
+    rev = cp.flip(x, axis=axis)
+    n = x.shape[axis]
+    return cp.flip(n - 1 - cp.argsort(rev, axis=axis), axis=axis)
+
+
+def _lib_argsort(cp, args, attrs, outs):
+    x = args[0]
+    return [_argsort(cp, x, attrs.dim % x.ndim, attrs.descending).astype(np.int64)]
+
+
+def _lib_sort(cp, args, attrs, outs):
+    x = args[0]
+    ax = attrs.dim % x.ndim
+    i = _argsort(cp, x, ax, attrs.descending).astype(np.int64)
+    return [cp.take_along_axis(x, i, axis=ax), i]
+
+
+def _lib_topk(cp, args, attrs, outs):
+    x = args[0]
+    ax = attrs.dim % x.ndim
+    k = outs[0].shape[ax]
+    i = _argsort(cp, x, ax, attrs.largest).astype(np.int64)
+    i = cp.take(i, cp.arange(k), axis=ax)
+    return [cp.take_along_axis(x, i, axis=ax), i]
+
+
+_LIBRARY = {"argsort": _lib_argsort, "sort": _lib_sort, "topk": _lib_topk}
+
+_RUNTIME = None
+_RLOCK = threading.Lock()
+
+
+def get_runtime() -> CupyRuntime:
+    global _RUNTIME
+    with _RLOCK:
+        if _RUNTIME is None:
+            _RUNTIME = CupyRuntime()
+        return _RUNTIME
