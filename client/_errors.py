@@ -24,9 +24,9 @@ class SegfuseError(Exception):
         lines = [head]
         for d in self.details:
             loc = ".".join(str(p) for p in d.get("loc", []))
-            line = f"{loc}: {d.get('msg', '')}" if loc else str(d.get("msg", ""))
-            if line not in self.message:  # the server often puts the first detail in the message
-                lines.append("  " + line)
+            msg = str(d.get("msg", ""))
+            if msg not in self.message:  # the server often repeats a detail in its message
+                lines.append(f"  {loc}: {msg}" if loc else f"  {msg}")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
