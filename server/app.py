@@ -7,7 +7,6 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Response
 from fastapi.openapi.utils import get_openapi
-
 from segfuse.compiler.schema import GraphSpec
 
 from . import __version__, errors

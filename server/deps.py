@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from fastapi import Depends, Request
 
 from .runtime import Runtime
 
 
-def get_runtime(request: Request) -> Runtime:
+async def get_runtime(request: Request) -> Runtime:
     return request.app.state.runtime
 
 
-def ready_runtime(rt: Runtime = Depends(get_runtime)) -> Runtime:
+async def ready_runtime(rt: Annotated[Runtime, Depends(get_runtime)]) -> Runtime:
     """The runtime, or 503 until the backend is initialised."""
     rt.require_ready()
     return rt
 
+
+AnyRuntime = Annotated[Runtime, Depends(get_runtime)]
+ReadyRuntime = Annotated[Runtime, Depends(ready_runtime)]  # 503 until the backend is initialised
 
 ERROR_RESPONSES = {
     status: {"model": "ErrorBody", "description": text} for status, text in {

@@ -11,9 +11,8 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from starlette.exceptions import HTTPException as StarletteHTTPException
-
 from segfuse.compiler.errors import BindError, GraphError, RunError, SegfuseError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger("segfuse.server")
 

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Union
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Number = Union[bool, int, float]
 TensorData = list[Any]  # flat or nested row-major list of numbers (KServe)
 
 
 class ErrorDetail(BaseModel):
-    loc: list[Union[str, int]] = Field(description="where in the request, e.g. ['inputs', 0, 'shape']")
+    loc: list[str | int] = Field(description="where in the request, e.g. ['inputs', 0, 'shape']")
     msg: str
 
 

@@ -13,7 +13,6 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from segfuse.compiler import Fusion
 from segfuse.compiler.dtypes import DType
 
@@ -21,8 +20,17 @@ from .binary import BinaryReader
 from .errors import bad_request, conflict, not_found, unprocessable
 from .models import InferRequest
 from .runtime import Runtime
-from .tensors import (NAME_PATTERN, check_shape, from_json_data, from_raw, kserve_name, nbytes_of,
-                      parse_dtype, to_json_data, to_raw)
+from .tensors import (
+    NAME_PATTERN,
+    check_shape,
+    from_json_data,
+    from_raw,
+    kserve_name,
+    nbytes_of,
+    parse_dtype,
+    to_json_data,
+    to_raw,
+)
 
 _NAME = re.compile(NAME_PATTERN)
 

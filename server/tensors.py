@@ -7,7 +7,6 @@ import io
 import math
 
 import numpy as np
-
 from segfuse.compiler.dtypes import FROM_KSERVE, KSERVE_NAMES, DType, from_numpy
 
 from .errors import bad_request, unprocessable

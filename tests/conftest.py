@@ -98,7 +98,6 @@ def asgi_server():
     httpx.AsyncClient on it; client.app is the app."""
     import httpx
     from asgi_lifespan import LifespanManager
-
     from segfuse.server import create_app
     from segfuse.server.app import wait_ready
 
@@ -122,7 +121,6 @@ class LiveServer:
 
     def __init__(self, **settings):
         import uvicorn
-
         from segfuse.server import create_app
 
         self.app = create_app(_settings(**settings))

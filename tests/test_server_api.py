@@ -64,7 +64,6 @@ async def test_health_and_server_metadata(asgi_server):
 async def test_not_ready_until_backend_initialised():
     """Without the lifespan the backend never starts: live, but 503 where the backend is needed."""
     import httpx
-
     from segfuse.server import create_app
     from segfuse.server.settings import Settings
 

@@ -6,7 +6,6 @@ import asyncio
 
 import numpy as np
 import pytest
-
 from segfuse.compiler.dtypes import DType
 from segfuse.server.buffers import BufferStore
 from segfuse.server.errors import ApiError

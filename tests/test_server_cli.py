@@ -11,9 +11,7 @@ import time
 
 import httpx
 import pytest
-
 from segfuse.server.settings import Settings, parse_size
-
 
 SEGFUSE = [sys.executable, "-c", "import sys; from segfuse.compiler.cli import main; sys.exit(main())"]
 

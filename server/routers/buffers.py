@@ -5,14 +5,27 @@ from __future__ import annotations
 import asyncio
 import json
 
-from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 
-from ..deps import errors, ready_runtime
+from ..deps import ReadyRuntime, errors
 from ..errors import bad_request, not_found, unprocessable
 from ..models import BufferInfo, BufferJson, BufferJsonOut, BufferList, BufferPut, Deleted
 from ..runtime import Runtime
-from ..tensors import (NAME_PATTERN, check_shape, dtype_of, from_json_data, from_npy, from_raw, kserve_name,
-                       nbytes_of, parse_dtype, parse_shape_param, to_json_data, to_npy, to_raw)
+from ..tensors import (
+    NAME_PATTERN,
+    check_shape,
+    dtype_of,
+    from_json_data,
+    from_npy,
+    from_raw,
+    kserve_name,
+    nbytes_of,
+    parse_dtype,
+    parse_shape_param,
+    to_json_data,
+    to_npy,
+    to_raw,
+)
 
 router = APIRouter(prefix="/v2/buffers", tags=["buffers"])
 
@@ -29,7 +42,7 @@ def info(rt: Runtime, b) -> BufferInfo:
 
 
 @router.get("", response_model=BufferList, summary="List buffers", responses=errors(401, 503))
-async def list_buffers(rt: Runtime = Depends(ready_runtime)) -> BufferList:
+async def list_buffers(rt: ReadyRuntime) -> BufferList:
     return BufferList(buffers=[info(rt, b) for b in rt.store.all()], total_bytes=rt.store.used_bytes,
                       limit_bytes=rt.store.max_total_bytes)
 
@@ -49,10 +62,10 @@ PUT_BODY = {
 
 @router.put("/{name}", response_model=BufferPut, summary="Create or replace a buffer", openapi_extra=PUT_BODY,
             responses={201: {"model": BufferPut, "description": "created"}, **errors(400, 401, 413, 422, 503)})
-async def put_buffer(request: Request, response: Response, name: str = BufferName,
+async def put_buffer(rt: ReadyRuntime, request: Request, response: Response, name: str = BufferName,
                      dtype: str | None = Query(None, description="with application/octet-stream: int64 or INT64"),
                      shape: str | None = Query(None, description="with application/octet-stream: e.g. 4096,8"),
-                     rt: Runtime = Depends(ready_runtime)) -> BufferPut:
+                     ) -> BufferPut:
     ctype = request.headers.get("content-type", RAW).split(";")[0].strip().lower()
     body = await request.body()
     if ctype == JSON:
@@ -130,7 +143,7 @@ def _wants(accept: str) -> str:
 
 
 @router.get("/{name}", summary="Read a buffer", response_class=Response, responses=GET_RESPONSES)
-async def get_buffer(request: Request, name: str = BufferName, rt: Runtime = Depends(ready_runtime)) -> Response:
+async def get_buffer(rt: ReadyRuntime, request: Request, name: str = BufferName) -> Response:
     store = rt.store
     fmt = _wants(request.headers.get("accept", ""))
     async with store.pin(reads=[name]):  # never a half-written buffer
@@ -149,7 +162,7 @@ async def get_buffer(request: Request, name: str = BufferName, rt: Runtime = Dep
 
 @router.delete("/{name}", response_model=Deleted, summary="Delete a buffer (waits for runs using it)",
                responses=errors(401, 404, 503))
-async def delete_buffer(name: str = BufferName, rt: Runtime = Depends(ready_runtime)) -> Deleted:
+async def delete_buffer(rt: ReadyRuntime, name: str = BufferName) -> Deleted:
     store = rt.store
     if name not in store:
         raise not_found("buffer", name, ["path", "name"])

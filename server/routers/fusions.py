@@ -6,14 +6,21 @@ import asyncio
 import re
 from typing import Any
 
-from fastapi import APIRouter, Body, Depends, Query, Response
-
+from fastapi import APIRouter, Body, Query, Response
 from segfuse.compiler import Fusion
 
-from ..deps import errors, get_runtime, ready_runtime
+from ..deps import AnyRuntime, ReadyRuntime, errors
 from ..errors import ApiError, bad_request, unprocessable
 from ..fusions import fusion_info
-from ..models import Deleted, FusionDetail, FusionInfo, FusionList, FusionRegistered, KernelSource, PlanResponse
+from ..models import (
+    Deleted,
+    FusionDetail,
+    FusionInfo,
+    FusionList,
+    FusionRegistered,
+    KernelSource,
+    PlanResponse,
+)
 from ..runtime import Runtime
 
 router = APIRouter(prefix="/v2/fusions", tags=["fusions"])
@@ -42,29 +49,29 @@ async def register(rt: Runtime, graph: Any, replace: bool) -> tuple[Fusion, dict
 @router.post("", response_model=FusionRegistered, summary="Register a fusion graph",
              responses={201: {"model": FusionRegistered, "description": "registered"},
                         **errors(400, 401, 409, 413, 422)})
-async def register_fusion(response: Response, graph: dict[str, Any] = GRAPH_BODY,
+async def register_fusion(rt: AnyRuntime, response: Response, graph: dict[str, Any] = GRAPH_BODY,
                           replace: bool = Query(False, description="replace a different graph with the same name"),
-                          rt: Runtime = Depends(get_runtime)) -> FusionRegistered:
+                          ) -> FusionRegistered:
     fusion, reg = await register(rt, graph, replace)
     response.status_code = 201 if reg["created"] else 200
     return FusionRegistered(**fusion_info(fusion), **reg)
 
 
 @router.get("", response_model=FusionList, summary="List fusions", responses=errors(401))
-async def list_fusions(rt: Runtime = Depends(get_runtime)) -> FusionList:
+async def list_fusions(rt: AnyRuntime) -> FusionList:
     return FusionList(fusions=[FusionInfo(**fusion_info(f)) for f in rt.fusions.all()])
 
 
 @router.get("/{key}", response_model=FusionDetail, summary="A fusion (by id or name) with its graph",
             responses=errors(401, 404))
-async def get_fusion(key: str, rt: Runtime = Depends(get_runtime)) -> FusionDetail:
+async def get_fusion(rt: AnyRuntime, key: str) -> FusionDetail:
     f = rt.fusions.resolve(key)
     return FusionDetail(**fusion_info(f), graph=f.to_json())
 
 
 @router.delete("/{key}", response_model=Deleted, summary="Unregister a fusion (runs in progress finish)",
                responses=errors(401, 404))
-async def delete_fusion(key: str, rt: Runtime = Depends(get_runtime)) -> Deleted:
+async def delete_fusion(rt: AnyRuntime, key: str) -> Deleted:
     f = rt.fusions.delete(key)
     rt.metrics.fusions.set(len(rt.fusions))
     return Deleted(deleted=f.id)
@@ -117,8 +124,8 @@ def kernel_sources(engine, plan, plan_dict: dict) -> list[KernelSource]:
 
 @router.get("/{key}/plan", response_model=PlanResponse, summary="Segments, reasons and kernel sources",
             responses={**errors(400, 401, 404, 422, 503), 501: {"description": "the engine has no planner"}})
-async def get_plan(key: str, shape: str | None = Query(None, description="symbol sizes, e.g. T=4096,K=8"),
-                   rt: Runtime = Depends(ready_runtime)) -> PlanResponse:
+async def get_plan(rt: ReadyRuntime, key: str,
+                   shape: str | None = Query(None, description="symbol sizes, e.g. T=4096,K=8")) -> PlanResponse:
     fusion = rt.fusions.resolve(key)
     env = parse_symbols(shape, fusion)
     shapes = input_shapes(fusion, env)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Response
+from fastapi import APIRouter, Response
 
-from ..deps import errors, get_runtime
+from ..deps import AnyRuntime, errors
 from ..errors import error_response
 from ..models import ServerMetadata
-from ..runtime import Runtime
 
 router = APIRouter(tags=["health"])
 
@@ -21,7 +20,7 @@ async def live() -> Response:
 
 @router.get("/v2/health/ready", summary="The backend is initialised", responses={
     200: {"description": "ready"}, **errors(503)})
-async def ready(rt: Runtime = Depends(get_runtime)) -> Response:
+async def ready(rt: AnyRuntime) -> Response:
     if rt.ready:
         return Response(status_code=200)
     why = rt.init_error or "the backend is starting"
@@ -29,7 +28,7 @@ async def ready(rt: Runtime = Depends(get_runtime)) -> Response:
 
 
 @router.get("/v2", response_model=ServerMetadata, summary="Server metadata", responses=errors(401))
-async def server_metadata(rt: Runtime = Depends(get_runtime)) -> ServerMetadata:
+async def server_metadata(rt: AnyRuntime) -> ServerMetadata:
     from .. import __version__
 
     return ServerMetadata(name="segfuse", version=__version__, extensions=EXTENSIONS,

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pydantic
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 from fastapi.exceptions import RequestValidationError
 
 from ..binary import CONTENT_TYPE, HEADER, BinaryReader, join_body, split_body
-from ..deps import errors, get_runtime, ready_runtime
+from ..deps import AnyRuntime, ReadyRuntime, errors
 from ..fusions import tensor_meta
 from ..models import ExecuteRequest, InferRequest, InferResponse, ModelMetadata
 from ..runs import parse_request, response, run
@@ -53,7 +53,7 @@ async def _infer(rt: Runtime, fusion, req, tail, model_name: str) -> Response:
 
 @router.post("/v2/models/{model}/infer", summary="Run a registered fusion (KServe v2 infer)",
              response_model=InferResponse, responses=INFER_RESPONSES, openapi_extra=_body_doc("InferRequest"))
-async def infer(model: str, request: Request, rt: Runtime = Depends(ready_runtime)) -> Response:
+async def infer(rt: ReadyRuntime, model: str, request: Request) -> Response:
     fusion = rt.fusions.resolve(model)
     req, tail = await _read(request, InferRequest)
     return await _infer(rt, fusion, req, tail, fusion.name)
@@ -61,21 +61,21 @@ async def infer(model: str, request: Request, rt: Runtime = Depends(ready_runtim
 
 @router.get("/v2/models/{model}", response_model=ModelMetadata, summary="KServe model metadata (-1: symbolic)",
             responses=errors(401, 404))
-async def model_metadata(model: str, rt: Runtime = Depends(get_runtime)) -> ModelMetadata:
+async def model_metadata(rt: AnyRuntime, model: str) -> ModelMetadata:
     fusion = rt.fusions.resolve(model)
     ins, outs = tensor_meta(fusion)
     return ModelMetadata(name=fusion.name, id=fusion.id, inputs=ins, outputs=outs)
 
 
 @router.get("/v2/models/{model}/ready", summary="KServe model readiness", responses=errors(401, 404, 503))
-async def model_ready(model: str, rt: Runtime = Depends(ready_runtime)) -> Response:
+async def model_ready(rt: ReadyRuntime, model: str) -> Response:
     rt.fusions.resolve(model)
     return Response(status_code=200)
 
 
 @router.post("/v2/execute", summary="Register an inline graph and run it in one call",
              response_model=InferResponse, responses=INFER_RESPONSES, openapi_extra=_body_doc("ExecuteRequest"))
-async def execute(request: Request, rt: Runtime = Depends(ready_runtime)) -> Response:
+async def execute(rt: ReadyRuntime, request: Request) -> Response:
     req, tail = await _read(request, ExecuteRequest)
     fusion, _ = await register(rt, req.graph, req.replace)
     return await _infer(rt, fusion, req, tail, fusion.name)
