@@ -9,7 +9,6 @@ from __future__ import annotations
 import io
 
 import numpy as np
-
 from segfuse.compiler.dtypes import FROM_KSERVE, KSERVE_NAMES, DType, from_numpy
 
 # DLPack device type codes (dlpack.h): only kDLCPU is readable by NumPy directly.

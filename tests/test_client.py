@@ -19,7 +19,6 @@ import httpx
 import ml_dtypes
 import numpy as np
 import pytest
-
 from segfuse.client import AsyncClient, Buffer, Client, FusionRef, RunResult, SegfuseError
 from segfuse.client._builder import infer_body, normalize_url
 from segfuse.compiler import FusionDefinition

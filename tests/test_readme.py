@@ -20,10 +20,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_client import ROOT, live_server
-
 from segfuse.client import Buffer, Client
 from segfuse.compiler import Engine, load_fusion
+from test_client import ROOT, live_server
 
 NO_CI = "<!-- no-ci -->"
 DOCS = [ROOT / "README.md", ROOT / "docs" / "operations.md"]

@@ -289,16 +289,17 @@ def cmd_warmup(args) -> int:
     from . import UserError
     from .graph_cmds import _load
 
-    shapes = [parse_symbols(s) for s in args.shape] or [{}]
-    fusions = [(path, _load(path)) for path in args.graphs]
-    for path, f in fusions:
-        for env in shapes:
-            missing = sorted(str(s) for s in f.symbols if str(s) not in env)
+    envs = [parse_symbols(s) for s in args.shape] or [{}]
+    # (path, fusion, its symbol names): a graph only takes the --shape values it has symbols for
+    graphs = [(path, f, {str(s) for s in f.symbols}) for path, f in ((p, _load(p)) for p in args.graphs)]
+    for path, _, symbols in graphs:
+        for env in envs:
+            missing = sorted(symbols - set(env))
             if missing:
                 raise UserError(f"{path}: give a value for {', '.join(missing)} with --shape, "
                                 f"e.g. --shape {','.join(f'{m}=1024' for m in missing)}")
-    known = {str(s) for _, f in fusions for s in f.symbols}
-    unknown = sorted({k for env in shapes for k in env} - known)
+    known = set().union(*(symbols for _, _, symbols in graphs))
+    unknown = sorted({k for env in envs for k in env} - known)
     if unknown:  # a typo would otherwise be ignored silently
         raise UserError(f"--shape names {', '.join(unknown)}, which no graph has "
                         f"(symbols: {', '.join(sorted(known)) or 'none'})")
@@ -310,15 +311,15 @@ def cmd_warmup(args) -> int:
     done = []
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   transient=not sys.stderr.isatty(), console=_stderr_console()) as bar:
-        task = bar.add_task(f"{verb} on {engine.backend}", total=len(fusions) * len(shapes))
-        for path, f in fusions:
-            for env in shapes:
-                label = ",".join(f"{k}={v}" for k, v in env.items() if k in {str(s) for s in f.symbols})
+        task = bar.add_task(f"{verb} on {engine.backend}", total=len(graphs) * len(envs))
+        for _, f, symbols in graphs:
+            for env in envs:
+                label = ",".join(f"{k}={v}" for k, v in env.items() if k in symbols)
                 bar.update(task, description=f"{verb} {f.name} {label}".rstrip())
                 t0 = time.perf_counter()
-                shapes_of_inputs = input_shapes(f, env)
-                f.bind(shapes_of_inputs)  # BindError (exit 2) for sizes the graph cannot take
-                result = step(f, shapes_of_inputs) if step else None
+                shapes = input_shapes(f, env)
+                f.bind(shapes)  # BindError (exit 2) for sizes the graph cannot take
+                result = step(f, shapes) if step else None
                 done.append((f.name, label, _summary(result), (time.perf_counter() - t0) * 1e3))
                 bar.advance(task)
     for name, label, summary, ms in done:
@@ -378,7 +379,14 @@ def _run_with_progress(cmd: list[str]) -> int:
     set the bar's position; others only update its description."""
     import re
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     step = re.compile(r"^\[(\d+)/(\d+)\]\s*(.*)")
     console = _stderr_console()
