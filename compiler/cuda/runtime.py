@@ -96,24 +96,19 @@ class CupyRuntime:
         return st
 
     # ---- planning ------------------------------------------------------------------------
-    def _plan(self, fusion, types, env_sizes):
+    def _plan(self, fusion, types, bound):
         if self.planner is not None:
             return self.planner(fusion, types)
         try:
-            from ..segmenter import segment as real_segment  # the segmenter, once it lands
-        except Exception:
-            real_segment = None
-        if real_segment is not None:
-            try:
-                return real_segment(fusion, env_sizes)
-            except TypeError:
-                pass
-        from .simple_plan import simple_plan
+            from ..segmenter import segment as real_segment
+        except Exception:  # pragma: no cover - the segmenter is part of the package
+            from .simple_plan import simple_plan
 
-        return simple_plan(fusion, types)
+            return simple_plan(fusion, types)
+        return real_segment(fusion, bound)
 
-    def prepare(self, fusion, shapes: dict, dtypes: dict, strides: dict) -> Prepared:
-        key = (fusion.id, tuple(sorted((k, tuple(v)) for k, v in shapes.items())),
+    def prepare(self, fusion, shapes: dict, dtypes: dict, strides: dict, plan=None) -> Prepared:
+        key = (fusion.id, id(plan), tuple(sorted((k, tuple(v)) for k, v in shapes.items())),
                tuple(sorted((k, str(v)) for k, v in dtypes.items())),
                tuple(sorted((k, tuple(v)) for k, v in strides.items())))
         hit = self._prepared.get(key)
@@ -126,7 +121,8 @@ class CupyRuntime:
             bound = fusion.bind(shapes, dtypes)
             types = dict(bound.types)
             t0 = time.perf_counter()
-            plan = self._plan(fusion, types, bound.env)
+            if plan is None:
+                plan = self._plan(fusion, types, bound)
             prep = Prepared(plan, types, [])
             c0 = self.cache.stats.compile_s
             for seg in plan.segments:
@@ -145,26 +141,34 @@ class CupyRuntime:
     # ---- steps ---------------------------------------------------------------------------
     def _step(self, fusion, seg, types, in_strides, prep) -> Step:
         kind = getattr(seg.kind, "value", seg.kind)
-        if kind == "view" or kind == "copy":
-            if not seg.nodes:
-                return Step("copy", seg, _copy_step(self, seg, types), "copy")
-        graph_inputs = set(fusion.input_names)
+        if not seg.nodes:
+            return Step("copy", seg, _copy_step(self, seg, types), "copy")
+        # A scatter writes straight into its self's buffer only when that buffer is materialized
+        # before the segment (in place, ordered, or a staged alias_of input). Otherwise the kernel
+        # initializes its own output from self (which is what a private copy means).
         aliased, alias_buf = set(), {}
+        graph_inputs = set(fusion.input_names)
+        staged = {o.alias_of for o in fusion.outputs if o.alias_of is not None}
         for a in getattr(seg, "aliases", []) or []:
-            if a.buffer in seg.inputs and a.buffer not in graph_inputs:
-                aliased.add(a.tensor)
-                alias_buf[a.tensor] = a.buffer
+            mode = getattr(a, "mode", "inplace")
+            if a.buffer not in seg.inputs or mode == "copy":
+                continue
+            if a.buffer in graph_inputs and a.buffer not in staged:
+                continue
+            node = next((fusion.nodes[p] for p in seg.nodes if a.tensor in fusion.nodes[p].outputs), None)
+            if node is None or node.inputs[0] != a.buffer:
+                continue
+            aliased.add(a.tensor)
+            alias_buf[a.tensor] = a.buffer
         strides = {n: in_strides.get(n) or _contig(types[n].shape) for n in seg.inputs}
         try:
             mod = generate(fusion, seg, types, strides, aliased=aliased, sm_count=self.sm_count,
                            single_block=(kind == "single_block"))
         except Unsupported as e:
-            lib = _library_step(self, fusion, seg, types)
-            if lib is not None:
-                prep.fallbacks.append(f"segment {seg.id}: library ({e})")
-                return Step("library", seg, lib, str(e))
-            prep.fallbacks.append(f"segment {seg.id}: host ({e})")
-            return Step("host", seg, _host_step(self, fusion, seg, types), str(e))
+            return self._split_step(fusion, seg, types, strides, prep, str(e))
+        return self._kernel(mod, types, alias_buf, prep, seg)
+
+    def _kernel(self, mod, types, alias_buf, prep, seg) -> Step:
         rawmod = self.cache.get(mod.source)
         prep.kernels += len(mod.launches)
         kernels = []
@@ -175,39 +179,77 @@ class CupyRuntime:
             kernels.append((k, ln))
         return Step("kernel", seg, _kernel_step(self, mod, kernels, types, alias_buf), mod.key)
 
-    # ---- running -------------------------------------------------------------------------
-    def run(self, fusion, inputs: dict) -> tuple[dict, dict]:
-        cp = self.cp
-        stream, err, host_err = self._thread_state()
-        shapes, dtypes, strides, arrays = {}, {}, {}, {}
-        issues = []
-        with stream:
-            for name, a in inputs.items():
-                if isinstance(a, cp.ndarray):
-                    g = a
-                    dt = _dtype_of(fusion, name, a.dtype)
+    def _split_step(self, fusion, seg, types, strides, prep, why) -> Step:
+        """The segment as several launches: one per anchor (grid mode), CuPy or host for the rest."""
+        from ..plan import Segment, SegmentKind
+        from .simple_plan import split_nodes
+
+        subs = []
+        for nodes, ins, outs in split_nodes(fusion, seg.nodes, seg.inputs, seg.outputs):
+            sub = Segment(seg.id, SegmentKind.pointwise, nodes, ins, outs, "split")
+            try:
+                mod = generate(fusion, sub, types, {n: strides.get(n) or _contig(types[n].shape) for n in ins},
+                               sm_count=self.sm_count, single_block=False)
+                subs.append(self._kernel(mod, types, {}, prep, sub))
+            except Unsupported as e:
+                lib = _library_step(self, fusion, sub, types)
+                if lib is not None:
+                    prep.fallbacks.append(f"segment {seg.id}: library ({e})")
+                    subs.append(Step("library", sub, lib, str(e)))
                 else:
-                    h = np.asarray(a)
-                    try:
-                        dt = from_numpy(h.dtype)
-                    except ValueError as e:
-                        issues.append(Issue(("inputs", name), str(e)))
-                        continue
-                    g = cp.asarray(h.view(np.uint16) if dt is DType.bfloat16 else h)
-                if dt is None:
-                    issues.append(Issue(("inputs", name), f"unsupported dtype {a.dtype}"))
+                    prep.fallbacks.append(f"segment {seg.id}: host ({e})")
+                    subs.append(Step("host", sub, _host_step(self, fusion, sub, types), str(e)))
+        prep.fallbacks.append(f"segment {seg.id}: split into {len(subs)} launches ({why})")
+
+        def run(env, ctx):
+            for s in subs:
+                s.run(env, ctx)
+
+        return Step("split", seg, run, why)
+
+    # ---- running -------------------------------------------------------------------------
+    def to_device(self, fusion, inputs: dict):
+        """CuPy arrays for the inputs (NumPy ones are uploaded), with their shapes/dtypes/strides."""
+        cp = self.cp
+        shapes, dtypes, strides, arrays, issues = {}, {}, {}, {}, []
+        for name, a in inputs.items():
+            if isinstance(a, cp.ndarray):
+                g = a
+                dt = _dtype_of(fusion, name, a.dtype)
+            else:
+                h = np.asarray(a)
+                try:
+                    dt = from_numpy(h.dtype)
+                except ValueError as e:
+                    issues.append(Issue(("inputs", name), str(e)))
                     continue
-                shapes[name], dtypes[name] = tuple(g.shape), dt
-                strides[name] = tuple(s // max(g.itemsize, 1) for s in g.strides)
-                arrays[name] = g
+                g = cp.asarray(h.view(np.uint16) if dt is DType.bfloat16 else h)
+            if dt is None:
+                issues.append(Issue(("inputs", name), f"unsupported dtype {a.dtype}"))
+                continue
+            shapes[name], dtypes[name] = tuple(g.shape), dt
+            strides[name] = tuple(s // max(g.itemsize, 1) for s in g.strides)
+            arrays[name] = g
         if issues:
             raise BindError(issues)
+        return shapes, dtypes, strides, arrays
+
+    def run(self, fusion, inputs: dict, plan=None) -> tuple[dict, dict]:
+        cp = self.cp
+        stream, err, host_err = self._thread_state()
+        with stream:
+            shapes, dtypes, strides, arrays = self.to_device(fusion, inputs)
         t0 = time.perf_counter()
-        prep = self.prepare(fusion, shapes, dtypes, strides)
+        prep = self.prepare(fusion, shapes, dtypes, strides, plan)
         t1 = time.perf_counter()
         env = dict(arrays)
         ctx = _RunCtx(self, stream, err, prep)
         with stream:
+            # inputs updated in place (alias_of) are staged: the plan writes the copy, and the
+            # caller's array changes only after the whole run succeeded
+            for o in fusion.outputs:
+                if o.alias_of is not None:
+                    env[o.alias_of] = arrays[o.alias_of].copy()
             cp.cuda.runtime.memsetAsync(err.data.ptr, 0, _ERR_WORDS * 8, stream.ptr)
             for st in prep.steps:
                 st.run(env, ctx)
@@ -216,7 +258,8 @@ class CupyRuntime:
         stream.synchronize()
         if host_err[0] != 0:
             raise _device_error(fusion, [int(x) for x in host_err])
-        outs = self._commit(fusion, env, inputs, arrays)
+        with stream:
+            outs = self._commit(fusion, env, inputs, arrays)
         t2 = time.perf_counter()
         return outs, {"prepare_us": (t1 - t0) * 1e6, "run_us": (t2 - t1) * 1e6,
                       "compile_us": prep.compile_s * 1e6, "fallbacks": prep.fallbacks}
@@ -235,7 +278,7 @@ class CupyRuntime:
                     h = cp.asnumpy(v)
                     np.copyto(dst, h.view(dst.dtype) if h.dtype != dst.dtype else h)
                     result[o.name] = cp.asarray(v)
-            elif any(v is a for a in arrays.values()) or o.name in arrays:
+            elif any(v is a for a in arrays.values()):
                 result[o.name] = v.copy()  # an output never exposes an input's buffer
             else:
                 result[o.name] = v
@@ -404,6 +447,33 @@ _LIBRARY = {"argsort": _lib_argsort, "sort": _lib_sort, "topk": _lib_topk}
 
 _RUNTIME = None
 _RLOCK = threading.Lock()
+
+
+def shape_proxies(fusion, inputs: dict) -> dict:
+    """Zero-byte NumPy stand-ins with each input's shape and dtype (for binding on the host)."""
+    out = {}
+    for k, v in inputs.items():
+        if hasattr(v, "__cuda_array_interface__"):
+            dt = _dtype_of(fusion, k, v.dtype)
+            npdt = dt.np if dt is not None else np.dtype(v.dtype)
+            out[k] = np.lib.stride_tricks.as_strided(np.zeros(1, npdt), tuple(v.shape), (0,) * v.ndim)
+        else:
+            out[k] = np.asarray(v)
+    return out
+
+
+def _engine_runner(plan, fusion, bound, inputs):
+    rt = get_runtime()
+    misses = rt.cache.stats.misses
+    outs, info = rt.run(fusion, inputs, plan)
+    return outs, {"compile": info["compile_us"], "kernel_cache_misses": rt.cache.stats.misses - misses}
+
+
+def register() -> None:
+    """Make Engine("cupy") available (called lazily by Engine)."""
+    from ..engine import register_backend
+
+    register_backend("cupy", _engine_runner, device="cuda")
 
 
 def get_runtime() -> CupyRuntime:

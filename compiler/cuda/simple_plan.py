@@ -68,3 +68,28 @@ def _cone(fusion, pos, materialized) -> set:
             if isinstance(x, str) and x not in materialized and x in producer:
                 todo.append(producer[x])
     return cone
+
+
+def split_nodes(fusion, nodes: list[int], inputs: list[str], outputs: list[str]):
+    """Split a segment's nodes into (nodes, inputs, outputs) groups with at most one anchor each
+    (anchor outputs become materialized tensors), plus one group for lazily computed outputs."""
+    materialized = set(inputs)
+    groups = []
+    mine = set(nodes)
+    for pos in nodes:
+        nd = fusion.nodes[pos]
+        if nd.op.kind in LAZY_KINDS:
+            continue
+        cone = _cone(fusion, pos, materialized) & mine
+        ins = sorted({x for p in cone for x in fusion.nodes[p].inputs if isinstance(x, str) and x in materialized})
+        groups.append((sorted(cone), ins, list(nd.outputs)))
+        materialized.update(nd.outputs)
+    lazy = [o for o in outputs if o not in materialized]
+    if lazy:
+        cone = set()
+        for o in lazy:
+            pos = next(p for p in nodes if o in fusion.nodes[p].outputs)
+            cone |= _cone(fusion, pos, materialized) & mine
+        ins = sorted({x for p in cone for x in fusion.nodes[p].inputs if isinstance(x, str) and x in materialized})
+        groups.append((sorted(cone), ins, lazy))
+    return groups
