@@ -54,6 +54,10 @@ class Engine:
     _defaults: dict[str, Engine] = {}
 
     def __init__(self, backend: str = "numpy", plan_cache: PlanCache | None = None):
+        if backend == "cupy" and backend not in BACKENDS:
+            from .cuda.runtime import register  # imports CuPy only when it runs
+
+            register()
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend '{backend}' (available: {', '.join(sorted(BACKENDS))})")
         self.backend = backend
@@ -75,8 +79,13 @@ class Engine:
 
     def run(self, fusion: Fusion, inputs: dict[str, np.ndarray]) -> RunResult:
         t0 = time.perf_counter()
-        inputs = {k: np.asarray(v) for k, v in inputs.items()}
-        shapes, dtypes = input_types(inputs)
+        if DEVICES.get(self.backend) == "cuda":  # NumPy or CuPy arrays in, CuPy arrays out
+            from .cuda.runtime import shape_proxies
+
+            shapes, dtypes = input_types(shape_proxies(fusion, inputs))
+        else:
+            inputs = {k: np.asarray(v) for k, v in inputs.items()}
+            shapes, dtypes = input_types(inputs)
         bound = fusion.bind(shapes, dtypes)
         plan, hit = self.plans.get(fusion, bound)
         t1 = time.perf_counter()
