@@ -27,17 +27,23 @@ _ATOMIC_ADD = frozenset({DType.int32, DType.int64, DType.float32, DType.float64}
 @dataclass(frozen=True)
 class Capability:
     # Op kinds the generator emits, per mode. Kinds missing from a mode become library calls.
+    # (compiler/codegen: scans and sorts run one block per row; rows too long for shared memory
+    # fall back to CuPy inside the runtime, so the segmenter need not know that limit)
     grid_kinds: frozenset = frozenset({OpKind.pointwise, OpKind.creation, OpKind.view, OpKind.movement,
-                                       OpKind.gather, OpKind.reduction, OpKind.scatter})
+                                       OpKind.gather, OpKind.reduction, OpKind.scatter, OpKind.scan,
+                                       OpKind.sort})
     single_block_kinds: frozenset = frozenset(OpKind)
     # Scatter accumulation through atomics: reduce -> dtypes with a native atomic (nvFuser's
     # handleScatterAccumulate: add for int32/int64/float/double, max/min for integers only, no mul).
+    # compiler/codegen has native atomics where the hardware does and compare-and-swap loops for
+    # every other dtype/reduce (floats' amax/amin propagate NaN, mul included).
     scatter_atomics: dict = field(default_factory=lambda: {
-        "none": frozenset(DType), "add": _ATOMIC_ADD, "amax": _INT, "amin": _INT})
+        "none": frozenset(DType), "add": frozenset(DType), "amax": frozenset(DType), "amin": frozenset(DType),
+        "mul": frozenset(DType)})
     # Single-block limits (rule 4): every tensor of the region at most this many elements, and
     # the region's intermediates within the shared memory a block gets without opting in.
-    single_block_max_elems: int = 8192
-    smem_budget_bytes: int = 48 * 1024
+    single_block_max_elems: int = 16384
+    smem_budget_bytes: int = 96 * 1024
     single_block_threads: int = 1024
     grid_threads: int = 256
     # Index arithmetic is 32-bit while every tensor has fewer elements than this.
