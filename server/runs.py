@@ -17,7 +17,7 @@ from segfuse.compiler import Fusion
 from segfuse.compiler.dtypes import DType
 
 from .binary import BinaryReader
-from .errors import bad_request, conflict, not_found, unprocessable
+from .errors import bad_request, conflict, not_found, too_large, unprocessable
 from .models import InferRequest
 from .runtime import Runtime
 from .tensors import (
@@ -222,6 +222,7 @@ async def _run_pinned(rt: Runtime, plan: RunPlan, t_admit: float):
     async with store.pin(reads=plan.reads, writes=plan.writes):
         shapes, dtypes = _check_pinned(rt, plan)
         bound = fusion.bind(shapes, dtypes)  # BindError -> 422 before any work
+        _check_tensor_sizes(rt, bound)
         sizes = {}
         for o in plan.outputs:
             if o.buffer is not None:
@@ -248,6 +249,17 @@ async def _run_pinned(rt: Runtime, plan: RunPlan, t_admit: float):
     return RunOutcome(host, shapes, params)
 
 
+def _check_tensor_sizes(rt: Runtime, bound) -> None:
+    """413 before running when any tensor of the run (intermediates too) would exceed the per-buffer
+    limit: a tiny request must not make the server allocate without bound."""
+    limit = rt.settings.max_buffer_bytes
+    for name, t in bound.types.items():
+        n = nbytes_of(tuple(t.shape), t.dtype)
+        if n > limit:
+            raise too_large(f"tensor '{name}' would hold {n} bytes ({t.dtype}{list(t.shape)}), over the limit "
+                            f"of {limit} bytes per tensor", ["graph", name])
+
+
 def _execute(rt: Runtime, plan: RunPlan, device_inputs: dict, t_start: float):
     """On a worker thread, with the pins held."""
     arrays = rt.arrays
@@ -255,7 +267,13 @@ def _execute(rt: Runtime, plan: RunPlan, device_inputs: dict, t_start: float):
     for i in plan.inputs:
         if i.host is not None:
             inputs[i.name] = arrays.from_host(i.host)
-    result = rt.engine.run(plan.fusion, inputs)
+        elif i.name not in plan.alias_buffers and i.buffer in plan.alias_buffers.values():
+            # This input reads the buffer another input updates in place: give it the old contents.
+            inputs[i.name] = arrays.copy(inputs[i.name])
+    try:
+        result = rt.engine.run(plan.fusion, inputs)
+    except MemoryError as e:  # NumPy's and CuPy's out-of-memory errors both derive from it
+        raise too_large(f"the run ran out of memory on {arrays.device}: {e}") from None
     stored, host = {}, {}
     taken = list(inputs.values())
     for o in plan.outputs:

@@ -355,6 +355,32 @@ async def test_inplace_alias_updates_the_buffer(asgi_server, scatter_add_graph):
         assert not np.shares_memory(rt.store.get("snapshot").array, rt.store.get("dst").array)
 
 
+async def test_inplace_input_also_read_through_another_input(asgi_server, scatter_add_graph):
+    """dst and src name the same buffer: src reads the contents from before the update."""
+    x = np.array([1, 2, 3, 4], np.float32)
+    async with asgi_server() as c:
+        await c.post("/v2/fusions", json=scatter_add_graph)
+        await put_raw(c, "x", x)
+        r = await c.post("/v2/models/scatter_add/infer", json={
+            "inputs": [{"name": "dst", "parameters": {"buffer": "x"}},
+                       {"name": "index", "shape": [4], "datatype": "INT64", "data": [3, 2, 1, 0]},
+                       {"name": "src", "parameters": {"buffer": "x"}}],
+            "outputs": [{"name": "dst_updated", "parameters": {"buffer": "x"}}]})
+        assert r.status_code == 200, r.text
+        np.testing.assert_array_equal(await get_raw(c, "x"), x + x[::-1])
+
+
+async def test_tensors_over_the_buffer_limit_are_refused_before_running(asgi_server):
+    huge = {"name": "huge", "inputs": [{"name": "n", "dtype": "int64", "shape": [1]}],
+            "ops": [{"op": "full", "out": "big", "shape": [1 << 20], "value": 0, "dtype": "int64"},
+                    {"op": "sum", "out": "s", "inputs": ["big"]}],
+            "outputs": ["s"]}
+    async with asgi_server(max_buffer_bytes=1 << 20) as c:
+        r = await c.post("/v2/execute", json={"graph": huge, "inputs": [
+            {"name": "n", "shape": [1], "datatype": "INT64", "data": [1]}]})
+        assert_error(r, 413, "tensor 'big'", "per tensor")
+
+
 async def test_execute_registers_and_runs(asgi_server, chain_graph):
     a = np.array([1, -1, 2, -3], np.float32)
     b = np.array([2, 2, 2, 2], np.float32)
@@ -368,7 +394,8 @@ async def test_execute_registers_and_runs(asgi_server, chain_graph):
         np.testing.assert_allclose(r.json()["outputs"][0]["data"], expect, rtol=1e-6)
         assert [f["name"] for f in (await c.get("/v2/fusions")).json()["fusions"]] == ["elementwise_chain"]
         bad = dict(chain_graph, ops=[{"op": "nope", "out": "x", "inputs": []}])
-        assert_error(await c.post("/v2/execute", json={"graph": bad, "inputs": tensors}), 422, "unknown op")
+        body = assert_error(await c.post("/v2/execute", json={"graph": bad, "inputs": tensors}), 422, "unknown op")
+        assert body["details"][0]["loc"] == ["graph", "ops", 0, "op"]
         assert_error(await c.post("/v2/execute", json={"inputs": tensors}), 400, "graph")
 
 

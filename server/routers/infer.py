@@ -5,6 +5,7 @@ from __future__ import annotations
 import pydantic
 from fastapi import APIRouter, Request, Response
 from fastapi.exceptions import RequestValidationError
+from segfuse.compiler.errors import GraphError, Issue
 
 from ..binary import CONTENT_TYPE, HEADER, BinaryReader, join_body, split_body
 from ..deps import AnyRuntime, ReadyRuntime, errors
@@ -77,5 +78,8 @@ async def model_ready(rt: ReadyRuntime, model: str) -> Response:
              response_model=InferResponse, responses=INFER_RESPONSES, openapi_extra=_body_doc("ExecuteRequest"))
 async def execute(rt: ReadyRuntime, request: Request) -> Response:
     req, tail = await _read(request, ExecuteRequest)
-    fusion, _ = await register(rt, req.graph, req.replace)
+    try:
+        fusion, _ = await register(rt, req.graph, req.replace)
+    except GraphError as e:  # locations inside the request: under "graph"
+        raise GraphError([Issue(("graph", *i.loc), i.msg) for i in e.issues]) from None
     return await _infer(rt, fusion, req, tail, fusion.name)
