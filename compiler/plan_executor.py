@@ -96,9 +96,10 @@ def execute(plan: Plan, fusion: Fusion, types: dict, inputs: dict[str, np.ndarra
         for i, pos in enumerate(seg.nodes):
             run_copies(i)
             node = fusion.nodes[pos]
-            args = [get(x) if isinstance(x, str) else x.value for x in node.inputs]
+            operands = list(node.inputs)
             if node.outputs[0] in aliased:
-                args[0] = get(aliased[node.outputs[0]])  # the private copy, or self itself
+                operands[0] = aliased[node.outputs[0]]  # the private copy, or self itself
+            args = [get(x) if isinstance(x, str) else x.value for x in operands]
             out_types = [types[n] for n in node.outputs]
             try:
                 outs = node.op.ref(args, node.attrs, out_types)
