@@ -97,8 +97,10 @@ class FusionList(BaseModel):
 
 class KernelSource(BaseModel):
     segment: int
-    name: str | None = None
-    source: str
+    kind: str | None = None
+    kernels: list[str] = Field(default_factory=list, description="kernel names launched by this segment")
+    source: str | None = Field(None, description="the generated CUDA C++ module")
+    unavailable: str | None = Field(None, description="why there is no source (no kernel, or not generated)")
 
 
 class PlanResponse(BaseModel):

@@ -315,6 +315,8 @@ def response(model_name: str, req_id: str | None, plan: RunPlan, outcome: RunOut
         if p:
             entry["parameters"] = p
         outs.append(entry)
-    body = {"model_name": model_name, "id": req_id, "outputs": outs, "parameters": outcome.params}
+    body = {"model_name": model_name, "outputs": outs, "parameters": outcome.params}
+    if req_id is not None:
+        body["id"] = req_id
     return body, chunks
 

@@ -222,6 +222,12 @@ async def test_plan_endpoint(asgi_server, moe_graph):
             body = r.json()
             assert body["symbols"] == {"T": 4096, "K": 8} and body["shapes"] == {"topk_ids": [4096, 8]}
             assert body["plan"]["segments"] and all("reason" in s for s in body["plan"]["segments"])
+            kernels = body["kernels"]
+            assert len(kernels) == len(body["plan"]["segments"])
+            assert all(k["source"] or k["unavailable"] for k in kernels)
+            assert any("__global__" in (k["source"] or "") and k["kernels"] for k in kernels)
+            r = await c.get(f"/v2/fusions/{fid}/plan", params={"shape": "T=4096,K=8", "source": "false"})
+            assert r.json()["kernels"] == [] and r.json()["plan"] == body["plan"]
         else:
             assert_error(r, 501, "no planner")
 

@@ -104,28 +104,44 @@ def input_shapes(fusion: Fusion, env: dict[str, int]) -> dict[str, tuple]:
     return {name: tuple(d if isinstance(d, int) else env[str(d)] for d in t.shape) for name, t in fusion.inputs}
 
 
-def kernel_sources(engine, plan, plan_dict: dict) -> list[KernelSource]:
-    """Generated CUDA source per segment, from whichever form the engine offers (none on NumPy)."""
-    found = []
+NO_KERNEL = {"view", "copy", "library"}
+
+
+def kernel_sources(engine, fusion: Fusion, shapes: dict, plan, plan_dict: dict) -> list[KernelSource]:
+    """Generated CUDA source per segment: from the engine if it offers it (`kernel_sources(plan)`),
+    else from the code generator directly (pure Python, no GPU needed)."""
     if hasattr(engine, "kernel_sources"):
         srcs = engine.kernel_sources(plan)
         items = srcs.items() if isinstance(srcs, dict) else enumerate(srcs or [])
-        for seg, src in items:
-            if src:
-                found.append(KernelSource(segment=int(seg), source=str(src)))
-        return found
-    for seg in plan_dict.get("segments", []):
-        src = seg.get("source") or seg.get("cuda_source")
-        if src:
-            found.append(KernelSource(segment=int(seg.get("id", len(found))), name=seg.get("kernel_name"),
-                                      source=str(src)))
-    return found
+        return [KernelSource(segment=int(k), source=str(v)) for k, v in items if v]
+    try:
+        from segfuse.compiler.codegen.segment import generate
+    except ImportError:
+        return []
+    types = fusion.bind(shapes).types
+    out = []
+    for seg, seg_dict in zip(plan.segments, plan_dict.get("segments", [])):
+        kind = str(seg_dict.get("kind"))
+        entry = KernelSource(segment=int(seg_dict.get("id", len(out))), kind=kind)
+        if kind in NO_KERNEL:
+            entry.unavailable = f"a {kind} segment launches no generated kernel"
+        else:
+            try:
+                module = generate(fusion, seg, types)
+                entry.source = module.source
+                entry.kernels = [launch.kernel for launch in module.launches]
+            except Exception as e:  # Unsupported, or a codegen gap: the plan is still useful
+                entry.unavailable = f"{type(e).__name__}: {e}"
+        out.append(entry)
+    return out
 
 
 @router.get("/{key}/plan", response_model=PlanResponse, summary="Segments, reasons and kernel sources",
             responses={**errors(400, 401, 404, 422, 503), 501: {"description": "the engine has no planner"}})
 async def get_plan(rt: ReadyRuntime, key: str,
-                   shape: str | None = Query(None, description="symbol sizes, e.g. T=4096,K=8")) -> PlanResponse:
+                   shape: str | None = Query(None, description="symbol sizes, e.g. T=4096,K=8"),
+                   source: bool = Query(True, description="include the generated CUDA source of each kernel"),
+                   ) -> PlanResponse:
     fusion = rt.fusions.resolve(key)
     env = parse_symbols(shape, fusion)
     shapes = input_shapes(fusion, env)
@@ -136,6 +152,6 @@ async def get_plan(rt: ReadyRuntime, key: str,
                             "runs work, plans are not available", [{"loc": [], "msg": "no planner"}])
     plan = await rt.executor.call(engine.plan, fusion, shapes)
     plan_dict = plan.to_dict() if hasattr(plan, "to_dict") else dict(plan)
-    kernels = await rt.executor.call(kernel_sources, engine, plan, plan_dict)
+    kernels = await rt.executor.call(kernel_sources, engine, fusion, shapes, plan, plan_dict) if source else []
     return PlanResponse(fusion_id=fusion.id, symbols=env, shapes={k: list(v) for k, v in shapes.items()},
                         plan=plan_dict, kernels=kernels)
