@@ -6,20 +6,14 @@ import numpy as np
 
 from ..dtypes import DType, literal_dtype
 from ..errors import OpError
-from .registry import Attrs, OpDef, OpKind, TensorType, register
+from .registry import Attrs, OpDef, OpKind, TensorType, check_scalar, register, scalar_array
 
 Number = bool | int | float
 Size = int | str
 
 
 def _check_value_fits(value, dt: DType):
-    if isinstance(value, float) and not dt.is_float and value == value and value not in (float("inf"), float("-inf")):
-        if not dt.is_bool and value != int(value):
-            raise OpError(f"value {value} cannot be represented exactly as {dt}", ("value",))
-    if isinstance(value, int) and not isinstance(value, bool) and dt.is_int:
-        info = np.iinfo(dt.np)
-        if not info.min <= value <= info.max:
-            raise OpError(f"value {value} is out of range for {dt}", ("value",))
+    check_scalar(value, dt, ("value",))  # as torch.full: 2.5 -> int64 truncates, 300 -> int8 raises
 
 
 class FullAttrs(Attrs):
@@ -39,7 +33,7 @@ def _full_infer(ctx, operands, attrs):
 
 
 def _fill(shape, value, dt: DType):
-    return np.full(shape, value, dtype=np.float64 if dt is DType.bfloat16 else dt.np).astype(dt.np)
+    return np.full(shape, scalar_array(value, dt), dtype=dt.np)
 
 
 register(OpDef("full", OpKind.creation, (), _full_infer,

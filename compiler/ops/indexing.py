@@ -13,11 +13,12 @@ from typing import Literal
 
 import numpy as np
 
-from ..dtypes import DType
+from ..dtypes import DType, from_numpy
 from ..errors import OpError
 from ..shapes import dims_equal, fmt_shape
 from .pointwise import opmath
-from .registry import Attrs, OpDef, OpKind, Scalar, TensorType, broadcast_shapes, norm_dim, register, tensor
+from .registry import (Attrs, OpDef, OpKind, Scalar, TensorType, broadcast_shapes, check_scalar, norm_dim, register,
+                       scalar_array, tensor)
 
 
 def _index_tensor(operands, i, name="index") -> TensorType:
@@ -191,8 +192,8 @@ def _scatter_infer(ctx, operands, attrs):
             raise OpError(f"index size {idx.shape[k]} at dim {k} exceeds self's size {x.shape[k]}", ("inputs", 1))
         if isinstance(src, TensorType) and _le(idx.shape[k], src.shape[k]) is False:
             raise OpError(f"index size {idx.shape[k]} at dim {k} exceeds src's size {src.shape[k]}", ("inputs", 1))
-    if attrs.reduce in ("add", "mul") and x.dtype.is_bool and attrs.reduce == "mul":
-        raise OpError("scatter with reduce='mul' is not supported for bool", ("reduce",))
+    if isinstance(src, Scalar):  # converted to self's dtype, as torch.scatter's value
+        check_scalar(src.value, x.dtype, ("inputs", 2))
     return [TensorType(x.dtype, x.shape)]
 
 
@@ -207,7 +208,8 @@ def _accumulate(out, coords, vals, reduce, include_self):
     if reduce in ("amax", "amin"):
         # NaN propagates (PyTorch); fmax/fmin would drop it, so mark NaN targets afterwards
         uf = np.maximum if reduce == "amax" else np.minimum
-        uf.at(acc, coords, v)
+        with np.errstate(invalid="ignore"):
+            uf.at(acc, coords, v)
     else:
         _UFUNC[reduce].at(acc, coords, v)
     return acc.astype(t)
@@ -240,7 +242,7 @@ def _scatter_ref(args, attrs, out_types):
     if isinstance(src, np.ndarray):
         vals = src[tuple(slice(0, s) for s in idx.shape)]
     else:
-        vals = np.full(idx.shape, src, dtype=np.float64 if x.dtype.name == "bfloat16" else None)
+        vals = np.full(idx.shape, scalar_array(src, from_numpy(x.dtype)), dtype=x.dtype)
     coords = _coords(idx, d, i)
     if attrs.reduce == "none":
         out[coords] = np.asarray(vals).astype(x.dtype)  # duplicates: last write wins (unspecified in PyTorch)
@@ -279,8 +281,8 @@ def _index_add_infer(ctx, operands, attrs):
         if dims_equal(src.shape[k], want) is False:
             raise OpError(f"source shape {fmt_shape(src.shape)} should be {fmt_shape(x.shape)} with dim {d} "
                           f"of size {n}", ("inputs", 2))
-    if isinstance(attrs.alpha, float) and not x.dtype.is_float:
-        raise OpError(f"a float alpha needs a floating-point self, not {x.dtype}", ("alpha",))
+    if not x.dtype.is_float:  # torch converts alpha to self's dtype (2.5 -> 2 for integers)
+        check_scalar(attrs.alpha, x.dtype, ("alpha",))
     return [TensorType(x.dtype, x.shape)]
 
 
@@ -295,7 +297,9 @@ def _index_add_ref(args, attrs, out_types):
     acc = x.astype(work)
     v = src.astype(work)
     if attrs.alpha != 1:
-        v = v * np.asarray(attrs.alpha).astype(work)
+        dt = from_numpy(x.dtype)
+        alpha = scalar_array(attrs.alpha, dt) if not dt.is_float else np.asarray(float(attrs.alpha))
+        v = v * alpha.astype(work)
     sl = [slice(None)] * x.ndim
     sl[d] = i
     vv = np.moveaxis(v, d, 0)
@@ -321,6 +325,8 @@ def _index_put_infer(ctx, operands, attrs):
     if x.rank == 0:
         raise OpError("index_put needs self of rank >= 1", ("inputs", 0))
     _src_dtype_check(x, vals, 2, "index_put")
+    if isinstance(vals, Scalar):
+        check_scalar(vals.value, x.dtype, ("inputs", 2))
     region = tuple(idx.shape) + tuple(x.shape[1:])
     if isinstance(vals, TensorType):
         b = broadcast_shapes([region, vals.shape], lambda i: ("inputs", 2))
@@ -335,8 +341,7 @@ def _index_put_ref(args, attrs, out_types):
     i = check_bounds("index_put", idx, x.shape[0], 0, allow_negative=True)
     region = idx.shape + x.shape[1:]
     v = np.broadcast_to(np.asarray(vals).astype(x.dtype) if isinstance(vals, np.ndarray)
-                        else np.asarray(vals).astype(np.float64 if x.dtype.name == "bfloat16" else None)
-                        .astype(x.dtype), region)
+                        else scalar_array(vals, from_numpy(x.dtype)), region)
     if not attrs.accumulate:
         out = x.copy()
         out[i] = v

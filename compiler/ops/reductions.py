@@ -4,6 +4,8 @@ reduced-precision floats accumulate in float32."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from ..dtypes import DType
@@ -24,7 +26,7 @@ class ArgReduceAttrs(Attrs):
 
 
 def reduced_dims(x: TensorType, dims) -> tuple[int, ...]:
-    if dims is None:
+    if dims is None or (isinstance(dims, list) and not dims):  # PyTorch: dim=[] reduces every dim
         return tuple(range(x.rank))
     lst = [dims] if isinstance(dims, int) else list(dims)
     out = []
@@ -70,16 +72,17 @@ def _make_reduce(name, np_fn, needs_nonempty=False, float_only=False, doc=""):
         x = np.asarray(args[0])
         t = out_types[0]
         rd = tuple(d % x.ndim for d in ([attrs.dims] if isinstance(attrs.dims, int) else attrs.dims)) \
-            if attrs.dims is not None and x.ndim else None
+            if attrs.dims not in (None, []) and x.ndim else None
         if x.ndim == 0:
             rd = None
         if needs_nonempty and x.size == 0 and (rd is None or any(x.shape[d] == 0 for d in rd)):
             raise OpError(f"{name} of an empty tensor has no identity", ("inputs", 0))
         work = opmath(t.dtype).np if t.dtype.is_float else t.dtype.np
         xs = x.astype(work) if name != "amax" and name != "amin" else x.astype(opmath(t.dtype).np)
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # mean of an empty slice is NaN, as in torch
             r = np_fn(xs, axis=rd, keepdims=attrs.keepdim)
-        return [np.asarray(r).astype(t.dtype.np).reshape(t.shape)]
+            return [np.asarray(r).astype(t.dtype.np).reshape(t.shape)]
 
     return register(OpDef(name, OpKind.reduction, ("x",), infer, ref, attrs=ReduceAttrs, doc=doc))
 
@@ -94,6 +97,8 @@ _make_reduce("mean", np.mean, float_only=True, doc="mean(x, dims=None, keepdim=F
 def _make_argreduce(name, np_fn):
     def infer(ctx, operands, attrs):
         x = tensor(operands, 0)
+        if x.dtype.is_bool:  # as in PyTorch ("argmax" is not implemented for 'Bool')
+            raise OpError(f"{name} is not supported for bool (cast to uint8 first)", ("inputs", 0))
         if attrs.dim is None:
             if any(d == 0 for d in x.shape):
                 raise OpError(f"{name} of an empty tensor", ("inputs", 0))

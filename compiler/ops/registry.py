@@ -11,7 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Callable
+import math
 
+import ml_dtypes
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
@@ -170,3 +172,35 @@ def broadcast_shapes(shapes: list[tuple], where_of: Callable[[int], tuple] = lam
             # unknown (symbolic): assume equal; checked again with bound sizes
         out.append(dim)
     return tuple(norm(d) if not isinstance(d, int) else d for d in out)
+
+
+def check_scalar(value, dt: DType, where: tuple = ("value",)) -> None:
+    """PyTorch's checked conversion of a Python number to `dt` (c10::checked_convert), used for
+    fill values and scalar sources: raise where torch says "value cannot be converted to type
+    ... without overflow". Floats to integers truncate; integers may wrap into unsigned types
+    from -max (two's complement); any number converts to bool."""
+    if dt.is_bool:
+        return
+    if dt.is_float:
+        top = float(ml_dtypes.finfo(dt.np).max)
+        bad = (isinstance(value, float) and math.isfinite(value) and abs(value) > top) or (
+            not isinstance(value, float) and abs(int(value)) > top)
+    elif isinstance(value, float):
+        info = np.iinfo(dt.np)
+        bad = not math.isfinite(value) or not info.min <= value <= info.max
+    else:
+        info = np.iinfo(dt.np)
+        lo = -int(info.max) if info.min == 0 else int(info.min)
+        bad = not lo <= int(value) <= info.max
+    if bad:
+        raise OpError(f"value {value!r} cannot be converted to {dt} without overflow", where)
+
+
+def scalar_array(value, dt: DType) -> np.ndarray:
+    """A number converted to `dt` as PyTorch converts a Scalar (after `check_scalar`), 0-d."""
+    if dt.is_bool:
+        return np.array(value != 0)
+    if not dt.is_float:
+        v = math.trunc(value) if isinstance(value, float) else int(value)
+        return np.array(v, dtype=np.int64).astype(dt.np)  # negative values wrap into unsigned types
+    return np.array(float(value), dtype=np.float64).astype(dt.np)

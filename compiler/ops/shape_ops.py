@@ -8,7 +8,7 @@ import sympy
 
 from ..errors import OpError
 from ..shapes import dims_equal, fmt_shape, norm, numel
-from .registry import Attrs, OpDef, OpKind, TensorType, norm_dim, register, tensor
+from .registry import Attrs, OpDef, OpKind, TensorType, check_scalar, norm_dim, register, scalar_array, tensor
 
 Size = int | str
 
@@ -134,6 +134,8 @@ def _squeeze_infer(ctx, operands, attrs):
     for k, d in enumerate(dims):
         w = ("dims",) if isinstance(attrs.dims, int) else ("dims", k)
         nd = norm_dim(d, x.rank, w)
+        if any(norm_dim(e, x.rank) == nd for e in dims[:k]):
+            raise OpError(f"dim {nd} appears more than once in the list of dims", w)
         if x.rank == 0:
             continue
         size = x.shape[nd]
@@ -181,7 +183,7 @@ def _permute_infer(ctx, operands, attrs):
 
 
 register(OpDef("permute", OpKind.movement, ("x",), _permute_infer,
-               lambda args, a, out: [np.ascontiguousarray(np.transpose(args[0], [d % max(args[0].ndim, 1) for d in a.dims]))],
+               lambda args, a, out: [np.require(np.transpose(args[0], [d % max(args[0].ndim, 1) for d in a.dims]), requirements="C")],
                attrs=PermuteAttrs, doc="permute(x, dims)"))
 
 
@@ -252,12 +254,14 @@ def _pad_infer(ctx, operands, attrs):
         if isinstance(n, int) and n < 0:
             raise OpError(f"padding makes dim {d} negative ({n})", ("pad", 2 * k))
         shape[d] = n
+    if any(p > 0 for p in attrs.pad):  # torch converts its value (a double) only when it fills
+        check_scalar(float(attrs.value), x.dtype, ("value",))
     return [TensorType(x.dtype, tuple(shape))]
 
 
 def _pad_ref(args, a, out):
     x = args[0]
-    res = np.full(out[0].shape, a.value, dtype=np.float64 if out[0].dtype.name == "bfloat16" else x.dtype).astype(x.dtype)
+    res = np.full(out[0].shape, scalar_array(float(a.value), out[0].dtype), dtype=x.dtype)
     src, dst = [], []
     for d in range(x.ndim):
         k = x.ndim - 1 - d
