@@ -57,6 +57,11 @@ def run_graph(fusion: Fusion, inputs: dict[str, np.ndarray]) -> dict[str, np.nda
 
 def commit_outputs(fusion: Fusion, values: dict, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     result = {}
+    # Values that view an input are copied before any alias is committed: committing first would
+    # change them (an output reshape(x) must keep x's old value when another output updates x).
+    values = {o.name: (values[o.name].copy() if any(np.shares_memory(values[o.name], a)
+                                                    for a in inputs.values()) else values[o.name])
+              for o in fusion.outputs}
     for o in fusion.outputs:
         v = values[o.name]
         if o.alias_of is not None:
