@@ -39,7 +39,8 @@ class ArrayBackend:
         return np.array(a, copy=True, order="C")
 
     def to_host(self, a) -> np.ndarray:
-        return np.ascontiguousarray(np.asarray(a))
+        # A copy: the caller serialises it after the buffer's pin is released.
+        return np.array(a, copy=True, order="C")
 
     def copy(self, a):
         return a.copy()
@@ -79,7 +80,10 @@ class CupyBackend(ArrayBackend):
 
     def from_host(self, a: np.ndarray):
         self.activate()
-        return self.cp.array(a, copy=True, order="C")
+        out = self.cp.array(a, copy=True, order="C")
+        # The engine runs on its own non-blocking stream, which does not wait for this copy.
+        self.cp.cuda.get_current_stream().synchronize()
+        return out
 
     def to_host(self, a) -> np.ndarray:
         if isinstance(a, np.ndarray):
@@ -143,6 +147,7 @@ def resolve(backend: str, device: int, cache_dir: str | None):
         if not cupy_visible():
             raise BackendUnavailable("backend 'cupy' needs CuPy and a visible GPU")
         arrays = CupyBackend(device)
+        arrays.activate()  # the engine reads the current device's properties
         try:
             engine = make_engine("cupy", cache_dir)
         except ValueError as e:  # the Engine has no CuPy backend yet

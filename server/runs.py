@@ -209,12 +209,19 @@ class RunOutcome:
 async def run(rt: Runtime, plan: RunPlan) -> RunOutcome:
     """Run and, only on success, bind stored outputs to their buffer names."""
     t_admit = time.perf_counter()
-    with rt.executor.admit():
-        try:
-            return await rt.executor.detached(_run_pinned(rt, plan, t_admit))
-        except Exception:
-            rt.metrics.runs.labels("error").inc()
-            raise
+    rt.executor.admit()  # 429 when the queue is full
+    try:
+        return await rt.executor.detached(_admitted(rt, plan, t_admit))
+    except Exception:
+        rt.metrics.runs.labels("error").inc()
+        raise
+
+
+async def _admitted(rt: Runtime, plan: RunPlan, t_admit: float) -> RunOutcome:
+    try:
+        return await _run_pinned(rt, plan, t_admit)
+    finally:
+        rt.executor.release()  # when the work is done, even if the client went away
 
 
 async def _run_pinned(rt: Runtime, plan: RunPlan, t_admit: float):

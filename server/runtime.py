@@ -7,7 +7,6 @@ import asyncio
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 
 from segfuse.compiler import Limits
 
@@ -35,16 +34,15 @@ class RunExecutor:
         self.admitted = 0
         self._tasks: set[asyncio.Task] = set()
 
-    @contextmanager
-    def admit(self):
+    def admit(self) -> None:
+        """Count a run in, or refuse it (429); `release` counts it out when its work is done."""
         if self.admitted >= self.max_admitted:
             raise ApiError(429, f"too many runs queued ({self.admitted}, the limit is {self.max_admitted}); "
                                 "retry later", [{"loc": [], "msg": "run queue full"}], {"Retry-After": "1"})
         self.admitted += 1
-        try:
-            yield
-        finally:
-            self.admitted -= 1
+
+    def release(self) -> None:
+        self.admitted -= 1
 
     async def call(self, fn, *args):
         """Run fn(*args) on a worker thread."""
@@ -54,8 +52,13 @@ class RunExecutor:
         """Await `coro` as its own task: cancelling the caller does not cancel it."""
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._finished)
         return await asyncio.shield(task)
+
+    def _finished(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled():
+            task.exception()  # retrieved: a caller that went away must not leave a warning
 
     async def drain(self) -> None:
         if self._tasks:
