@@ -7,6 +7,7 @@ No hard dependency on CuPy or torch: device arrays are recognised by protocol
 from __future__ import annotations
 
 import io
+import sys
 
 import numpy as np
 from segfuse.compiler.dtypes import FROM_KSERVE, KSERVE_NAMES, DType, from_numpy
@@ -24,6 +25,10 @@ def to_host(array) -> np.ndarray:
     """
     if isinstance(array, np.ndarray):
         return _c_order(array)
+    if "bfloat16" in str(getattr(array, "dtype", "")):
+        bits = _bfloat16_bits(array)
+        if bits is not None:
+            return to_host(bits).view(DType.bfloat16.np)
     if hasattr(array, "__dlpack_device__"):
         host = _from_dlpack(array)
         if host is not None:
@@ -34,6 +39,18 @@ def to_host(array) -> np.ndarray:
         raise TypeError(f"cannot copy a {type(array).__name__} on DLPack device "
                         f"{array.__dlpack_device__()} to the host; pass a NumPy array")
     return _c_order(np.asarray(array))
+
+
+def _bfloat16_bits(array):
+    """An int16 view of a bfloat16 tensor of a library that has one, else None.
+
+    NumPy has no bfloat16, so DLPack and `__array__` either refuse bfloat16 or hand over
+    nameless 2-byte voids; the bits travel as int16 and become ml_dtypes' bfloat16 on the host.
+    """
+    torch = sys.modules.get("torch")  # only if the caller already uses torch: no import here
+    if torch is not None and isinstance(array, torch.Tensor):
+        return array.detach().view(torch.int16)
+    return None
 
 
 def _c_order(a: np.ndarray) -> np.ndarray:

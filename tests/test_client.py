@@ -156,6 +156,8 @@ def test_torch_tensor_goes_through_dlpack():
     g = torch.ones(3, requires_grad=True)
     assert np.array_equal(to_host(g), np.ones(3, np.float32))
     assert to_host(t.t()).flags.c_contiguous
+    bf = to_host(torch.tensor([1.5, -2.0, 3.0], dtype=torch.bfloat16))  # NumPy has no bfloat16 of its own
+    assert bf.dtype == ml_dtypes.bfloat16 and bf.astype(np.float32).tolist() == [1.5, -2.0, 3.0]
 
 
 # ---- sync client, live server -------------------------------------------------------------------

@@ -313,8 +313,11 @@ def cmd_warmup(args) -> int:
                   transient=not sys.stderr.isatty(), console=_stderr_console()) as bar:
         task = bar.add_task(f"{verb} on {engine.backend}", total=len(graphs) * len(envs))
         for _, f, symbols in graphs:
-            for env in envs:
-                label = ",".join(f"{k}={v}" for k, v in env.items() if k in symbols)
+            # --shape values this graph has no symbol for would repeat the same sizes
+            own = list({tuple((k, v) for k, v in env.items() if k in symbols): None for env in envs})
+            bar.update(task, total=bar.tasks[0].total - (len(envs) - len(own)))
+            for env in map(dict, own):
+                label = ",".join(f"{k}={v}" for k, v in env.items())
                 bar.update(task, description=f"{verb} {f.name} {label}".rstrip())
                 t0 = time.perf_counter()
                 shapes = input_shapes(f, env)
@@ -324,8 +327,13 @@ def cmd_warmup(args) -> int:
                 bar.advance(task)
     for name, label, summary, ms in done:
         print(f"{name} {label}: {summary} ({ms:.1f} ms)".replace("  ", " "))
-    print(f"warmed up {len(done)} graph/size pair(s) on the {engine.backend} backend"
-          + ("" if verb == "compile" else f" ({verb} only: no kernels to compile)"))
+    if verb == "compile":
+        why = ""
+    elif engine.backend == "numpy":
+        why = f" ({verb} only: the NumPy backend has no kernels to compile)"
+    else:
+        why = f" ({verb} only: this engine has no Engine.warmup, so kernels compile on their first run)"
+    print(f"warmed up {len(done)} graph/size pair(s) on the {engine.backend} backend{why}")
     return 0
 
 
