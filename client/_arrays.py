@@ -130,11 +130,6 @@ def numpy_dtype(datatype: str) -> np.dtype:
         raise ValueError(f"unknown datatype '{datatype}'") from None
 
 
-def dtype_name(dtype) -> str:
-    """segfuse's name of a NumPy dtype ('int64', 'bfloat16')."""
-    return from_numpy(dtype).value
-
-
 # ---- bytes --------------------------------------------------------------------------------
 def from_raw(raw: bytes, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
     """A writable array from little-endian row-major bytes (the wire format; every host segfuse

@@ -18,7 +18,7 @@ from urllib.parse import quote
 import httpx
 import numpy as np
 
-from ._arrays import dtype_name, from_raw, kserve_datatype, load_npy, numpy_dtype, to_host
+from ._arrays import from_raw, kserve_datatype, load_npy, numpy_dtype, to_host
 from ._errors import SegfuseError
 from ._types import Buffer, FusionRef, RunResult
 
@@ -96,11 +96,11 @@ def _json(response: httpx.Response):
     return _decode(response).json()
 
 
-def transport_error(e: httpx.TransportError, base_url: str) -> SegfuseError:
+def transport_error(e: httpx.TransportError, request: httpx.Request) -> SegfuseError:
     """A connection-level failure, with the URL so the user sees where it tried to go."""
-    url = str(e.request.url) if getattr(e, "_request", None) is not None else base_url
     kind = "timed out talking to" if isinstance(e, httpx.TimeoutException) else "cannot reach"
-    return SegfuseError(f"{kind} the segfuse server at {url}: {e or type(e).__name__}", url=url)
+    return SegfuseError(f"{kind} the segfuse server at {request.url}: {str(e) or type(e).__name__}",
+                        url=str(request.url))
 
 
 def _split_binary(response: httpx.Response) -> tuple[dict, bytes]:
@@ -173,11 +173,10 @@ class _RequestBuilder:
     # buffers
     def put_buffer(self, name: str, array) -> httpx.Request:
         host = to_host(array)
-        _datatype(host, f"buffer '{name}'")
         # Raw bytes + dtype/shape query: no .npy header to parse, and bfloat16 survives (NumPy
         # cannot describe ml_dtypes' bfloat16 in a .npy header).
         return self.request("PUT", f"/v2/buffers/{_seg(name)}", content=host.tobytes(),
-                            params={"dtype": dtype_name(host.dtype),
+                            params={"dtype": _datatype(host, f"buffer '{name}'"),
                                     "shape": ",".join(str(d) for d in host.shape)},
                             headers={"Content-Type": OCTET})
 

@@ -54,7 +54,7 @@ class Client(_BaseClient):
                 try:
                     response = self._http.send(request)
                 except httpx.TransportError as e:
-                    raise transport_error(e, self.url) from None
+                    raise transport_error(e, request) from None
                 request = call.send(response)
         except StopIteration as done:
             return done.value
@@ -140,7 +140,7 @@ class AsyncClient(_BaseClient):
                 try:
                     response = await self._http.send(request)
                 except httpx.TransportError as e:
-                    raise transport_error(e, self.url) from None
+                    raise transport_error(e, request) from None
                 request = call.send(response)
         except StopIteration as done:
             return done.value
