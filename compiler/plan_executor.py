@@ -81,7 +81,7 @@ def execute(plan: Plan, fusion: Fusion, types: dict, inputs: dict[str, np.ndarra
             if dest is None:
                 dest = value
             elif dest is not value:
-                if in_place_of is not None and not np.shares_memory(dest, get(in_place_of)):
+                if in_place_of is not None and dest.size and not np.shares_memory(dest, get(in_place_of)):
                     raise PlanBug(f"scatter '{t}' is planned in place of '{in_place_of}' but their "
                                   "buffers differ")
                 np.copyto(dest, value, casting="no")

@@ -32,7 +32,8 @@ from .ir import Bound, Fusion
 from .ops.registry import OpKind
 from .plan import Alias, Copy, Plan, Segment, SegmentKind
 from .segmenter_buffers import assign
-from .segmenter_capability import DEFAULT_CAPABILITY, GRID, SINGLE_BLOCK, Capability, can_generate
+from .segmenter_capability import (DEFAULT_CAPABILITY, GRID, SINGLE_BLOCK, Capability, can_generate,
+                                   scatter_reduce_of)
 from .segmenter_graph import COPY, OTHER, WorkGraph, access, build
 from .segmenter_shapes import Checks, base_key, class_types, fmt, nbytes
 from .shapes import numel
@@ -265,7 +266,7 @@ class _Segmenter:
         order = P.topo_order(sub, must_follow)
         if order is None:
             return None
-        segs, where = P.place(g, order, must_follow)
+        segs, where = P.place(g, order, must_follow, self.cap.fuse_copies)
         must_precede: dict = {}
         for sc, readers in must_follow.items():
             for r in readers:
@@ -406,8 +407,30 @@ class _Segmenter:
                     "smem_bytes": fmt(seg.smem), "elements": fmt(elems), "index_bits": index_bits}
         t = self.cap.grid_threads
         blocks = -(-elems // t) if isinstance(elems, int) else sympy.ceiling(elems / t)
-        return {"launch": True, "single_block": False, "threads": t, "blocks": fmt(blocks),
-                "elements": fmt(elems), "index_bits": index_bits}
+        out = {"launch": True, "single_block": False, "threads": t, "blocks": fmt(blocks),
+               "elements": fmt(elems), "index_bits": index_bits}
+        if seg.heavy is not None:
+            out["anchor"] = self.anchor_hint(g, seg.heavy)
+        return out
+
+    def anchor_hint(self, g: WorkGraph, h) -> dict:
+        """What the kernel's one reduction/scan/sort/scatter iterates over."""
+        node = h.node
+        hint = {"op": node.op.name, "node": h.pos}
+        if h.is_scatter:
+            hint.update(reduce=scatter_reduce_of(node), index_elements=fmt(numel(g.types[h.operands[1]].shape)))
+            return hint
+        x = g.types[h.operands[0]]
+        dims = getattr(node.attrs, "dims", getattr(node.attrs, "dim", None))
+        if x.rank == 0:
+            dims = []
+        elif dims is None:
+            dims = list(range(x.rank))
+        else:
+            dims = sorted(d % x.rank for d in ([dims] if isinstance(dims, int) else dims))
+        hint.update(dims=dims, row_length=fmt(numel([x.shape[d] for d in dims])),
+                    rows=fmt(numel([n for d, n in enumerate(x.shape) if d not in dims])))
+        return hint
 
 
 def _step_at(g: WorkGraph, pos: int) -> P.Step:

@@ -112,7 +112,7 @@ def assign(g: WorkGraph, segments: list, where: dict, order_of) -> tuple[list[Bu
                     break
         if buf is None:
             buf = Buffer(id=len(buffers), nbytes=fmt(size), tensors=[], kind=k,
-                         live=[first, n_segs - 1 if k != "intermediate" else last])
+                         live=[-1 if k == "input" else first, n_segs - 1 if k != "intermediate" else last])
             buffers.append(buf)
         else:
             buf.live = [buf.live[0], last]

@@ -46,6 +46,9 @@ class Capability:
     smem_budget_bytes: int = 96 * 1024
     single_block_threads: int = 1024
     grid_threads: int = 256
+    # Whether a private copy of a scatter's self may ride along as an extra store in another
+    # kernel (Segment.copies with nodes); False gives every copy its own `copy` segment.
+    fuse_copies: bool = True
     # Index arithmetic is 32-bit while every tensor has fewer elements than this.
     index32_limit: int = 2**31 - 1
     # CuPy routines for library segments, by op name (default: a generic host-side fallback).

@@ -88,8 +88,10 @@ def boundary(seg: Seg, t: str, step: Step, k: int, g: WorkGraph) -> str | None:
     return None
 
 
-def incompatible(seg: Seg, step: Step) -> str | None:
+def incompatible(seg: Seg, step: Step, fuse_copies: bool = True) -> str | None:
     """Why `step` cannot share `seg`'s kernel at all; None when it can."""
+    if not fuse_copies and seg.steps and ((step.kind == COPY) != all(s.kind == COPY for s in seg.steps)):
+        return f"{step.label()} is a copy and copies run as their own segment"
     if step.library:
         return f"{step.label()} runs as a library call: {step.library}"
     if seg.library:
@@ -123,7 +125,7 @@ def topo_order(g: WorkGraph, must_follow: dict) -> list[Step] | None:
     return order
 
 
-def place(g: WorkGraph, order: list[Step], must_follow: dict) -> tuple[list[Seg], dict]:
+def place(g: WorkGraph, order: list[Step], must_follow: dict, fuse_copies: bool = True) -> tuple[list[Seg], dict]:
     segs: list[Seg] = []
     where: dict[Step, int] = {}
     for step in order:
@@ -144,7 +146,7 @@ def place(g: WorkGraph, order: list[Step], must_follow: dict) -> tuple[list[Seg]
                        f"which {r.label()} also reads")
         target, last_bad = None, None
         for j in range(earliest, len(segs)):
-            bad = incompatible(segs[j], step)
+            bad = incompatible(segs[j], step, fuse_copies)
             if bad is None:
                 target = j
                 break
@@ -175,7 +177,7 @@ def sink(g: WorkGraph, segs: list[Seg], where: dict, order: list[Step], must_pre
         if len(targets) != 1:
             continue
         i, j = where[step], targets.pop()
-        if j <= i or segs[j].library:
+        if j <= i or segs[j].library or all(s.kind == COPY for s in segs[j].steps):
             continue
         if any(where[sc] <= j for sc in must_precede.get(step, ())):
             continue  # a scatter writes its operand in place after it: it must stay earlier

@@ -18,8 +18,8 @@ from segfuse.compiler.segmenter import segment
 from segfuse.compiler.segmenter_capability import DEFAULT_CAPABILITY
 
 BIG_N = DEFAULT_CAPABILITY.single_block_max_elems + 517  # multi-block kernels
-SIZES_N = [1, 2, 9, 40, BIG_N, BIG_N, BIG_N]  # grid plans as often as single-block ones
-SIZES_M = [1, 3, 17]
+SIZES_N = [0, 1, 2, 9, 40, BIG_N, BIG_N, BIG_N]  # grid plans as often as single-block ones
+SIZES_M = [0, 1, 3, 17]
 ENGINE = Engine()
 
 SCATTER_REDUCES = ["none", "add", "amax", "amin", "mul"]
@@ -103,7 +103,7 @@ def make_inputs(n, m, seed):
     rng = np.random.default_rng(seed)
     # small integers as floats: exact sums, and ties for argsort's stability
     return {"x": rng.integers(-3, 4, n).astype(np.float32), "y": rng.integers(-3, 4, n).astype(np.float32),
-            "idx": rng.integers(0, n, m).astype(np.int64), "src": rng.integers(-3, 4, m).astype(np.float32)}
+            "idx": rng.integers(0, max(n, 1), m).astype(np.int64), "src": rng.integers(-3, 4, m).astype(np.float32)}
 
 
 def _fusion(graph):

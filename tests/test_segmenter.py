@@ -101,6 +101,14 @@ def test_scatter_of_graph_input_read_elsewhere_gets_a_private_copy():
     check_run(f, xshapes(BIG, BIG // 2), high={"idx": BIG})
 
 
+def test_copies_get_their_own_segment_when_codegen_cannot_fuse_them():
+    f = scatter_graph("input")
+    plan = plan_of(f, xshapes(BIG, BIG // 2), Capability(fuse_copies=False))
+    assert structure(plan) == [("copy", [], [("x", "y.self")]), ("scatter", [0, 1], [])]
+    assert (plan.segments[0].inputs, plan.segments[0].outputs) == (["x"], ["y.self"])
+    check_run(f, xshapes(BIG, BIG // 2), high={"idx": BIG})
+
+
 def test_scatter_of_graph_input_in_one_block_copies_inside_the_kernel():
     f = scatter_graph("input")
     plan = plan_of(f, xshapes(SMALL, SMALL // 2))
