@@ -50,6 +50,8 @@ _GUARDS = {
 }
 # Operands passed through unconverted (where's condition stays bool).
 _RAW = {"where": {0}}
+_SCALAR_OPMATH = frozenset({"mul", "div", "floor_divide"})
+_NO_ROUND = frozenset({"where", "clamp", "lerp", "cast"})  # their references compute in opmath directly
 
 
 def _pointwise(ctx, node, out_t):
@@ -68,6 +70,13 @@ def _pointwise(ctx, node, out_t):
             cs = ["0" if t.shape[j] == 1 else f"c{j + off}" for j in range(t.rank)]
             e = ctx.call(x, cs)
         if k not in _RAW.get(node.op.name, ()):
+            # operands round to the common dtype first (a literal becomes float16 for a float16
+            # result, as in PyTorch), then compute in opmath; mul/div/floor_divide read a 0-d
+            # second operand at opmath precision (the reference does the same)
+            scalar_opmath = k == 1 and node.op.name in _SCALAR_OPMATH and (
+                isinstance(x, Scalar) or types[k].rank == 0)
+            if cd is not work_dt and node.op.name not in _NO_ROUND and not scalar_opmath:
+                e = ct.cvt(e, ct.storage(cd))
             e = ct.cvt(e, work)
         g = _GUARDS.get(node.op.name)
         if g and g[0] == k and work_dt.is_int:

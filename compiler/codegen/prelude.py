@@ -107,7 +107,7 @@ __device__ __forceinline__ double sf_remainder(double a, double b) { double r = 
 template <typename T> __device__ __forceinline__ T sf_fmod(T a, T b) { return (T)(a % b); }
 __device__ __forceinline__ float sf_fmod(float a, float b) { return fmodf(a, b); }
 __device__ __forceinline__ double sf_fmod(double a, double b) { return fmod(a, b); }
-template <typename T> __device__ __forceinline__ T sf_ceildiv(T a, T b) { return (T)-sf_floordiv((T)-a, b); }
+template <typename T> __device__ __forceinline__ T sf_ceildiv(T a, T b) { return (T)(sf_floordiv(a, b) + (sf_remainder(a, b) != 0)); }
 __device__ __forceinline__ float sf_ceildiv(float a, float b) { return ceilf(a / b); }
 __device__ __forceinline__ double sf_ceildiv(double a, double b) { return ceil(a / b); }
 template <typename T> __device__ __forceinline__ T sf_pow(T a, T b) {

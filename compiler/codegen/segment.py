@@ -16,6 +16,7 @@ appear in the source.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import math
 from dataclasses import dataclass, field
@@ -100,6 +101,17 @@ class SegmentCodegen:
                  aliased: set | None = None, sm_count: int = 132):
         self.fusion, self.seg, self.types = fusion, seg, types
         self.nodes = [fusion.nodes[p] for p in seg.nodes]
+        types = dict(types)
+        # Private copies of a scatter's self (rule 1): the copy is an identity of its source, made
+        # here when this segment lists it; a scatter whose alias names a copy reads self from it.
+        self.copies = {c.dst: c.src for c in getattr(seg, "copies", []) or []}
+        for dst, src in self.copies.items():
+            types.setdefault(dst, types[src])
+        for a in getattr(seg, "aliases", []) or []:
+            if getattr(a, "mode", "") == "copy" and a.buffer in types:
+                self.nodes = [dataclasses.replace(nd, inputs=(a.buffer,) + tuple(nd.inputs[1:]))
+                              if a.tensor in nd.outputs and nd.op.kind is OpKind.scatter else nd for nd in self.nodes]
+        self.types = types
         self.sm = sm_count
         kind = getattr(seg.kind, "value", seg.kind)
         self.block_mode = (kind == "single_block") if single_block is None else single_block
@@ -192,7 +204,27 @@ class SegmentCodegen:
 
         for n in self.seg.inputs:
             materialized(n)
+        copies_left = dict(self.copies)
+
+        def define_copies():
+            for dst, src in list(copies_left.items()):
+                if src in names:
+                    del copies_left[dst]
+                    t = self.types[dst]
+                    name = f"v{counter_next()}"
+                    names[dst] = name
+                    if only is None or dst in only:
+                        args = "l" if flat_leaf is not None else ", ".join(f"c{k}" for k in range(t.rank))
+                        lines.append(f"  auto {name} = [&]{sig(t)} -> {ct.value(t.dtype)} {{ return {names[src]}({args}); }};")
+
+        def counter_next():
+            nonlocal counter
+            counter += 1
+            return counter - 1
+
+        define_copies()
         for nd in self.nodes:
+            define_copies()
             if nd.op.kind in LAZY_KINDS:
                 o = nd.outputs[0]
                 t = self.types[o]
@@ -207,6 +239,7 @@ class SegmentCodegen:
                 for o in nd.outputs:
                     if o not in names:
                         materialized(o)
+        define_copies()
         return "\n".join(lines), names
 
     # ---- flatness (for vectorized pointwise) ---------------------------------------------
@@ -239,7 +272,8 @@ class SegmentCodegen:
         out = []
         for nd in self.anchors:
             out.append(("anchor", nd))
-        lazy_outs = [o for o in self.seg.outputs if o in self.producer and self.producer[o].op.kind in LAZY_KINDS]
+        lazy_outs = [o for o in self.seg.outputs if (o in self.producer and self.producer[o].op.kind in LAZY_KINDS)
+                     or o in self.copies]
         groups: dict[tuple, list] = {}
         for o in lazy_outs:
             groups.setdefault(tuple(self.types[o].shape), []).append(o)

@@ -98,8 +98,16 @@ class KernelCache:
 
     def _compile(self, source: str, opts: list[str], path: str):
         t0 = time.perf_counter()
+        cubin = None
         if nvrtc.available():
-            cubin, _ = nvrtc.compile_cubin(source, opts)
+            try:
+                cubin, _ = nvrtc.compile_cubin(source, opts)
+            except nvrtc.CompileError:
+                raise
+            except Exception:  # libnvrtc not loadable here: let CuPy compile
+                if self.loader is None:
+                    raise
+        if cubin is not None:
             tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
             with open(tmp, "wb") as f:
                 f.write(cubin)
