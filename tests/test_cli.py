@@ -140,3 +140,15 @@ def test_bench_progress_follows_step_lines(tmp_path, capsys):
     script.write_text("for i in range(1, 4):\n    print(f'[{i}/3] case {i}', flush=True)\nprint('table written')\n")
     assert _run_with_progress([sys.executable, str(script)]) == 0
     assert "table written" in capsys.readouterr().err
+
+
+def test_bench_plot_from_results(tmp_path):
+    pytest.importorskip("matplotlib")
+    from segfuse.compiler.cli.client_cmds import plot_bench
+
+    results = {"meta": {"gpu": "NVIDIA H200", "date": "2026-11-29"},
+               "rows": [{"bench": "chain", "impl": "segfuse", "us": 10.0},
+                        {"bench": "chain", "impl": "torch eager", "us": 30.0},
+                        {"bench": "moe", "impl": "segfuse", "us": float("nan")}]}
+    path = plot_bench(results, tmp_path / "bench_gpu.png")
+    assert path is not None and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -86,12 +86,15 @@ def add_parsers(sub) -> None:
     # ---- bench ---------------------------------------------------------------------------
     p = sub.add_parser("bench", help="run the GPU benchmarks (benchmarks/bench_gpu.py)",
                        formatter_class=_RAW,
-                       description="Runs benchmarks/bench_gpu.py with a progress bar; it writes the "
-                                   "results table and plots to --out. Needs a CUDA GPU and CuPy.",
-                       epilog="examples:\n  segfuse bench\n  segfuse bench --out /tmp/bench -- --quick")
-    p.add_argument("--out", default="benchmarks/out", help="where the table and plots go (default: benchmarks/out)")
+                       description="Runs benchmarks/bench_gpu.py (segfuse against torch eager, torch.compile "
+                                   "and CuPy) with a progress bar, then writes the results table "
+                                   "(bench_gpu.md, bench_gpu.json) and a plot (bench_gpu.png) to --out. "
+                                   "Needs a CUDA GPU and CuPy; elsewhere it says so and exits with 2.",
+                       epilog="examples:\n  segfuse bench\n  segfuse bench --out /tmp/bench -- --only chain,moe")
+    p.add_argument("--out", default=None,
+                   help="where the table and plot go (default: the script's own out/ folder)")
     p.add_argument("--script", default=None, help="benchmark script (default: benchmarks/bench_gpu.py)")
-    p.add_argument("extra", nargs=argparse.REMAINDER, help="arguments after -- go to the script")
+    p.add_argument("extra", nargs=argparse.REMAINDER, help="arguments after -- go to the script (e.g. --only)")
     p.set_defaults(func=cmd_bench)
 
 
@@ -367,6 +370,8 @@ def _repo_root() -> Path:
 
 
 def cmd_bench(args) -> int:
+    import shutil
+
     from . import UserError
 
     script = Path(args.script) if args.script else next(
@@ -379,12 +384,72 @@ def cmd_bench(args) -> int:
         raise UserError("no CUDA GPU is visible (or CuPy is not installed): segfuse bench measures GPU "
                         "kernels and cannot run here; see benchmarks/README.md")
     extra = args.extra[1:] if args.extra[:1] == ["--"] else args.extra
-    return _run_with_progress([sys.executable, str(script), "--out", args.out, *extra])
+    rc = _run_with_progress([sys.executable, str(script), *extra])
+    results = script.parent / "out" / "bench_gpu.json"  # where bench_gpu.py writes
+    if rc != 0 or not results.exists():
+        print(f"error: {script} exited with {rc}" + ("" if results.exists() else f" and wrote no {results}"),
+              file=sys.stderr)
+        return rc or 1
+    out = Path(args.out) if args.out else results.parent
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("bench_gpu.json", "bench_gpu.md"):
+        if (results.parent / name).resolve() != (out / name).resolve() and (results.parent / name).exists():
+            shutil.copyfile(results.parent / name, out / name)
+    print((out / "bench_gpu.md").read_text() if (out / "bench_gpu.md").exists() else "")
+    plot = plot_bench(json.loads(results.read_text()), out / "bench_gpu.png")
+    print(f"wrote {out / 'bench_gpu.md'}, {out / 'bench_gpu.json'}" + (f" and {plot}" if plot else
+                                                                        " (no plot: pip install matplotlib)"))
+    return 0
+
+
+def plot_bench(results: dict, path: Path) -> Path | None:
+    """Bars of microseconds per benchmark and implementation (log scale), from bench_gpu.json."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    rows = [r for r in results.get("rows", []) if isinstance(r.get("us"), (int, float)) and r["us"] == r["us"]]
+    benches = list(dict.fromkeys(r["bench"] for r in rows))
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(benches)), 4.5), dpi=110)
+    width = 0.8 / len(impls)
+    for k, impl in enumerate(impls):
+        xs, ys = [], []
+        for i, b in enumerate(benches):
+            us = [r["us"] for r in rows if r["bench"] == b and r["impl"] == impl]
+            if us:
+                xs.append(i + (k - (len(impls) - 1) / 2) * width)
+                ys.append(us[0])
+        ax.bar(xs, ys, width, label=impl)
+    ax.set_xticks(range(len(benches)), [textwrap_label(b) for b in benches], fontsize=7)
+    ax.set_yscale("log")
+    ax.set_ylabel("microseconds per call (lower is better)")
+    meta = results.get("meta", {})
+    ax.set_title(f"segfuse bench: {meta.get('gpu', '')} {meta.get('date', '')}".strip(), fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def textwrap_label(text: str, width: int = 18) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width)[:4])
 
 
 def _run_with_progress(cmd: list[str]) -> int:
-    """Run a script, showing its output lines under a progress bar. Lines like '[3/12] name'
-    set the bar's position; others only update its description."""
+    """Run a benchmark script under a progress bar, echoing what it prints except its tables.
+
+    bench_gpu.py prints the table so far after each benchmark, so each table header is one
+    step done; a line like '[3/12] name' sets the bar's position and total directly.
+    """
     import re
 
     from rich.progress import (
@@ -408,7 +473,9 @@ def _run_with_progress(cmd: list[str]) -> int:
             m = step.match(line)
             if m:
                 bar.update(task, completed=int(m[1]), total=int(m[2]), description=m[3][:60])
-            else:
+            elif line.startswith("| bench "):
+                bar.advance(task)
+            elif not line.startswith("|"):  # the final table is printed once, at the end
                 bar.console.print(line, markup=False, highlight=False)
         rc = proc.wait()
     return rc
