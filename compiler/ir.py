@@ -120,6 +120,7 @@ class Fusion:
         issues = []
         given = set(shapes)
         env: dict[str, int] = {}
+        bound_by: dict[str, str] = {}
         for name, t in self.inputs:
             if name not in shapes:
                 issues.append(Issue(loc_prefix + (name,), "missing input (the graph declares it)"))
@@ -139,8 +140,9 @@ class Fusion:
                     sym = d.name
                     if sym in env and env[sym] != s:
                         issues.append(Issue(loc_prefix + (name,), f"size {s} at dim {k} disagrees with "
-                                                                  f"{sym}={env[sym]} bound by another input"))
+                                                                  f"{sym}={env[sym]} bound by input '{bound_by[sym]}'"))
                     env.setdefault(sym, s)
+                    bound_by.setdefault(sym, name)
         for extra in sorted(given - set(self.input_names)):
             issues.append(Issue(loc_prefix + (extra,), f"unknown input (the graph's inputs are: "
                                                        f"{', '.join(self.input_names) or 'none'})"))
@@ -163,6 +165,11 @@ class Fusion:
                 raise BindError([Issue(("ops", node.index) + e.where, e.msg)]) from None
             for n, t in zip(node.outputs, outs):
                 types[n] = t
+        for k, o in enumerate(self.outputs):  # sizes unknown at validation are checked now
+            if o.alias_of is not None and types[o.name].shape != types[o.alias_of].shape:
+                raise BindError([Issue(("outputs", k, "alias_of"), f"output '{o.name}' has shape "
+                                       f"{list(types[o.name].shape)} but input '{o.alias_of}' has "
+                                       f"{list(types[o.alias_of].shape)}; an in-place update needs the same shape")])
         bound = Bound(env, types)
         self._bound[key] = bound
         if len(self._bound) > 64:
@@ -190,12 +197,19 @@ def pydantic_issues(e: pydantic.ValidationError, prefix: tuple = ()) -> list[Iss
         elif err["type"] == "missing":
             msg = "field required"
         out.append(Issue(loc, msg))
-    # de-duplicate union branches reporting the same place
-    seen, uniq = set(), []
+    # one issue per place: the branches of a union (int | list[int], name | number) are merged
+    merged: dict[tuple, list[str]] = {}
     for i in out:
-        if (i.loc, i.msg) not in seen:
-            seen.add((i.loc, i.msg))
-            uniq.append(i)
+        msgs = merged.setdefault(i.loc, [])
+        if i.msg not in msgs:
+            msgs.append(i.msg)
+    uniq = []
+    for loc, msgs in merged.items():
+        if len(loc) == 4 and loc[0] == "ops" and loc[2] == "inputs" and isinstance(loc[3], int) and len(msgs) > 1:
+            msg = "an operand must be a tensor name or a number literal"
+        else:
+            msg = msgs[0] + "".join(", or " + m.removeprefix("Input should be ") for m in msgs[1:])
+        uniq.append(Issue(loc, msg))
     return uniq
 
 
@@ -206,6 +220,7 @@ class _Validator:
         self.types: dict[str, TensorType] = {}
         self.defined_at: dict[str, tuple] = {}  # name -> loc of its definition
         self.later: dict[str, int] = {}  # name -> op index that defines it (for use-before-def messages)
+        self.broken: set[str] = set()  # inputs whose declaration failed (already reported)
 
     def err(self, loc, msg):
         self.issues.append(Issue(tuple(loc), msg))
@@ -229,6 +244,7 @@ class _Validator:
                 continue
             if len(inp.shape) > lim.max_rank:
                 self.err(loc + ("shape",), f"rank {len(inp.shape)} exceeds the limit of {lim.max_rank}")
+                self.broken.add(inp.name)
                 continue
             dims = []
             ok = True
@@ -247,6 +263,7 @@ class _Validator:
                 else:
                     dims.append(d)
             if not ok:
+                self.broken.add(inp.name)
                 continue
             t = TensorType(inp.dtype, tuple(dims))
             self.types[inp.name] = t
@@ -286,7 +303,13 @@ class _Validator:
             self.err(loc + ("op",), f"unknown op '{o.op}'{hint}")
             return None
         try:
-            attrs = op.attrs.model_validate(o.attrs())
+            text = json.dumps(o.attrs(), allow_nan=True)
+        except (TypeError, ValueError) as e:
+            self.err(loc, f"attributes must be JSON values ({e})")
+            return None
+        try:
+            # strict, as JSON: "1" is not a dim, 1 is not a bool, true is not an int
+            attrs = op.attrs.model_validate_json(text, strict=True)
         except pydantic.ValidationError as e:
             for iss in pydantic_issues(e, loc):
                 msg = iss.msg
@@ -299,7 +322,8 @@ class _Validator:
         n = len(o.inputs)
         if n < lo or (hi is not None and n > hi):
             want = f"{lo}" if hi == lo else (f"at least {lo}" if hi is None else f"{lo} to {hi}")
-            self.err(loc + ("inputs",), f"op '{op.name}' takes {want} inputs ({', '.join(op.operands)}), got {n}")
+            noun = "input" if want.endswith(" 1") or want == "1" else "inputs"
+            self.err(loc + ("inputs",), f"op '{op.name}' takes {want} {noun} ({', '.join(op.operands)}), got {n}")
             return None
         operands = []
         ok = True
@@ -310,8 +334,8 @@ class _Validator:
                     if x in self.later and self.later[x] >= i:
                         self.err(loc + ("inputs", k), f"tensor '{x}' is used before it is defined "
                                                       f"(by ops[{self.later[x]}])")
-                    elif x in self.later:
-                        ok = False  # its producer failed validation; already reported
+                    elif x in self.later or x in self.broken:
+                        ok = False  # its producer or declaration failed validation; already reported
                         continue
                     else:
                         self.err(loc + ("inputs", k), f"unknown tensor '{x}'")
@@ -319,6 +343,10 @@ class _Validator:
                     continue
                 operands.append(t)
             else:
+                if isinstance(x, int) and not isinstance(x, bool) and not -2**63 <= x < 2**63:
+                    self.err(loc + ("inputs", k), f"integer literal {x} does not fit in int64")
+                    ok = False
+                    continue
                 if k not in op.literal_ok and not (op.variadic and False):
                     self.err(loc + ("inputs", k), f"op '{op.name}' needs a tensor here, not the number {x!r}")
                     ok = False
@@ -365,7 +393,7 @@ class _Validator:
                 continue
             seen[o.name] = k
             if o.name not in self.types:
-                if o.name not in self.later:
+                if o.name not in self.later and o.name not in self.broken:
                     self.err(loc + ("name",), f"unknown tensor '{o.name}'")
                 continue
             if o.alias_of is not None:
