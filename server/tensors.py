@@ -123,7 +123,9 @@ def from_npy(raw: bytes, loc: tuple) -> np.ndarray:
     try:
         from_numpy(a.dtype)
     except ValueError as e:
-        raise unprocessable(str(e), loc) from None
+        hint = ("; bfloat16 has no .npy description: send raw bytes with ?dtype=bfloat16"
+                if a.dtype.kind == "V" and a.dtype.itemsize == 2 else "")
+        raise unprocessable(f"{e}{hint}", loc) from None
     return a
 
 
