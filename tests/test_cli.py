@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_client import ROOT, counts_of, free_port, live_server
+from test_client import ROOT, counts_of, free_port, server_process
 
 MOE = str(ROOT / "examples" / "moe_problem_sizes.json")
 _SCRIPT = Path(sysconfig.get_path("scripts")) / "segfuse"
@@ -33,7 +33,7 @@ def segfuse(*args, server: str | None = None, cwd=None, check: int | None = 0) -
 
 @pytest.fixture(scope="module")
 def server():
-    with live_server() as url:
+    with server_process() as url:
         yield url
 
 
@@ -103,7 +103,7 @@ def test_run_user_errors_exit_2(server, tmp_path):
 
 
 def test_token_from_the_environment(tmp_path):
-    with live_server(token="t0k") as url:
+    with server_process(token="t0k") as url:
         r = segfuse("buffers", "ls", "--server", url, check=2)
         assert "[401]" in r.stderr
         assert "no buffers" in segfuse("buffers", "ls", "--server", url, "--token", "t0k").stdout

@@ -1,6 +1,6 @@
 """The sync and async clients against a live uvicorn server (NumPy backend) on a free port.
 
-`live_server` is also used by tests/test_cli.py and tests/test_readme.py.
+`server_process` is also used by tests/test_cli.py and tests/test_readme.py.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
 
 
 @contextlib.contextmanager
-def live_server(cmd: list[str] | None = None, env: dict | None = None, token: str | None = None):
+def server_process(cmd: list[str] | None = None, env: dict | None = None, token: str | None = None):
     """Start a segfuse server on a free 127.0.0.1 port with the NumPy backend; yield its URL.
 
     `cmd` defaults to uvicorn on the app factory; settings travel as SEGFUSE_* variables so a
@@ -78,7 +78,7 @@ def live_server(cmd: list[str] | None = None, env: dict | None = None, token: st
 
 @pytest.fixture(scope="module")
 def server():
-    with live_server() as url:
+    with server_process() as url:
         yield url
 
 
@@ -251,7 +251,7 @@ def test_plan_answers_or_says_why(client):
 
 
 def test_bearer_token():
-    with live_server(token="s3cret") as url:
+    with server_process(token="s3cret") as url:
         with Client(url) as anonymous:
             assert anonymous.is_live()  # health needs no token
             with pytest.raises(SegfuseError) as e:

@@ -13,7 +13,7 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from test_client import ROOT, free_port, live_server
+from test_client import ROOT, free_port, server_process
 
 DOCKER = ROOT / "docker"
 DOCKERFILES = [DOCKER / "Dockerfile", DOCKER / "Dockerfile.cpu"]
@@ -136,7 +136,7 @@ def test_entrypoint_serves_and_healthcheck_passes(dockerfile, tmp_path):
            "SEGFUSE_KERNEL_CACHE": str(tmp_path / "kernels"), "HOME": str(tmp_path)}
     env.setdefault("SEGFUSE_BACKEND", "numpy")
     cmd = command_line(dockerfile)
-    with live_server(cmd=cmd, env=run_env(**env)) as url:
+    with server_process(cmd=cmd, env=run_env(**env)) as url:
         port = url.rsplit(":", 1)[1]
         r = subprocess.run(healthcheck(dockerfile), env=run_env(**env, SEGFUSE_PORT=port), capture_output=True,
                            text=True, timeout=30)

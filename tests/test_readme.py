@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from segfuse.client import Buffer, Client
 from segfuse.compiler import Engine, load_fusion
-from test_client import ROOT, live_server
+from test_client import ROOT, server_process
 
 NO_CI = "<!-- no-ci -->"
 DOCS = [ROOT / "README.md", ROOT / "docs" / "operations.md"]
@@ -99,7 +99,7 @@ def test_every_code_block_is_bash_python_or_marked():
 # ---- running the blocks -----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def server():
-    with live_server() as url:
+    with server_process() as url:
         yield url
 
 
