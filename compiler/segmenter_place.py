@@ -106,23 +106,32 @@ def incompatible(seg: Seg, step: Step, fuse_copies: bool = True) -> str | None:
 def topo_order(g: WorkGraph, must_follow: dict) -> list[Step] | None:
     """Steps in graph order, moved only as far as `must_follow` (step -> steps before it) needs;
     None when those constraints form a cycle."""
-    preds = {s: set() for s in g.steps}
+    import heapq
+
+    members = set(g.steps)
+    preds: dict = {s: set() for s in g.steps}
     for s in g.steps:
         for _, t in s.tensor_operands():
-            if t in g.producer:
+            if t in g.producer and g.producer[t] in members:
                 preds[s].add(g.producer[t])
     for s, before in must_follow.items():
-        preds[s] |= set(before)
-    done, order = set(), []
-    remaining = sorted(g.steps, key=lambda s: s.key)
-    while remaining:
-        nxt = next((s for s in remaining if preds[s] <= done), None)
-        if nxt is None:
-            return None
-        order.append(nxt)
-        done.add(nxt)
-        remaining.remove(nxt)
-    return order
+        preds[s] |= set(before) & members
+    succs: dict = {s: [] for s in g.steps}
+    for s, ps in preds.items():
+        for p in ps:
+            succs[p].append(s)
+    waiting = {s: len(ps) for s, ps in preds.items()}
+    ready = [(s.key, id(s), s) for s in g.steps if not waiting[s]]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, _, s = heapq.heappop(ready)
+        order.append(s)
+        for c in succs[s]:
+            waiting[c] -= 1
+            if not waiting[c]:
+                heapq.heappush(ready, (c.key, id(c), c))
+    return order if len(order) == len(g.steps) else None
 
 
 def place(g: WorkGraph, order: list[Step], must_follow: dict, fuse_copies: bool = True) -> tuple[list[Seg], dict]:

@@ -5,6 +5,7 @@ plan cache, determinism, and `segfuse explain` on every example graph."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ BIG = 4 * CAP.single_block_max_elems  # above the single-block threshold, whatev
 SMALL = 64
 
 
-def plan_of(f, shapes, cap=CAP):
+def plan_of(f, shapes, cap=replace(CAP, fuse_copies=True)):
     return segment(f, f.bind(shapes), cap)
 
 
@@ -391,3 +392,17 @@ def test_explain_reports_missing_sizes(capsys):
         pytest.skip("examples not written yet")
     assert main(["explain", str(path)]) == 2
     assert "give a value for T" in capsys.readouterr().err
+
+
+def test_plans_are_identical_across_processes():
+    """No dependence on hash seeds or set order: two interpreters print the same plan."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys; sys.path.insert(0, 'tests'); import test_segmenter as T; "
+            "f = T.scatter_graph('after'); print(T.plan_of(f, T.xshapes(T.BIG, 7)).to_json()); "
+            "g = T.moe_argsort(4); print(T.plan_of(g, {'topk_ids': (T.BIG, 4)}).to_json())")
+    outs = [subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")]
+    assert outs[0] == outs[1] and '"segments"' in outs[0]
