@@ -148,11 +148,15 @@ def place(g: WorkGraph, order: list[Step], must_follow: dict, fuse_copies: bool 
             cand = i + 1 if b else i
             if cand > earliest:
                 earliest, why = cand, b
+            elif cand == earliest and b and why and b not in why:
+                why = f"{why}; {b}"  # several reasons cut at the same place: say them all
         for r in must_follow.get(step, ()):
+            b = (f"scatter '{step.outputs[0]}' writes in place into '{step.operands[0]}', "
+                 f"which {r.label()} also reads")
             if where[r] + 1 > earliest:
-                earliest = where[r] + 1
-                why = (f"scatter '{step.outputs[0]}' writes in place into '{step.operands[0]}', "
-                       f"which {r.label()} also reads")
+                earliest, why = where[r] + 1, b
+            elif where[r] + 1 == earliest and why and b not in why:
+                why = f"{why}; {b}"
         target, last_bad = None, None
         for j in range(earliest, len(segs)):
             bad = incompatible(segs[j], step, fuse_copies)
