@@ -331,3 +331,28 @@ def test_cli_run_wrong_input_shape(tmp_path):
     r = cli("run", "examples/moe_argsort.json", "-i", f"topk_ids={tmp_path / 'ids.npy'}")
     assert r.returncode == 2
     assert "topk_ids" in r.stderr and "should be 4" in r.stderr
+
+
+def test_examples_readme_commands_run(tmp_path):
+    # the bash blocks of examples/README.md run as written (except --write, which edits the repo)
+    import re
+
+    (tmp_path / "examples").symlink_to(EXAMPLES)
+    env = dict(os.environ, PATH=f"{Path(segfuse_cmd()[0]).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    if segfuse_cmd()[0] == sys.executable:
+        pytest.skip("no segfuse script next to this Python")
+    doc = (EXAMPLES / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", doc, flags=re.S)
+    assert len(blocks) >= 2
+    for b in blocks:
+        code = "\n".join(ln.replace("python ", f"{sys.executable} ", 1) if ln.startswith("python ") else ln
+                         for ln in b.splitlines() if "--write" not in ln)
+        r = subprocess.run(["bash", "-ec", code], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+        assert r.returncode == 0, code + "\n" + r.stdout + r.stderr
+    ids = np.load(tmp_path / "ids.npy")
+    ref = torch.bincount(torch.from_numpy(ids).flatten(), minlength=16)
+    assert_same(np.load(tmp_path / "counts.npy"), ref)
+    # dst.npy started as zeros (the README says so) and was updated in place
+    idx, src = (torch.from_numpy(np.load(tmp_path / f"{n}.npy")) for n in ("index", "src"))
+    want = torch.zeros(8).scatter_add_(0, idx, src)
+    torch.testing.assert_close(torch.from_numpy(np.load(tmp_path / "dst.npy")), want)
