@@ -68,7 +68,6 @@ def cmd_serve(args) -> int:
 
     try:
         import uvicorn
-
         from segfuse.server import create_app
         from segfuse.server.backend import cupy_visible
     except ImportError as e:
