@@ -69,6 +69,8 @@ class Tensor:
     __rxor__ = lambda s, o: s._bin("bitwise_xor", o, True)  # noqa: E731
     __lshift__ = lambda s, o: s._bin("left_shift", o)  # noqa: E731
     __rshift__ = lambda s, o: s._bin("right_shift", o)  # noqa: E731
+    __rlshift__ = lambda s, o: s._bin("left_shift", o, True)  # noqa: E731
+    __rrshift__ = lambda s, o: s._bin("right_shift", o, True)  # noqa: E731
     __lt__ = lambda s, o: s._bin("lt", o)  # noqa: E731
     __le__ = lambda s, o: s._bin("le", o)  # noqa: E731
     __gt__ = lambda s, o: s._bin("gt", o)  # noqa: E731
@@ -124,13 +126,21 @@ class FusionDefinition:
     # ---- definition --------------------------------------------------------------------
     def define_tensor(self, name: str, shape, dtype="float32") -> Tensor:
         self._inputs.append({"name": name, "dtype": str(dtype), "shape": list(shape)})
-        self._check_partial()
+        try:
+            self._check_partial()
+        except GraphError:
+            self._inputs.pop()  # the definition stays usable after a mistake
+            raise
         return Tensor(self, name)
 
     def add_output(self, t: Tensor, name: str | None = None, alias_of: Tensor | str | None = None) -> None:
+        """Declare `t` an output (renamed to `name` if given); checked at once, like every call."""
+        old = t.name
         if name is not None and name != t.name:
             if any(i["name"] == t.name for i in self._inputs):
                 raise ValueError(f"'{t.name}' is a graph input; outputs cannot rename inputs")
+            if any(i["name"] == name for i in self._inputs) or any(name in _outs(o) for o in self._ops):
+                raise ValueError(f"'{name}' already names a tensor of this definition")
             self._rename(t.name, name)
             t.name = name
         entry: Any = t.name
@@ -138,6 +148,15 @@ class FusionDefinition:
             entry = {"name": t.name, "alias_of": alias_of.name if isinstance(alias_of, Tensor) else alias_of}
         self._outputs.append(entry)
         self._fusion = None
+        try:
+            self.fusion()
+        except GraphError:
+            self._outputs.pop()
+            if t.name != old:
+                self._rename(t.name, old)
+                t.name = old
+            self._fusion = None
+            raise
 
     def _fresh(self) -> str:
         while True:
@@ -151,7 +170,8 @@ class FusionDefinition:
             o["out"] = [new if x == old else x for x in o["out"]] if isinstance(o["out"], list) else (
                 new if o["out"] == old else o["out"])
             o["inputs"] = [new if x == old else x for x in o["inputs"]]
-        self._outputs = [new if x == old else x for x in self._outputs]
+        self._outputs = [new if x == old else ({**x, "name": new} if isinstance(x, dict) and x["name"] == old else x)
+                         for x in self._outputs]
 
     def _record(self, op: OpDef, args, kwargs):
         params = signature(op)
