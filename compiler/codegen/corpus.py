@@ -200,15 +200,17 @@ def scatter_cases(n_src=64, m=10):
         ins = [{"name": "s", "dtype": dt.value, "shape": [4, 9]},
                {"name": "i", "dtype": "int32", "shape": [4, 5]},
                {"name": "r", "dtype": "int64", "shape": [6]},
+               {"name": "rn", "dtype": "int64", "shape": [6]},
                {"name": "v", "dtype": dt.value, "shape": [6, 9]}]
         ops = [{"op": "scatter", "out": "o2", "inputs": ["s", "i", 1], "dim": 1, "reduce": "add"},
                {"op": "index_add", "out": "ia", "inputs": ["s", "r", "v"], "dim": 0, "alpha": 2},
-               {"op": "index_put", "out": "ip", "inputs": ["s", "r", "v"], "accumulate": True},
-               {"op": "index_put", "out": "ip0", "inputs": ["s", "r", 3], "accumulate": True}]
+               {"op": "index_put", "out": "ip", "inputs": ["s", "rn", "v"], "accumulate": True},
+               {"op": "index_put", "out": "ip0", "inputs": ["s", "rn", 3], "accumulate": True}]
         g = _graph(f"sc2_{dt.value}", ins, ops, ["o2", "ia", "ip", "ip0"])
         out.append((g["name"], g, lambda rng, dt=dt: {
             "s": rand(rng, (4, 9), dt), "i": rng.integers(0, 9, (4, 5)).astype(np.int32),
-            "r": rng.integers(-4, 4, (6,)).astype(np.int64), "v": rand(rng, (6, 9), dt)}))
+            "r": rng.integers(0, 4, (6,)).astype(np.int64), "rn": rng.integers(-4, 4, (6,)).astype(np.int64),
+            "v": rand(rng, (6, 9), dt)}))
     return out
 
 

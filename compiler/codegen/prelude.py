@@ -40,6 +40,12 @@ template <> struct sf_cvt_t<sf_half, sf_bf16> { __device__ static sf_half f(sf_b
 template <> struct sf_cvt_t<sf_bf16, sf_half> { __device__ static sf_bf16 f(sf_half x) { return sf_f2b(sf_h2f(x)); } };
 template <> struct sf_cvt_t<bool, sf_half> { __device__ static bool f(sf_half x) { return sf_h2f(x) != 0.f; } };
 template <> struct sf_cvt_t<bool, sf_bf16> { __device__ static bool f(sf_bf16 x) { return sf_b2f(x) != 0.f; } };
+// float -> narrower integer goes through int64 so out-of-range values wrap like NumPy/PyTorch's
+// CPU casts (-1.0 -> uint8 255) instead of saturating like the GPU's cvt instruction
+#define SF_F2I(F, I) template <> struct sf_cvt_t<I, F> { __device__ static I f(F x) { return (I)(long long)x; } };
+SF_F2I(float, unsigned char) SF_F2I(float, signed char) SF_F2I(float, short) SF_F2I(float, int)
+SF_F2I(double, unsigned char) SF_F2I(double, signed char) SF_F2I(double, short) SF_F2I(double, int)
+#undef SF_F2I
 template <typename To, typename From> __device__ __forceinline__ To sf_cvt(From x) { return sf_cvt_t<To, From>::f(x); }
 
 __device__ __forceinline__ double sf_inf() { return __longlong_as_double(0x7ff0000000000000LL); }
@@ -262,6 +268,15 @@ template <typename T, typename F> __device__ __forceinline__ T sf_block_scan(T v
   return v;
 }
 template <typename T> struct alignas(sizeof(T) * 4) sf_v4 { T v[4]; };
+// 16-byte vectors stream through L2 with evict-first hints (read once, written once)
+template <typename T> __device__ __forceinline__ sf_v4<T> sf_vload(const sf_v4<T>* p) {
+  if (sizeof(sf_v4<T>) == 16) { union { float4 f; sf_v4<T> v; } u; u.f = __ldcs((const float4*)p); return u.v; }
+  return *p;
+}
+template <typename T> __device__ __forceinline__ void sf_vstore(sf_v4<T>* p, sf_v4<T> v) {
+  if (sizeof(sf_v4<T>) == 16) { union { float4 f; sf_v4<T> v; } u; u.v = v; __stcs((float4*)p, u.f); return; }
+  *p = v;
+}
 template <typename V> struct sf_argpair { V v; long long i; };
 // ---- end of prelude -------------------------------------------------------------------------
 """

@@ -31,7 +31,12 @@ from .prelude import PRELUDE
 INT32_LIMIT = 2**31 - 2**25  # leaves room for grid-stride overshoot
 SMEM_BUDGET = 200 * 1024  # dynamic shared memory we allow ourselves per block (H200: 227 KiB)
 PRIV_SMEM = 48 * 1024  # privatized scatter histogram limit
+# Streaming kernels: enough blocks that each thread handles a few vectors (more bytes in flight
+# than a grid of 8 blocks per SM looping hundreds of times); tunable from the benchmark.
+VEC_BLOCKS_PER_SM = 64
+ATOMIC_BLOCKS_PER_SM = 1 << 20  # global-atomic scatters: one thread per source (latency-bound)
 THREADS = 256
+RADIX_MIN = 2048  # single-block sorts of integer keys longer than this use the radix sort
 
 
 @dataclass
@@ -334,7 +339,7 @@ class SegmentCodegen:
                 # the vector variant is listed first; the runtime picks it when pointers are aligned
                 # listed first: the runtime launches it instead of the next (scalar) kernel when
                 # every pointer is aligned to a vector
-                res.insert(0, (vec, self._grid(max(1, n // 4)), THREADS, 0, True))
+                res.insert(0, (vec, self._grid(max(1, n // 4), per_sm=VEC_BLOCKS_PER_SM), THREADS, 0, True))
             return res
         nd = what
         kindname = nd.op.kind
@@ -384,11 +389,11 @@ class SegmentCodegen:
             f"return {ct.cvt(f'ld_{x_id(x)}.v[j]', ct.value(self.types[x].dtype))};" if x in leaves else
             f"return {ct.cvt(f'{self.loc[x].ref}[l]', ct.value(self.types[x].dtype))};"), only=cone)
         loads = "".join(f"    sf_v4<{ct.storage(self.types[x].dtype)}> ld_{x_id(x)} = "
-                        f"((const sf_v4<{ct.storage(self.types[x].dtype)}>*){self.loc[x].ref})[q];\n" for x in leaves)
+                        f"sf_vload((const sf_v4<{ct.storage(self.types[x].dtype)}>*){self.loc[x].ref} + q);\n" for x in leaves)
         outs_decl = "".join(f"    sf_v4<{ct.storage(self.types[o].dtype)}> st_{x_id(o)};\n" for o in outs)
         outs_set = "".join(f"      st_{x_id(o)}.v[j] = {ct.cvt(f'{names[o]}(l)', ct.storage(self.types[o].dtype))};\n"
                            for o in outs)
-        outs_st = "".join(f"    ((sf_v4<{ct.storage(self.types[o].dtype)}>*){self.loc[o].ref})[q] = st_{x_id(o)};\n"
+        outs_st = "".join(f"    sf_vstore((sf_v4<{ct.storage(self.types[o].dtype)}>*){self.loc[o].ref} + q, st_{x_id(o)});\n"
                           for o in outs)
         nq = n // 4
         # lambdas are defined inside the lane loop so they see the loaded vectors and lane j
@@ -569,6 +574,75 @@ class SegmentCodegen:
                 f"    for (int j = threadIdx.x; j < {k}; j += blockDim.x) {{ {stores} }}\n"
                 f"    __syncthreads();\n  }} }}")
 
+    def _radix_body(self, nd, smem_off) -> str:
+        """Stable LSD radix sort of one block (integer keys, 4-bit digits, only the bits that the
+        keys' range needs): keys and indices ping-pong through global scratch (L2-resident), digit
+        counts per thread in shared memory. Each thread owns a contiguous chunk, so placing chunks in
+        thread order keeps equal keys in input order: stable, also descending (keys inverted)."""
+        x, xt, d, L, P, V, nbytes = self._sort_parts(nd)
+        if xt.rank != 1:
+            raise Unsupported("radix sort of a multi-row tensor in one block")
+        I = self.I
+        name = nd.op.name
+        desc = nd.attrs.largest if name == "topk" else nd.attrs.descending
+        k = self.types[nd.outputs[0]].shape[0] if name == "topk" else L
+        _, names = self._lambdas()
+        base = self.scratch_used
+        self.scratch_used = _align(base + 2 * L * 8 + 2 * L * 4)
+        ka, kb = f"((unsigned long long*)(sf_scratch + {base}))", f"((unsigned long long*)(sf_scratch + {base + L * 8}))"
+        ia, ib = f"((int*)(sf_scratch + {base + 2 * L * 8}))", f"((int*)(sf_scratch + {base + 2 * L * 8 + L * 4}))"
+        signed = xt.dtype.is_signed
+        bits = xt.dtype.itemsize * 8
+        flip = f"(1ULL << {bits - 1})" if signed else "0ULL"
+        mask = "~0ULL" if bits == 64 else f"((1ULL << {bits}) - 1ULL)"
+        key = f"((unsigned long long)(long long)({names[x]}(j)) & {mask}) ^ {flip}"
+        if desc:
+            key = f"(~({key}) & {mask})"
+        idx_out = nd.outputs[-1]
+        val_out = nd.outputs[0] if len(nd.outputs) == 2 else None
+        stores = f"{self._dst(idx_out)}[j] = (long long)ii;"
+        if val_out is not None:
+            stores += f" {self._dst(val_out)}[j] = {ct.cvt(f'{names[x]}(ii)', ct.storage(xt.dtype))};"
+        return f"""  {{ // radix sort of {L} keys
+    unsigned long long* keys = {ka}; unsigned long long* keys2 = {kb}; int* ids = {ia}; int* ids2 = {ib};
+    int* cnt = (int*)(sf_smem + {smem_off});
+    const int nt = blockDim.x, tid = threadIdx.x;
+    const int chunk = ({L} + nt - 1) / nt;
+    const int j0 = min(tid * chunk, {L}), j1 = min(j0 + chunk, {L});
+    unsigned long long lo = ~0ULL, hi = 0ULL;
+    for ({I} j = j0; j < j1; ++j) {{ unsigned long long u = {key}; keys[j] = u; ids[j] = (int)j; lo = u < lo ? u : lo; hi = u > hi ? u : hi; }}
+    lo = sf_block_reduce(lo, [](unsigned long long a, unsigned long long b) {{ return a < b ? a : b; }});
+    hi = sf_block_reduce(hi, [](unsigned long long a, unsigned long long b) {{ return a > b ? a : b; }});
+    const unsigned long long range = hi - lo;
+    const int nbits = range ? 64 - __clzll((long long)range) : 0;
+    for (int shift = 0; shift < nbits; shift += 4) {{
+      int c[16];
+      #pragma unroll
+      for (int q = 0; q < 16; ++q) c[q] = 0;
+      for (int j = j0; j < j1; ++j) c[(int)(((keys[j] - lo) >> shift) & 15ULL)]++;
+      #pragma unroll
+      for (int q = 0; q < 16; ++q) cnt[q * nt + tid] = c[q];
+      __syncthreads();
+      // exclusive scan of cnt in digit-major order: thread t owns entries [16t, 16t + 16)
+      int s = 0;
+      #pragma unroll
+      for (int q = 0; q < 16; ++q) s += cnt[tid * 16 + q];
+      int tot; int incl = sf_block_scan(s, [](int a, int b) {{ return a + b; }}, tot);
+      int run = incl - s;
+      for (int q = 0; q < 16; ++q) {{ int v = cnt[tid * 16 + q]; cnt[tid * 16 + q] = run; run += v; }}
+      __syncthreads();
+      #pragma unroll
+      for (int q = 0; q < 16; ++q) c[q] = cnt[q * nt + tid];
+      for (int j = j0; j < j1; ++j) {{
+        unsigned long long u = keys[j]; int dgt = (int)(((u - lo) >> shift) & 15ULL); int o = c[dgt]++;
+        keys2[o] = u; ids2[o] = ids[j];
+      }}
+      __syncthreads();
+      unsigned long long* tk = keys; keys = keys2; keys2 = tk; int* ti = ids; ids = ids2; ids2 = ti;
+    }}
+    for ({I} j = tid; j < {k}; j += nt) {{ int ii = ids[j]; {stores} }}
+  }}"""
+
     def _dst(self, o):
         return (self.stage.get(o) or self.loc[o]).ref
 
@@ -693,21 +767,27 @@ class SegmentCodegen:
         Wd = ct.WIDE[selft.dtype]
         wsize = 8 if Wd in ("long long", "double") else 4
         if n_out * wsize <= PRIV_SMEM and n_dom >= 8 * n_out and n_dom >= 4096:
-            # Privatize: per-block histogram in shared memory, one global atomic per bin per block.
+            # Privatize: per-block histograms in shared memory (one replica per group of warps, so
+            # warps rarely contend for a bin), one global atomic per bin per block.
             op = _OPS[reduce]
             threads = 1024
+            reps = 1
+            while reps < 32 and n_out * wsize * reps * 2 <= PRIV_SMEM:
+                reps *= 2
             body = (lam + "\n"
-                    f"  {Wd}* h = ({Wd}*)sf_smem;\n"
-                    f"  for (int j = threadIdx.x; j < {n_out}; j += blockDim.x) h[j] = {op}::id<{Wd}>();\n"
+                    f"  {Wd}* h = ({Wd}*)sf_smem + (threadIdx.x >> 5) % {reps} * {n_out};\n"
+                    f"  for (int j = threadIdx.x; j < {n_out * reps}; j += blockDim.x) (({Wd}*)sf_smem)[j] = {op}::id<{Wd}>();\n"
                     f"  __syncthreads();\n"
                     + self._scatter_loop(nd, gstart, gstep, "h", "atomic", W=Wd) + "\n"
                     f"  __syncthreads();\n"
-                    f"  for (int j = threadIdx.x; j < {n_out}; j += blockDim.x) {{ {Wd} hv = h[j];\n"
+                    f"  for (int j = threadIdx.x; j < {n_out}; j += blockDim.x) {{ {Wd} hv = (({Wd}*)sf_smem)[j];\n"
+                    f"    for (int r = 1; r < {reps}; ++r) hv = {op}::f<{Wd}>(hv, (({Wd}*)sf_smem)[r * {n_out} + j]);\n"
                     f"    if (hv != {op}::id<{Wd}>()) sf_atomic<{op}, {ct.storage(selft.dtype)}, {Wd}>(&{dst}[j], hv); }}")
             blocks = max(1, min(-(-n_dom // (threads * 16)), self.sm * 2))
-            res.append((body, blocks, threads, _align(n_out * wsize), None))
+            res.append((body, blocks, threads, _align(n_out * wsize * reps), None))
         else:
-            res.append((lam + "\n" + self._scatter_loop(nd, gstart, gstep, dst, "atomic"), self._grid(n_dom), THREADS, 0, None))
+            res.append((lam + "\n" + self._scatter_loop(nd, gstart, gstep, dst, "atomic"),
+                        self._grid(n_dom, per_sm=ATOMIC_BLOCKS_PER_SM), THREADS, 0, None))
         return res
 
     # ---- single-block mode -------------------------------------------------------------
@@ -735,9 +815,14 @@ class SegmentCodegen:
                     work = max(work, xt.shape[nd.attrs.dim % xt.rank] if xt.rank else 1)
                 elif k is OpKind.sort:
                     x, xt, d, L, P, V, nbytes = self._sort_parts(nd)
-                    smem = max(smem, sort_off + nbytes)
-                    parts.append(self._sort_body(nd, "0", "1", sort_off))
-                    work = max(work, P // 2)
+                    if L > RADIX_MIN and not xt.dtype.is_float:
+                        parts.append(self._radix_body(nd, sort_off))
+                        smem = max(smem, sort_off + 16 * 4 * 1024)
+                        work = 1024
+                    else:
+                        smem = max(smem, sort_off + nbytes)
+                        parts.append(self._sort_body(nd, "0", "1", sort_off))
+                        work = max(work, P // 2)
                 elif k is OpKind.scatter:
                     parts.append(self._scatter_block(nd))
                     dom = self._scatter_parts(nd)[0]

@@ -61,6 +61,46 @@ class Prepared:
     fallbacks: list = field(default_factory=list)
 
 
+class _ThreadState:
+    """Per thread: its own stream, and an error word in mapped pinned host memory. Kernels write the
+    word directly (UVA), so a run needs no memset and no copy-back: the host clears it before
+    launching and reads it after the stream synchronizes."""
+
+    def __init__(self, cp):
+        self.cp = cp
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        rt = cp.cuda.runtime
+        self.mapped = False
+        try:
+            self._host_ptr = rt.hostAlloc(_ERR_WORDS * 8, rt.hostAllocMapped | rt.hostAllocPortable)
+            dev = rt.hostGetDevicePointer(self._host_ptr, 0)
+            import ctypes
+
+            buf = (ctypes.c_int64 * _ERR_WORDS).from_address(self._host_ptr)
+            self.host = np.frombuffer(buf, dtype=np.int64, count=_ERR_WORDS)
+            self.err = np.uint64(dev)
+            self.mapped = True
+        except Exception:  # fall back to a device word copied back after each run
+            with self.stream:
+                self.dev = cp.zeros(_ERR_WORDS, dtype=np.int64)
+            pinned = cp.cuda.alloc_pinned_memory(_ERR_WORDS * 8)
+            self._pinned = pinned
+            self.host = np.frombuffer(pinned, np.int64, _ERR_WORDS)
+            self.err = self.dev
+
+    def reset(self):
+        if self.mapped:
+            self.host[:] = 0
+        else:
+            self.cp.cuda.runtime.memsetAsync(self.dev.data.ptr, 0, _ERR_WORDS * 8, self.stream.ptr)
+
+    def fetch(self):
+        if not self.mapped:
+            rt = self.cp.cuda.runtime
+            rt.memcpyAsync(self.host.ctypes.data, self.dev.data.ptr, _ERR_WORDS * 8, rt.memcpyDeviceToHost,
+                           self.stream.ptr)
+
+
 class _RunCtx:
     def __init__(self, rt, stream, err, prepared):
         self.rt, self.stream, self.err, self.prepared = rt, stream, err, prepared
@@ -95,12 +135,7 @@ class CupyRuntime:
     def _thread_state(self):
         st = getattr(self._tls, "st", None)
         if st is None:
-            cp = self.cp
-            stream = cp.cuda.Stream(non_blocking=True)
-            with stream:
-                err = cp.zeros(_ERR_WORDS, dtype=np.int64)
-            host = cp.cuda.alloc_pinned_memory(_ERR_WORDS * 8)
-            st = self._tls.st = (stream, err, np.frombuffer(host, np.int64, _ERR_WORDS))
+            st = self._tls.st = _ThreadState(self.cp)
         return st
 
     # ---- planning ------------------------------------------------------------------------
@@ -116,9 +151,7 @@ class CupyRuntime:
         return real_segment(fusion, bound)
 
     def prepare(self, fusion, shapes: dict, dtypes: dict, strides: dict, plan=None) -> Prepared:
-        key = (fusion.id, id(plan), tuple(sorted((k, tuple(v)) for k, v in shapes.items())),
-               tuple(sorted((k, str(v)) for k, v in dtypes.items())),
-               tuple(sorted((k, tuple(v)) for k, v in strides.items())))
+        key = (fusion.id, id(plan), tuple((k, shapes[k], dtypes[k], strides[k]) for k in shapes))
         hit = self._prepared.get(key)
         if hit is not None:
             return hit
@@ -137,6 +170,7 @@ class CupyRuntime:
             if plan is None:
                 plan = self._plan(fusion, types, bound)
             prep = Prepared(plan, types, [])
+            prep.staged = [o.alias_of for o in fusion.outputs if o.alias_of is not None]
             c0 = self.cache.stats.compile_s
             for seg in plan.segments:
                 prep.steps.append(self._step(fusion, seg, types, strides, prep))
@@ -248,44 +282,94 @@ class CupyRuntime:
         return shapes, dtypes, strides, arrays
 
     def run(self, fusion, inputs: dict, plan=None) -> tuple[dict, dict]:
-        cp = self.cp
-        stream, err, host_err = self._thread_state()
+        st = self._thread_state()
+        stream = st.stream
+        t0 = time.perf_counter()
         with stream:
             shapes, dtypes, strides, arrays = self.to_device(fusion, inputs)
-        t0 = time.perf_counter()
-        prep = self.prepare(fusion, shapes, dtypes, strides, plan)
-        t1 = time.perf_counter()
-        env = dict(arrays)
-        ctx = _RunCtx(self, stream, err, prep)
-        with stream:
+            prep = self.prepare(fusion, shapes, dtypes, strides, plan)
+            t1 = time.perf_counter()
+            env = dict(arrays)
+            ctx = _RunCtx(self, stream, st.err, prep)
             # inputs updated in place (alias_of) are staged: the plan writes the copy, and the
             # caller's array changes only after the whole run succeeded
-            for o in fusion.outputs:
-                if o.alias_of is not None:
-                    env[o.alias_of] = arrays[o.alias_of].copy()
-            cp.cuda.runtime.memsetAsync(err.data.ptr, 0, _ERR_WORDS * 8, stream.ptr)
-            for st in prep.steps:
-                st.run(env, ctx)
-            cp.cuda.runtime.memcpyAsync(host_err.ctypes.data, err.data.ptr, _ERR_WORDS * 8,
-                                        cp.cuda.runtime.memcpyDeviceToHost, stream.ptr)
-        stream.synchronize()
-        if host_err[0] != 0:
-            raise _device_error(fusion, [int(x) for x in host_err])
-        with stream:
+            for name in prep.staged:
+                env[name] = arrays[name].copy()
+            st.reset()
+            for step in prep.steps:
+                step.run(env, ctx)
+            st.fetch()
+            stream.synchronize()
+            if st.host[0] != 0:
+                raise _device_error(fusion, [int(x) for x in st.host])
             outs = self._commit(fusion, env, inputs, arrays)
+            if prep.staged:
+                stream.synchronize()
         t2 = time.perf_counter()
         return outs, {"prepare_us": (t1 - t0) * 1e6, "run_us": (t2 - t1) * 1e6,
                       "compile_us": prep.compile_s * 1e6, "fallbacks": prep.fallbacks}
+
+    def runner(self, fusion, inputs: dict, plan=None):
+        """A lean callable for one input signature (shapes/dtypes/strides of `inputs`): the
+        serving fast path once a graph is warm. Same checks and commit rules as `run`."""
+        st = self._thread_state()
+        with st.stream:
+            shapes, dtypes, strides, arrays = self.to_device(fusion, inputs)
+        if plan is None:
+            from ..engine import Engine
+
+            plan = Engine.default("cupy").plan(fusion, shapes)
+        prep = self.prepare(fusion, shapes, dtypes, strides, plan)
+        sig = {k: (shapes[k], arrays[k].strides, arrays[k].dtype) for k in shapes}
+        cp = self.cp
+        outputs = [(o.name, o.alias_of) for o in fusion.outputs]
+        steps = prep.steps
+        staged = prep.staged
+
+        def call(ins: dict) -> dict:
+            stream = st.stream
+            for k, a in ins.items():
+                s = sig.get(k)
+                if s is None or not isinstance(a, cp.ndarray) or a.shape != s[0] or a.strides != s[1] \
+                        or a.dtype != s[2]:
+                    return self.run(fusion, ins, plan)[0]  # another signature: the general path
+            with stream:
+                env = dict(ins)
+                for name in staged:
+                    env[name] = ins[name].copy()
+                ctx = _RunCtx(self, stream, st.err, prep)
+                st.reset()
+                for step in steps:
+                    step.run(env, ctx)
+                st.fetch()
+                stream.synchronize()
+                if st.host[0] != 0:
+                    raise _device_error(fusion, [int(x) for x in st.host])
+                res = {}
+                for name, alias in outputs:
+                    v = env[name]
+                    if alias is not None:
+                        ins[alias][...] = v
+                        v = ins[alias]
+                    elif v is ins.get(name):
+                        v = v.copy()
+                    res[name] = v
+                if staged:
+                    stream.synchronize()
+            return res
+
+        return call
 
     def kernel_time_us(self, fusion, inputs: dict, reps: int = 20, warmup: int = 3) -> float:
         """Mean device time of a prepared graph's launches alone (CUDA events on the run's stream),
         to separate kernel time from the host work a full `run` adds."""
         cp = self.cp
-        stream, err, _ = self._thread_state()
+        st = self._thread_state()
+        stream = st.stream
         with stream:
             shapes, dtypes, strides, arrays = self.to_device(fusion, inputs)
             prep = self.prepare(fusion, shapes, dtypes, strides, None)
-            ctx = _RunCtx(self, stream, err, prep)
+            ctx = _RunCtx(self, stream, st.err, prep)
             envs = [dict(arrays) for _ in range(reps + warmup)]
             for e in envs[:warmup]:
                 for st in prep.steps:
@@ -317,11 +401,7 @@ class CupyRuntime:
                 result[o.name] = v.copy()  # an output never exposes an input's buffer
             else:
                 result[o.name] = v
-        self.stream_sync()
         return result
-
-    def stream_sync(self):
-        self._thread_state()[0].synchronize()
 
 
 def _dtype_of(fusion, name, np_dtype):
@@ -367,7 +447,8 @@ def _kernel_step(rt, mod, kernels, types, alias_buf):
     params = mod.params
     null = np.uint64(0)
     scratch_bytes = mod.scratch_bytes
-    vec_align = 16
+    vec_align = 32  # sf_v4<double> is 32-byte aligned; every other vector needs 16 or less
+    n_params = len(params)
 
     def run(env, ctx):
         args = []
@@ -388,7 +469,7 @@ def _kernel_step(rt, mod, kernels, types, alias_buf):
                 skip_next = False
                 continue
             if ln.vector_of is not None:
-                if all((a.data.ptr % vec_align) == 0 for a in args[:len(params)] if a.size):
+                if not any(a.data.ptr % vec_align for a in args[:n_params]):
                     k((ln.grid,), (ln.block,), args, shared_mem=ln.smem)
                     skip_next = True
                 continue
@@ -486,6 +567,9 @@ _RUNTIME = None
 _RLOCK = threading.Lock()
 
 
+_ZERO8 = bytearray(8)
+
+
 def shape_proxies(fusion, inputs: dict) -> dict:
     """Zero-byte NumPy stand-ins with each input's shape and dtype (for binding on the host)."""
     out = {}
@@ -493,7 +577,7 @@ def shape_proxies(fusion, inputs: dict) -> dict:
         if hasattr(v, "__cuda_array_interface__"):
             dt = _dtype_of(fusion, k, v.dtype)
             npdt = dt.np if dt is not None else np.dtype(v.dtype)
-            out[k] = np.lib.stride_tricks.as_strided(np.zeros(1, npdt), tuple(v.shape), (0,) * v.ndim)
+            out[k] = np.ndarray(tuple(v.shape), npdt, buffer=_ZERO8, strides=(0,) * v.ndim)
         else:
             out[k] = np.asarray(v)
     return out
