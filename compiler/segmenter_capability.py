@@ -42,8 +42,10 @@ class Capability:
         "mul": frozenset(DType)})
     # Single-block limits (rule 4): every tensor of the region at most this many elements, and
     # the region's intermediates within the shared memory a block gets without opting in.
-    single_block_max_elems: int = 16384
-    smem_budget_bytes: int = 96 * 1024
+    # (compiler/codegen spills single-block intermediates that exceed shared memory to global
+    # scratch, L2-resident at these sizes, and sorts long integer rows with a block radix sort)
+    single_block_max_elems: int = 32768
+    smem_budget_bytes: int = 1024 * 1024
     single_block_threads: int = 1024
     grid_threads: int = 256
     # Whether a private copy of a scatter's self may ride along as an extra store in another
