@@ -35,8 +35,7 @@ from .segmenter_buffers import assign
 from .segmenter_capability import (DEFAULT_CAPABILITY, GRID, SINGLE_BLOCK, Capability, can_generate,
                                    scatter_reduce_of)
 from .segmenter_graph import COPY, OTHER, WorkGraph, access, build
-from .segmenter_shapes import Checks, base_key, class_types, fmt, nbytes
-from .shapes import numel
+from .segmenter_shapes import Checks, base_key, class_types, fmt, nbytes, numel
 
 INPLACE, ORDERED, COPIED, INPUT = "inplace", "ordered", "copy", "input"
 
@@ -136,7 +135,7 @@ class _Segmenter:
                     return False, 0, why
         tensors = sorted({t for s in steps for t in s.outputs + [x for _, x in s.tensor_operands()]})
         names = ", ".join(f"'{t}'" for t in tensors[:3]) + (", ..." if len(tensors) > 3 else "")
-        sizes = [numel(g.types[t].shape) for t in tensors]
+        sizes = [numel(tuple(g.types[t].shape)) for t in tensors]
         if not self.checks.all_le(sizes, self.cap.single_block_max_elems, f"{names} fit one thread block"):
             return False, 0, "too large for one thread block"
         smem = 0
@@ -327,7 +326,7 @@ class _Segmenter:
         where = {s: i for i, seg in enumerate(segs) for s in seg.steps}
         order_of = {t: k for k, t in enumerate(list(self.fusion.input_names) + [
             o for s in sorted(g.steps, key=lambda s: s.key) for o in s.outputs])}
-        all_numels = [numel(t.shape) for t in g.types.values()]
+        all_numels = [numel(tuple(t.shape)) for t in g.types.values()]
         index_bits = 32 if self.checks.all_le(all_numels, self.cap.index32_limit,
                                               "every tensor indexable with 32-bit integers") else 64
         segments = []
@@ -387,7 +386,7 @@ class _Segmenter:
         return SegmentKind(h.kind.value) if h is not None else SegmentKind.pointwise
 
     def hints(self, g: WorkGraph, seg, steps, kind: SegmentKind, index_bits: int) -> dict:
-        sizes = [numel(g.types[t].shape) for s in steps for t in s.outputs + [x for _, x in s.tensor_operands()]]
+        sizes = [numel(tuple(g.types[t].shape)) for s in steps for t in s.outputs + [x for _, x in s.tensor_operands()]]
         static = [n for n in sizes if isinstance(n, int)]
         symbolic = sorted({n for n in sizes if not isinstance(n, int)}, key=str)
         if symbolic:
@@ -418,7 +417,7 @@ class _Segmenter:
         node = h.node
         hint = {"op": node.op.name, "node": h.pos}
         if h.is_scatter:
-            hint.update(reduce=scatter_reduce_of(node), index_elements=fmt(numel(g.types[h.operands[1]].shape)))
+            hint.update(reduce=scatter_reduce_of(node), index_elements=fmt(numel(tuple(g.types[h.operands[1]].shape))))
             return hint
         x = g.types[h.operands[0]]
         dims = getattr(node.attrs, "dims", getattr(node.attrs, "dim", None))
@@ -428,8 +427,8 @@ class _Segmenter:
             dims = list(range(x.rank))
         else:
             dims = sorted(d % x.rank for d in ([dims] if isinstance(dims, int) else dims))
-        hint.update(dims=dims, row_length=fmt(numel([x.shape[d] for d in dims])),
-                    rows=fmt(numel([n for d, n in enumerate(x.shape) if d not in dims])))
+        hint.update(dims=dims, row_length=fmt(numel(tuple(x.shape[d] for d in dims))),
+                    rows=fmt(numel(tuple(n for d, n in enumerate(x.shape) if d not in dims))))
         return hint
 
 

@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .ops.registry import OpKind, TensorType
-from .shapes import dims_equal, numel
+from .segmenter_shapes import numel
+from .shapes import dims_equal
 
 # Ops whose results are complete only when their kernel ends (rule 2).
 HEAVY = frozenset({OpKind.reduction, OpKind.scan, OpKind.sort, OpKind.scatter})
@@ -70,7 +71,7 @@ def access(step: Step, k: int, types: dict) -> str:
         return OWN if k != 0 and same_shape(t_in, t_out) else OTHER
     if kind is OpKind.view:
         # reshape/squeeze/unsqueeze keep the linear index; expand/broadcast read one element many times
-        return OWN if dims_equal(numel(t_in.shape), numel(t_out.shape)) is True else OTHER
+        return OWN if dims_equal(numel(tuple(t_in.shape)), numel(tuple(t_out.shape))) is True else OTHER
     return OWN if same_shape(t_in, t_out) else OTHER  # pointwise: broadcasting reads other positions
 
 
