@@ -35,7 +35,7 @@ from .segmenter_buffers import assign
 from .segmenter_capability import (DEFAULT_CAPABILITY, GRID, SINGLE_BLOCK, Capability, can_generate,
                                    scatter_reduce_of)
 from .segmenter_graph import COPY, OTHER, WorkGraph, access, build
-from .segmenter_shapes import Checks, base_key, class_types, fmt, nbytes, numel
+from .segmenter_shapes import Checks, base_key, class_types, evaluate, fmt, nbytes, numel
 
 INPLACE, ORDERED, COPIED, INPUT = "inplace", "ordered", "copy", "input"
 
@@ -55,7 +55,11 @@ class _Segmenter:
         self.fusion, self.cap = fusion, cap
         self.checks = Checks(dict(bound.env))
         types = class_types(fusion, bound.env)
+        if types is not None and not _agrees(types, bound):
+            types = None
         self.exact = types is None  # inference needed the exact sizes: the class is those sizes
+        if types is not None:
+            self.checks.pin_dims(types)
         self.types = bound.types if types is None else types
         self.base = base_key(bound.env) if not self.exact else ",".join(
             f"{k}={v}" for k, v in sorted(bound.env.items()))
@@ -360,7 +364,8 @@ class _Segmenter:
         checks = [c.to_dict() for c in self.checks.items]
         plan = Plan(
             fusion_id=self.fusion.id,
-            shape_class=f"{self.base};idx{index_bits};checks={self.checks.signature() or '-'}",
+            shape_class=f"{self.base}{';' + self.checks.pinned_small() if self.checks.pinned_small() else ''};"
+                        f"idx{index_bits};checks={self.checks.signature() or '-'}",
             segments=segments, buffers=buffers, frees=frees,
             heuristics={"index_bits": index_bits, "single_block_max_elems": self.cap.single_block_max_elems,
                         "smem_budget_bytes": self.cap.smem_budget_bytes, "grid_threads": self.cap.grid_threads,
@@ -430,6 +435,16 @@ class _Segmenter:
         hint.update(dims=dims, row_length=fmt(numel(tuple(x.shape[d] for d in dims))),
                     rows=fmt(numel(tuple(n for d, n in enumerate(x.shape) if d not in dims))))
         return hint
+
+
+def _agrees(types: dict, bound: Bound) -> bool:
+    """The class types, evaluated at the run's sizes, are the run's types."""
+    for name, t in bound.types.items():
+        c = types[name]
+        if c.dtype is not t.dtype or len(c.shape) != len(t.shape) or any(
+                evaluate(d, bound.env) != n for d, n in zip(c.shape, t.shape)):
+            return False
+    return True
 
 
 def _step_at(g: WorkGraph, pos: int) -> P.Step:

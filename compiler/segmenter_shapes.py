@@ -6,7 +6,9 @@ The class of a run is:
 
 1. for every size symbol, whether it is 0, 1 or larger ("n"): 0 and 1 change broadcasting and
    emptiness, so those symbols are substituted into the types the segmenter sees; the others
-   stay symbolic, and the plan's sizes (buffer bytes, smem, grid size) are expressions in them;
+   stay symbolic, and the plan's sizes (buffer bytes, smem, grid size) are expressions in them.
+   Derived sizes (T-1, K*T) keep their 0/1/n class too; when the symbolic types disagree with
+   the run's (a derived size that is 1 broadcasts), the class is the exact sizes;
 2. the outcome of every size test the segmenter made while planning (`Checks`): the index width
    (32-bit while every tensor has < 2^31 elements), whether each region fits one thread block,
    library thresholds, and the memory-traffic comparisons behind copy-or-reorder choices.
@@ -28,9 +30,13 @@ from .shapes import norm, symbol
 from .shapes import numel as _numel
 
 
+def _size_class(v: int) -> str:
+    return str(v) if v in (0, 1) else "n"
+
+
 def size_classes(env: dict[str, int]) -> dict[str, str]:
     """'0', '1' or 'n' for each size symbol."""
-    return {k: (str(v) if v in (0, 1) else "n") for k, v in sorted(env.items())}
+    return {k: _size_class(v) for k, v in sorted(env.items())}
 
 
 def base_key(env: dict[str, int]) -> str:
@@ -111,6 +117,7 @@ class Checks:
 
     env: dict[str, int]
     items: list[Check] = field(default_factory=list)
+    dims: list = field(default_factory=list)  # (derived size expression, its 0/1/n class)
     _seen: dict = field(default_factory=dict)
 
     def le(self, lhs, rhs, what: str) -> bool:
@@ -141,7 +148,17 @@ class Checks:
 
     def replay(self, env: dict[str, int]) -> bool:
         """Whether every recorded test has the same answer at other sizes (same class)."""
-        return all((evaluate(c.lhs, env) <= evaluate(c.rhs, env)) == c.holds for c in self.items)
+        return all(_size_class(evaluate(d, env)) == c for d, c in self.dims) and all(
+            (evaluate(c.lhs, env) <= evaluate(c.rhs, env)) == c.holds for c in self.items)
+
+    def pin_dims(self, types: dict) -> None:
+        """Derived sizes (T-1, K*T) keep their 0/1/n class within a shape class: a size that
+        becomes 1 changes broadcasting just like a symbol that is 1."""
+        found = {d for t in types.values() for d in t.shape if not isinstance(d, (int, sympy.Symbol))}
+        self.dims = [(d, _size_class(evaluate(d, self.env))) for d in sorted(found, key=str)]
+
+    def pinned_small(self) -> str:
+        return ",".join(f"{d}={c}" for d, c in self.dims if c != "n")
 
     def signature(self) -> str:
         return "".join("1" if c.holds else "0" for c in self.items)

@@ -406,3 +406,19 @@ def test_plans_are_identical_across_processes():
     outs = [subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True,
                            env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")]
     assert outs[0] == outs[1] and '"segments"' in outs[0]
+
+
+def test_derived_size_that_becomes_one_is_its_own_class():
+    """pad/slice sizes like T-1 broadcast when they are 1: such runs do not share a plan."""
+    with FusionDefinition("derived") as fd:
+        x = fd.define_tensor("x", ["T"], "float32")
+        y = fd.define_tensor("y", [5], "float32")
+        head = fd.ops.slice(x, 0, 1)  # [T-1]
+        fd.add_output(fd.ops.add(head, y), "z")  # broadcasts only when T-1 == 1
+    f = fd.fusion()
+    cache = PlanCache()
+    p6, _ = cache.get(f, f.bind({"x": (6,), "y": (5,)}))
+    p2, hit = cache.get(f, f.bind({"x": (2,), "y": (5,)}))
+    assert not hit and p2 is not p6
+    check_run(f, {"x": (2,), "y": (5,)})
+    check_run(f, {"x": (6,), "y": (5,)})
