@@ -76,38 +76,57 @@ def percentile(xs: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(xs), q)) if xs else float("nan")
 
 
-async def run_level(url: str, headers: dict, concurrency: int, duration: float, fusion_id: str) -> dict:
-    latencies: list[float] = []
-    server_run_us: list[float] = []
-    server_total_us: list[float] = []
-    errors = 0
-    stop_at = time.perf_counter() + duration
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-
+async def _clients(url: str, headers: dict, first: int, count: int, stop_at: float, fusion_id: str) -> dict:
+    """`count` concurrent clients (ids first..first+count-1) on one httpx.AsyncClient until stop_at."""
+    out = {"latencies": [], "run_us": [], "total_us": [], "errors": 0}
+    limits = httpx.Limits(max_connections=count, max_keepalive_connections=count)
     async with httpx.AsyncClient(base_url=url, headers=headers, timeout=60, limits=limits) as c:
         async def client(k: int) -> None:
-            nonlocal errors
             body = {"inputs": [{"name": "topk_ids", "parameters": {"buffer": "bench_ids"}}],
                     "outputs": [{"name": "counts", "parameters": {"buffer": f"bench_counts_{k}", "overwrite": True}}]}
-            while time.perf_counter() < stop_at:
+            while time.time() < stop_at:
                 t0 = time.perf_counter()
                 r = await c.post(f"/v2/models/{fusion_id}/infer", json=body)
                 dt = time.perf_counter() - t0
                 if r.status_code != 200:
-                    errors += 1
+                    out["errors"] += 1
                     continue
-                latencies.append(dt)
+                out["latencies"].append(dt)
                 timings = r.json()["parameters"]["timings_us"]
-                server_run_us.append(timings.get("run", float("nan")))
-                server_total_us.append(timings.get("total", float("nan")))
+                out["run_us"].append(timings.get("run", float("nan")))
+                out["total_us"].append(timings.get("total", float("nan")))
 
-        t_start = time.perf_counter()
-        await asyncio.gather(*(client(k) for k in range(concurrency)))
-        elapsed = time.perf_counter() - t_start
-    return {"concurrency": concurrency, "requests": len(latencies), "errors": errors, "seconds": elapsed,
-            "rps": len(latencies) / elapsed, "p50_ms": percentile(latencies, 50) * 1e3,
-            "p99_ms": percentile(latencies, 99) * 1e3, "server_run_p50_us": percentile(server_run_us, 50),
-            "server_total_p50_us": percentile(server_total_us, 50)}
+        await asyncio.gather(*(client(first + k) for k in range(count)))
+    return out
+
+
+def _client_process(args: tuple) -> dict:
+    return asyncio.run(_clients(*args))
+
+
+def run_level(url: str, headers: dict, concurrency: int, duration: float, fusion_id: str, processes: int) -> dict:
+    """Clients spread over up to `processes` OS processes: one Python process with httpx cannot
+    drive more than a few hundred requests per second, and the client must not be what is measured."""
+    import concurrent.futures
+    import multiprocessing
+
+    nproc = max(1, min(processes, concurrency))
+    shares = [concurrency // nproc + (1 if i < concurrency % nproc else 0) for i in range(nproc)]
+    firsts = [sum(shares[:i]) for i in range(nproc)]
+    start_at = time.time() + 1.0  # let every process start before the clock runs
+    stop_at = start_at + duration
+    jobs = [(url, headers, firsts[i], shares[i], stop_at, fusion_id) for i in range(nproc)]
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(nproc, mp_context=ctx) as pool:
+        results = list(pool.map(_client_process, jobs))
+    latencies = [x for r in results for x in r["latencies"]]
+    run_us = [x for r in results for x in r["run_us"]]
+    total_us = [x for r in results for x in r["total_us"]]
+    elapsed = stop_at - start_at  # every client stops at stop_at (plus one request in flight)
+    return {"concurrency": concurrency, "client_processes": nproc, "requests": len(latencies),
+            "errors": sum(r["errors"] for r in results), "seconds": elapsed, "rps": len(latencies) / elapsed,
+            "p50_ms": percentile(latencies, 50) * 1e3, "p99_ms": percentile(latencies, 99) * 1e3,
+            "server_run_p50_us": percentile(run_us, 50), "server_total_p50_us": percentile(total_us, 50)}
 
 
 def in_process_baseline(backend: str, ids: np.ndarray, duration: float) -> dict:
@@ -158,7 +177,8 @@ async def bench(args) -> dict:
                 raise SystemExit("wrong result from the server")
         levels = []
         for conc in args.concurrency:
-            levels.append(await run_level(url, headers, conc, args.duration, fusion_id))
+            levels.append(await asyncio.to_thread(run_level, url, headers, conc, args.duration, fusion_id,
+                                                  args.client_processes))
         async with httpx.AsyncClient(base_url=url, headers=headers, timeout=120) as c:
             for k in range(max(args.concurrency)):
                 await c.delete(f"/v2/buffers/bench_counts_{k}")
@@ -178,12 +198,12 @@ def table(result: dict) -> str:
     lines = [f"moe_problem_sizes T={result['tokens']} K={result['topk']} E={result['experts']}, "
              f"backend {result['server']['backend']} on {result['server']['device']}",
              "",
-             "| clients | requests | errors | req/s | p50 ms | p99 ms | engine run p50 us | server total p50 us "
+             "| clients | client procs | requests | errors | req/s | p50 ms | p99 ms | engine run p50 us | server total p50 us "
              "| p50 / in-process |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for lv in result["levels"]:
         ratio = f"{lv['p50_ms'] / base['p50_ms']:.1f}x" if base and base["p50_ms"] > 0 else "n/a"
-        lines.append(f"| {lv['concurrency']} | {lv['requests']} | {lv['errors']} | {lv['rps']:.0f} | "
+        lines.append(f"| {lv['concurrency']} | {lv['client_processes']} | {lv['requests']} | {lv['errors']} | {lv['rps']:.0f} | "
                      f"{lv['p50_ms']:.2f} | {lv['p99_ms']:.2f} | {lv['server_run_p50_us']:.0f} | "
                      f"{lv['server_total_p50_us']:.0f} | {ratio} |")
     if base:
@@ -203,6 +223,8 @@ def main(argv=None) -> int:
     p.add_argument("--duration", type=float, default=10.0, help="seconds per concurrency level")
     p.add_argument("--concurrency", default="1,8,32", help="comma-separated client counts")
     p.add_argument("--switch-interval", type=float, help="the server's sys.setswitchinterval (seconds)")
+    p.add_argument("--client-processes", type=int, default=max(1, min(8, (os.cpu_count() or 2) // 2)),
+                   help="OS processes the clients are spread over (default: half the CPUs, at most 8)")
     p.add_argument("--quick", action="store_true", help="1 s per level, T=256 (a smoke run)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "out"), help="directory for the JSON result")
     args = p.parse_args(argv)

@@ -68,8 +68,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             s = model.model_json_schema(ref_template="#/components/schemas/{model}")
             comps.update(s.pop("$defs", {}))
             comps.setdefault(model.__name__, s)
-        post = schema["paths"]["/v2/fusions"]["post"]
-        post["requestBody"]["content"]["application/json"]["schema"] = {"$ref": "#/components/schemas/GraphSpec"}
         if settings.token:
             comps_root = schema["components"]
             comps_root["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}

@@ -173,9 +173,9 @@ def parse_request(rt: Runtime, fusion: Fusion, req: InferRequest, tail: BinaryRe
     return plan
 
 
-def _check_pinned(rt: Runtime, plan: RunPlan) -> dict[str, tuple]:
-    """With every pin held: buffers exist and agree with what the request declares; overwrite
-    rules; returns the input shapes."""
+def _check_pinned(rt: Runtime, plan: RunPlan) -> tuple[dict, dict]:
+    """With every pin held: buffers exist and agree with what the request declares, and outputs
+    may be stored where asked. Returns the inputs' shapes and dtypes."""
     store = rt.store
     shapes, dtypes = {}, {}
     for i in plan.inputs:

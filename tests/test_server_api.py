@@ -172,6 +172,10 @@ async def test_fusion_register_idempotent_conflict_replace(asgi_server, moe_grap
 
         r = await c.post("/v2/fusions", json=moe_graph)
         assert r.status_code == 200 and r.json()["id"] == first["id"] and r.json()["created"] is False
+        # curl -d sends form-encoded content type: the body is JSON all the same
+        r = await c.post("/v2/fusions", content=json.dumps(moe_graph),
+                         headers={"content-type": "application/x-www-form-urlencoded"})
+        assert r.status_code == 200 and r.json()["id"] == first["id"]
 
         other = json.loads(json.dumps(moe_graph))
         other["ops"][1]["shape"] = [32]

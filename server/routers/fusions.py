@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 from typing import Any
 
-from fastapi import APIRouter, Body, Query, Response
+from fastapi import APIRouter, Query, Request, Response
 from segfuse.compiler import Fusion
 
 from ..deps import AnyRuntime, ReadyRuntime, errors
@@ -25,16 +26,26 @@ from ..runtime import Runtime
 
 router = APIRouter(prefix="/v2/fusions", tags=["fusions"])
 
-GRAPH_BODY = Body(..., description="a segfuse.fusion/1 graph (schema: GraphSpec)",
-                  openapi_examples={"moe_problem_sizes": {"summary": "MoE problem sizes", "value": {
-                      "format": "segfuse.fusion/1", "name": "moe_problem_sizes",
-                      "inputs": [{"name": "topk_ids", "dtype": "int64", "shape": ["T", "K"]}],
-                      "ops": [{"op": "reshape", "out": "flat", "inputs": ["topk_ids"], "shape": [-1]},
-                              {"op": "full", "out": "zeros", "shape": [16], "value": 0, "dtype": "int64"},
-                              {"op": "full_like", "out": "ones", "inputs": ["flat"], "value": 1},
-                              {"op": "scatter", "out": "counts", "inputs": ["zeros", "flat", "ones"],
-                               "dim": 0, "reduce": "add"}],
-                      "outputs": ["counts"]}}})
+MOE_EXAMPLE = {
+    "format": "segfuse.fusion/1", "name": "moe_problem_sizes",
+    "inputs": [{"name": "topk_ids", "dtype": "int64", "shape": ["T", "K"]}],
+    "ops": [{"op": "reshape", "out": "flat", "inputs": ["topk_ids"], "shape": [-1]},
+            {"op": "full", "out": "zeros", "shape": [16], "value": 0, "dtype": "int64"},
+            {"op": "full_like", "out": "ones", "inputs": ["flat"], "value": 1},
+            {"op": "scatter", "out": "counts", "inputs": ["zeros", "flat", "ones"], "dim": 0, "reduce": "add"}],
+    "outputs": ["counts"]}
+
+# The body is read by hand (so `curl -d @graph.json`, sent as form data, works too); documented here.
+GRAPH_BODY_DOC = {"requestBody": {"required": True, "content": {"application/json": {
+    "schema": {"$ref": "#/components/schemas/GraphSpec"},
+    "examples": {"moe_problem_sizes": {"summary": "MoE problem sizes", "value": MOE_EXAMPLE}}}}}}
+
+
+def json_body(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise bad_request(f"the request body is not valid JSON: {e}", ["body"]) from None
 
 
 async def register(rt: Runtime, graph: Any, replace: bool) -> tuple[Fusion, dict]:
@@ -46,13 +57,13 @@ async def register(rt: Runtime, graph: Any, replace: bool) -> tuple[Fusion, dict
     return fusion, {"created": reg.created, "replaced": reg.replaced}
 
 
-@router.post("", response_model=FusionRegistered, summary="Register a fusion graph",
+@router.post("", response_model=FusionRegistered, summary="Register a fusion graph", openapi_extra=GRAPH_BODY_DOC,
              responses={201: {"model": FusionRegistered, "description": "registered"},
                         **errors(400, 401, 409, 413, 422)})
-async def register_fusion(rt: AnyRuntime, response: Response, graph: dict[str, Any] = GRAPH_BODY,
+async def register_fusion(rt: AnyRuntime, request: Request, response: Response,
                           replace: bool = Query(False, description="replace a different graph with the same name"),
                           ) -> FusionRegistered:
-    fusion, reg = await register(rt, graph, replace)
+    fusion, reg = await register(rt, json_body(await request.body()), replace)
     response.status_code = 201 if reg["created"] else 200
     return FusionRegistered(**fusion_info(fusion), **reg)
 
