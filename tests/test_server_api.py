@@ -1,5 +1,6 @@
-"""The REST service in-process (httpx on the ASGI app, lifespan run), NumPy backend: every endpoint,
-every error status with its body, auth, limits, the binary extension, metrics, OpenAPI."""
+"""The REST service in-process (httpx on the ASGI app, lifespan run): every endpoint, every error
+status with its body, auth, limits, the binary extension, metrics, OpenAPI. Tests that run fusions
+are parametrized over the backend (`server_backend`: NumPy; CuPy where a GPU is visible, marker gpu)."""
 
 from __future__ import annotations
 
@@ -237,10 +238,10 @@ async def test_plan_endpoint(asgi_server, moe_graph):
 
 
 # ---- inference ----------------------------------------------------------------------------
-async def test_infer_inline_buffers_and_both(asgi_server, moe_graph):
+async def test_infer_inline_buffers_and_both(asgi_server, server_backend, moe_graph):
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 16, (64, 4))
-    async with asgi_server() as c:
+    async with asgi_server(backend=server_backend) as c:
         await c.post("/v2/fusions", json=moe_graph)
         r = await c.post("/v2/models/moe_problem_sizes/infer", json={
             "id": "req-1", "inputs": [{"name": "topk_ids", "shape": [64, 4], "datatype": "INT64",
@@ -288,8 +289,8 @@ async def test_infer_inline_buffers_and_both(asgi_server, moe_graph):
         assert_error(await c.get("/v2/models/nope"), 404)
 
 
-async def test_infer_errors(asgi_server, moe_graph):
-    async with asgi_server(max_rank=3) as c:
+async def test_infer_errors(asgi_server, server_backend, moe_graph):
+    async with asgi_server(backend=server_backend, max_rank=3) as c:
         await c.post("/v2/fusions", json=moe_graph)
         url = "/v2/models/moe_problem_sizes/infer"
 
@@ -327,11 +328,11 @@ async def test_infer_errors(asgi_server, moe_graph):
         assert_error(await c.post(url, json=[1]), 400)
 
 
-async def test_inplace_alias_updates_the_buffer(asgi_server, scatter_add_graph):
+async def test_inplace_alias_updates_the_buffer(asgi_server, server_backend, scatter_add_graph):
     dst = np.arange(8, dtype=np.float32)
     index = np.array([0, 0, 7], dtype=np.int64)
     src = np.array([1, 2, 3], dtype=np.float32)
-    async with asgi_server() as c:
+    async with asgi_server(backend=server_backend) as c:
         await c.post("/v2/fusions", json=scatter_add_graph)
         await put_raw(c, "dst", dst)
         tensors = [{"name": "index", "shape": [3], "datatype": "INT64", "data": index.tolist()},
@@ -362,13 +363,13 @@ async def test_inplace_alias_updates_the_buffer(asgi_server, scatter_add_graph):
         np.add.at(expect, index, src)
         np.testing.assert_array_equal(await get_raw(c, "snapshot"), expect)
         rt = c.app.state.runtime
-        assert not np.shares_memory(rt.store.get("snapshot").array, rt.store.get("dst").array)
+        assert not rt.arrays.may_share(rt.store.get("snapshot").array, rt.store.get("dst").array)
 
 
-async def test_inplace_input_also_read_through_another_input(asgi_server, scatter_add_graph):
+async def test_inplace_input_also_read_through_another_input(asgi_server, server_backend, scatter_add_graph):
     """dst and src name the same buffer: src reads the contents from before the update."""
     x = np.array([1, 2, 3, 4], np.float32)
-    async with asgi_server() as c:
+    async with asgi_server(backend=server_backend) as c:
         await c.post("/v2/fusions", json=scatter_add_graph)
         await put_raw(c, "x", x)
         r = await c.post("/v2/models/scatter_add/infer", json={
@@ -391,11 +392,11 @@ async def test_tensors_over_the_buffer_limit_are_refused_before_running(asgi_ser
         assert_error(r, 413, "tensor 'big'", "per tensor")
 
 
-async def test_execute_registers_and_runs(asgi_server, chain_graph):
+async def test_execute_registers_and_runs(asgi_server, server_backend, chain_graph):
     a = np.array([1, -1, 2, -3], np.float32)
     b = np.array([2, 2, 2, 2], np.float32)
     cc = np.array([0.5, 0, 1, -1], np.float32)
-    async with asgi_server() as c:
+    async with asgi_server(backend=server_backend) as c:
         tensors = [{"name": n, "shape": [4], "datatype": "FP32", "data": v.tolist()} for n, v in
                    (("a", a), ("b", b), ("c", cc))]
         r = await c.post("/v2/execute", json={"graph": chain_graph, "inputs": tensors})
@@ -410,10 +411,10 @@ async def test_execute_registers_and_runs(asgi_server, chain_graph):
 
 
 # ---- binary tensor data extension ---------------------------------------------------------
-async def test_binary_extension_both_ways(asgi_server, moe_graph, chain_graph):
+async def test_binary_extension_both_ways(asgi_server, server_backend, moe_graph, chain_graph):
     rng = np.random.default_rng(1)
     ids = rng.integers(0, 16, (128, 8))
-    async with asgi_server() as c:
+    async with asgi_server(backend=server_backend) as c:
         await c.post("/v2/fusions", json=moe_graph)
         header = json.dumps({"inputs": [{"name": "topk_ids", "shape": [128, 8], "datatype": "INT64",
                                          "parameters": {"binary_data_size": ids.nbytes}}],
@@ -525,8 +526,8 @@ async def test_buffer_byte_limits(asgi_server, moe_graph):
 
 
 # ---- metrics and OpenAPI ------------------------------------------------------------------
-async def test_metrics(asgi_server, moe_graph):
-    async with asgi_server() as c:
+async def test_metrics(asgi_server, server_backend, moe_graph):
+    async with asgi_server(backend=server_backend) as c:
         await c.post("/v2/fusions", json=moe_graph)
         await put_raw(c, "ids", np.ones((4, 2), np.int64))
         for _ in range(3):
