@@ -6,7 +6,6 @@ so the server imports and runs on machines without a GPU.
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 
@@ -117,25 +116,20 @@ def cupy_visible() -> bool:
         return False
 
 
-def make_engine(backend: str, cache_dir: str | None):
+def make_engine(backend: str):
     from segfuse.compiler import Engine
 
-    kwargs = {}
-    if cache_dir:
-        try:
-            params = inspect.signature(Engine.__init__).parameters
-        except (TypeError, ValueError):
-            params = {}
-        if "cache_dir" in params:
-            kwargs["cache_dir"] = cache_dir
-    return Engine(backend, **kwargs)
+    return Engine(backend)
 
 
 def resolve(backend: str, device: int, cache_dir: str | None):
     """(engine, array backend) for 'auto' | 'cupy' | 'numpy'. Raises BackendUnavailable."""
     if cache_dir:
-        os.makedirs(cache_dir, exist_ok=True)
-        os.environ.setdefault("CUPY_CACHE_DIR", cache_dir)  # read by CuPy when it first compiles
+        # Read when the first kernel compiles: segfuse's cubins in kernels/, CuPy's own cache (its
+        # library kernels) in cupy/ (the layout docker/Dockerfile sets up too).
+        for sub, var in (("kernels", "SEGFUSE_KERNEL_CACHE"), ("cupy", "CUPY_CACHE_DIR")):
+            os.makedirs(os.path.join(cache_dir, sub), exist_ok=True)
+            os.environ[var] = os.path.join(cache_dir, sub)
     if backend == "auto":
         if cupy_visible():
             try:
@@ -149,10 +143,10 @@ def resolve(backend: str, device: int, cache_dir: str | None):
         arrays = CupyBackend(device)
         arrays.activate()  # the engine reads the current device's properties
         try:
-            engine = make_engine("cupy", cache_dir)
+            engine = make_engine("cupy")
         except ValueError as e:  # the Engine has no CuPy backend yet
             raise BackendUnavailable(str(e)) from None
         return engine, arrays
     if backend == "numpy":
-        return make_engine("numpy", cache_dir), ArrayBackend(device)
+        return make_engine("numpy"), ArrayBackend(device)
     raise BackendUnavailable(f"unknown backend '{backend}' (auto, cupy or numpy)")

@@ -61,10 +61,6 @@ _SEGFUSE_TITLES = {GraphError: "invalid graph", BindError: "inputs disagree with
                    RunError: "run failed"}
 
 
-def segfuse_status(e: SegfuseError) -> int:
-    return 422
-
-
 def segfuse_message(e: SegfuseError) -> str:
     title = next((t for cls, t in _SEGFUSE_TITLES.items() if isinstance(e, cls)), "error")
     return f"{title}: {e}"
@@ -77,7 +73,7 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(SegfuseError)
     async def _segfuse_error(request: Request, e: SegfuseError):
-        return error_response(segfuse_status(e), segfuse_message(e), e.details())
+        return error_response(422, segfuse_message(e), e.details())
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, e: RequestValidationError):

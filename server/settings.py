@@ -16,7 +16,7 @@ class Settings:
     port: int = 8000
     backend: str = "auto"  # auto | cupy | numpy
     device: int = 0
-    cache_dir: str | None = None  # kernel cache directory (CUPY_CACHE_DIR for the CuPy backend)
+    cache_dir: str | None = None  # kernel cache: segfuse's cubins in kernels/, CuPy's in cupy/
     token: str | None = None  # bearer token; None or "" = no auth
     # Limits (413 beyond, except max_queued_runs: 429).
     max_body_bytes: int = 256 * MiB

@@ -24,7 +24,7 @@ def add_parsers(sub) -> None:
     p.add_argument("--backend", choices=["auto", "cupy", "numpy"],
                    help="auto (default): CuPy when it imports and a GPU is visible, else NumPy")
     p.add_argument("--device", type=int, help="GPU index (default 0)")
-    p.add_argument("--cache-dir", help="kernel cache directory (CUPY_CACHE_DIR for the CuPy backend)")
+    p.add_argument("--cache-dir", help="kernel cache directory (segfuse's cubins in kernels/, CuPy's cache in cupy/)")
     p.add_argument("--token", help="require 'Authorization: Bearer TOKEN' (health checks stay open); "
                                    "prefer SEGFUSE_TOKEN, which does not show in ps")
     size = _size
