@@ -86,3 +86,15 @@ def test_serve_cupy_without_gpu_is_a_clear_error():
         pytest.skip("a GPU is visible here")
     r = subprocess.run([*SEGFUSE, "serve", "--backend", "cupy", "--port", str(free_port())], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "needs CuPy and a visible GPU" in r.stderr
+
+
+def test_cache_dir_layout(tmp_path, monkeypatch):
+    from segfuse.server.backend import resolve
+
+    monkeypatch.setenv("SEGFUSE_KERNEL_CACHE", "unset")  # restored after the test
+    monkeypatch.setenv("CUPY_CACHE_DIR", "unset")
+    engine, arrays = resolve("numpy", 0, str(tmp_path))
+    assert arrays.name == "numpy" and engine.backend == "numpy"
+    assert os.environ["SEGFUSE_KERNEL_CACHE"] == str(tmp_path / "kernels")
+    assert os.environ["CUPY_CACHE_DIR"] == str(tmp_path / "cupy")
+    assert (tmp_path / "kernels").is_dir() and (tmp_path / "cupy").is_dir()
