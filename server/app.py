@@ -53,8 +53,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def metrics() -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST
 
-        if runtime.store is not None:
-            runtime.metrics.buffers_changed(runtime.store)
         if runtime.executor is not None:
             runtime.metrics.runs_admitted.set(runtime.executor.admitted)
         return Response(runtime.metrics.render(), media_type=CONTENT_TYPE_LATEST)
