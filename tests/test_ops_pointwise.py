@@ -494,3 +494,41 @@ def test_cast_wraps_and_rounds(src, dst):
     x = torch.tensor([info.min, info.max, info.min + 1, info.max - 1, 0, 1, 255, 257, 2049, 4097],
                      dtype=torch.int64).clamp(info.min, info.max).to(TORCH[src])
     compare("cast", [x], lambda: x.to(TORCH[dst]), f"cast({src} extremes -> {dst})", dtype=dst)
+
+
+# ---- numbers a reduced-precision result dtype cannot hold -----------------------------------------
+@pytest.mark.parametrize("value", [1.0039, 0.1, 1.0001, 1 / 3, 300.7], ids=repr)
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("op", sorted(set(BINARY) - {"bitwise_and", "bitwise_or", "bitwise_xor", "left_shift",
+                                                     "right_shift"}))
+def test_inexact_scalars_with_reduced_precision(op, dtype, value):
+    """A literal or float64 0-d tensor is converted to the float16/bfloat16 result dtype before
+    the op (except the second operand of mul/div/floor_divide, which torch's CPU kernels read
+    at float32): results must follow torch exactly, including discontinuous ops (floor, ==)."""
+    x = torch.tensor([1.0, 2.0, 3.0, 100.0, 0.5, 7.0, -3.0, 0.1], dtype=torch.float64).to(TORCH[dtype])
+    s0 = torch.tensor(value, dtype=torch.float64)
+    for operands in ([x, value], [value, x], [x, s0], [s0, x]):
+        compare(op, operands, lambda: call_binary(op, *operands), f"{op}({operands[0]!r}, {operands[1]!r})")
+
+
+# ---- integer extremes wrap as in torch ----------------------------------------------------------
+@pytest.mark.parametrize("dtype", INTS)
+@pytest.mark.parametrize("op", ["neg", "abs", "sign", "bitwise_not", "relu", "floor", "round"])
+def test_unary_integer_extremes(op, dtype):
+    info = torch.iinfo(TORCH[dtype])
+    x = torch.tensor([info.min, info.min + 1, -1, 0, 1, info.max - 1, info.max], dtype=torch.int64)
+    x = x.clamp(info.min, info.max).to(TORCH[dtype])
+    compare(op, [x], lambda: UNARY[op](x), f"{op}({dtype} extremes)")
+
+
+@pytest.mark.parametrize("dtype", INTS)
+@pytest.mark.parametrize("op", ["add", "sub", "mul", "maximum", "lt", "bitwise_xor", "remainder", "floor_divide"])
+def test_binary_integer_extremes(op, dtype):
+    info = torch.iinfo(TORCH[dtype])
+    vals = sorted(v for v in {info.min, info.min + 1, -7, -1, 1, 3, info.max - 1, info.max} if info.min <= v <= info.max)
+    a = torch.tensor(vals, dtype=torch.int64).repeat_interleave(len(vals)).to(TORCH[dtype])
+    b = torch.tensor(vals, dtype=torch.int64).repeat(len(vals)).to(TORCH[dtype])
+    if op in ("remainder", "floor_divide"):
+        keep = (b != 0) & ~((a == info.min) & (b == -1))  # INT_MIN // -1 traps on x86 in torch's CPU kernel
+        a, b = a[keep], b[keep]
+    compare(op, [a, b], lambda: BINARY[op](a, b), f"{op}({dtype} extremes)")
