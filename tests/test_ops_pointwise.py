@@ -532,3 +532,15 @@ def test_binary_integer_extremes(op, dtype):
         keep = (b != 0) & ~((a == info.min) & (b == -1))  # INT_MIN // -1 traps on x86 in torch's CPU kernel
         a, b = a[keep], b[keep]
     compare(op, [a, b], lambda: BINARY[op](a, b), f"{op}({dtype} extremes)")
+
+
+# ---- symbolic sizes -------------------------------------------------------------------------------
+@pytest.mark.parametrize("da,db,sa,sb", [(["T", 1], [1, "S"], (3, 1), (1, 4)), (["T"], ["T"], (5,), (5,)),
+                                         (["T", "S"], ["S"], (2, 3), (3,)), (["T"], [], (0,), ()),
+                                         (["T", 1], ["S"], (3, 1), (1,))], ids=str)
+def test_binary_symbolic_broadcast(da, db, sa, sb):
+    gen = gen_for(str(da), str(db))
+    a, b = rand("float32", sa, gen), rand("int16", sb, gen)
+    g = graph("atan2", [("a", "float32", da), ("b", "int16", db)], ["a", "b"])
+    out = run_graph(Fusion.from_json(g), {"a": to_numpy(a), "b": to_numpy(b)})["out"]
+    check_same(out, torch.atan2(a, b), "symbolic atan2")

@@ -798,3 +798,31 @@ def test_index_extent_checked_at_bind_for_symbols():
     with pytest.raises(BindError) as e:
         run_graph(fusion, {"x": np.ones((4, 3), np.float32), "i": np.zeros((2, 5), np.int64)})
     assert e.value.issues[0].loc[:2] == ("ops", 0)
+
+
+# ---- 0-d operands and multi-dimensional index_put ---------------------------------------------
+def test_zero_dim_gather_scatter():
+    x = torch.tensor(2.5)
+    i = torch.tensor(0)
+    compare("gather", [x, i], lambda: torch.gather(x, 0, i), dim=0)
+    compare("gather", [x, i], lambda: torch.gather(x, -1, i), dim=-1)
+    compare("index_select", [x, i], lambda: torch.index_select(x, 0, i), dim=0)
+    for reduce in ("add", "mul", "amax"):
+        compare("scatter", [x, i, torch.tensor(4.0)],
+                lambda: torch.scatter_reduce(x, 0, i, torch.tensor(4.0), REDUCES[reduce]), dim=0, reduce=reduce)
+    compare("scatter", [x, i, torch.tensor(4.0)], lambda: torch.scatter(x, 0, i, torch.tensor(4.0)), dim=0)
+    compare("index_add", [x, i, torch.tensor(4.0)], lambda: torch.index_add(x, 0, i, torch.tensor(4.0), alpha=2),
+            dim=0, alpha=2)
+    with pytest.raises(RunError):
+        run_op("gather", [x, torch.tensor(1)], dim=0)
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+@pytest.mark.parametrize("vshape", [(2, 2, 3), (3,), (2, 1, 1)], ids=str)
+def test_index_put_2d_index(vshape, accumulate):
+    gen = gen_for("ip2d", vshape, accumulate)
+    x = rand("float32", (5, 3), gen)
+    index = torch.tensor([[0, -1], [2, 4]]) if not accumulate else torch.tensor([[0, 0], [-5, 4]])
+    vals = rand("float32", vshape, gen)
+    compare("index_put", [x, index, vals], lambda: torch.index_put(x, (index,), vals, accumulate=accumulate),
+            accumulate=accumulate)
