@@ -207,10 +207,29 @@ def bench_moe(rows, E=256, K=8):
                              "plan": _plan_desc(prep), "fallbacks": "; ".join(prep.fallbacks)})
                 rows.append({"bench": f"{g['name']} T={T} {idt}", "impl": "segfuse runner", "us": t_fast,
                              "torch eager us": t_eager, "speedup": t_eager / t_fast, "launches": prep.kernels})
+                if T in (128, 4096):  # where the time goes: kernels alone, and the multi-launch lowering
+                    rows.append({"bench": f"{g['name']} T={T} {idt}", "impl": "segfuse kernels only",
+                                 "us": rt.kernel_time_us(f, ins)})
+                    split = _split_runtime()
+                    split.run(f, ins)
+                    rows.append({"bench": f"{g['name']} T={T} {idt}", "impl": "segfuse, one launch per anchor",
+                                 "us": timeit(lambda: split.run(f, ins)), "torch eager us": t_eager})
                 ratios[f"{g['name']}_T{T}_{idt}"] = t_eager / t_seg
                 ratios[f"{g['name']}_T{T}_{idt}_runner"] = t_eager / t_fast
                 _ = res
     return ratios
+
+
+_SPLIT = []
+
+
+def _split_runtime():
+    from segfuse.compiler.cuda.runtime import CupyRuntime
+    from segfuse.compiler.cuda.simple_plan import simple_plan
+
+    if not _SPLIT:
+        _SPLIT.append(CupyRuntime(planner=lambda f, types: simple_plan(f, types, small=-1)))
+    return _SPLIT[0]
 
 
 def _prep_of(rt, f, ins):

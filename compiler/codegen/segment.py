@@ -824,7 +824,9 @@ class SegmentCodegen:
                         parts.append(self._sort_body(nd, "0", "1", sort_off))
                         work = max(work, P // 2)
                 elif k is OpKind.scatter:
-                    parts.append(self._scatter_block(nd))
+                    body, extra = self._scatter_block(nd, sort_off)
+                    parts.append(body)
+                    smem = max(smem, sort_off + extra)
                     dom = self._scatter_parts(nd)[0]
                     work = max(work, numel(dom))
                 else:
@@ -835,12 +837,38 @@ class SegmentCodegen:
         threads = min(1024, max(32, -(-work // 32) * 32))
         return ("\n".join(parts), 1, threads, _align(smem), None)
 
-    def _scatter_block(self, nd) -> str:
+    def _scatter_block(self, nd, free_off: int) -> tuple[str, int]:
+        """(code, extra shared memory at free_off). Many sources per target: warp-group replicas
+        of the target in shared memory take the atomics (little contention), then one thread per
+        element combines them into the target."""
         dom, pre, lin, val, reduce, include_self, selft, cs = self._scatter_parts(nd)
         o = nd.outputs[0]
         staged = o in self.stage
         tgt = self._dst(o)
         out = []
+        n_out, n_dom = numel(selft.shape), numel(dom)
+        Wd = ct.WIDE[selft.dtype]
+        wsz = 8 if Wd in ("long long", "double") else 4
+        reps = 1
+        while reps < 32 and n_out * wsz * reps * 2 <= 64 * 1024:
+            reps *= 2
+        if reduce != "none" and include_self and n_dom >= 8 * n_out and reps >= 2 and staged:
+            op = _OPS[reduce]
+            out.append(self._init_target(nd, tgt, "threadIdx.x", "blockDim.x"))
+            out.append(f"  for (int j = threadIdx.x; j < {n_out * reps}; j += blockDim.x) "
+                       f"(({Wd}*)(sf_smem + {free_off}))[j] = {op}::id<{Wd}>();")
+            out.append("  __syncthreads();")
+            out.append(f"  {{ {Wd}* sf_rep = ({Wd}*)(sf_smem + {free_off}) + ((threadIdx.x >> 5) % {reps}) * {n_out};")
+            out.append(self._scatter_loop(nd, "threadIdx.x", "blockDim.x", "sf_rep", "atomic", W=Wd) + " }")
+            out.append("  __syncthreads();")
+            S = ct.storage(selft.dtype)
+            out.append(f"  for (int j = threadIdx.x; j < {n_out}; j += blockDim.x) {{ {Wd} hv = (({Wd}*)(sf_smem + {free_off}))[j];\n"
+                       f"    for (int r = 1; r < {reps}; ++r) hv = {op}::f<{Wd}>(hv, (({Wd}*)(sf_smem + {free_off}))[r * {n_out} + j]);\n"
+                       f"    if (hv != {op}::id<{Wd}>()) {tgt}[j] = sf_cvt<{S}>({op}::f<{Wd}>(sf_cvt<{Wd}>({tgt}[j]), hv)); }}")
+            t = self.types[o]
+            out.append("  __syncthreads();")
+            out.append(f"  for (int j = threadIdx.x; j < {numel(t.shape)}; j += blockDim.x) {self.loc[o].ref}[j] = {tgt}[j];")
+            return "\n".join(out), n_out * wsz * reps
         if staged or o not in self.aliased:
             out.append(self._init_target(nd, tgt, "threadIdx.x", "blockDim.x"))
             out.append("  __syncthreads();")
@@ -852,7 +880,7 @@ class SegmentCodegen:
             t = self.types[o]
             out.append("  __syncthreads();")
             out.append(f"  for (int j = threadIdx.x; j < {numel(t.shape)}; j += blockDim.x) {self.loc[o].ref}[j] = {tgt}[j];")
-        return "\n".join(out)
+        return "\n".join(out), 0
 
 
 _OPS = {"add": "sf_op_add", "mul": "sf_op_mul", "amax": "sf_op_amax", "amin": "sf_op_amin"}

@@ -240,6 +240,17 @@ class CupyRuntime:
                 subs.append(self._kernel(mod, types, {}, prep, sub))
             except Unsupported as e:
                 lib = _library_step(self, fusion, sub, types)
+                anchor = fusion.nodes[nodes[-1]] if nodes else None
+                if lib is None and anchor is not None and anchor.op.name in _LIBRARY and len(nodes) > 1:
+                    # materialize the sort's (lazily computed) input with a kernel, then CuPy sorts it
+                    x = anchor.inputs[0]
+                    if x not in ins:
+                        pre = Segment(seg.id, SegmentKind.pointwise, nodes[:-1], ins, [x], "split")
+                        pmod = generate(fusion, pre, types, {n: strides.get(n) or _contig(types[n].shape) for n in ins},
+                                        sm_count=self.sm_count, single_block=False)
+                        subs.append(self._kernel(pmod, types, {}, prep, pre))
+                    one = Segment(seg.id, SegmentKind.library, [nodes[-1]], [x], outs, "split")
+                    lib = _library_step(self, fusion, one, types)
                 if lib is not None:
                     prep.fallbacks.append(f"segment {seg.id}: library ({e})")
                     subs.append(Step("library", sub, lib, str(e)))
@@ -535,6 +546,8 @@ def _library_step(rt, fusion, seg, types):
 def _argsort(cp, x, axis, descending):
     if not descending:
         return cp.argsort(x, axis=axis)  # CuPy's argsort is a stable (thrust) sort
+    if x.dtype.kind in "iu":  # ~x reverses the order of integers exactly: one stable ascending sort
+        return cp.argsort(~x, axis=axis)
     rev = cp.flip(x, axis=axis)
     n = x.shape[axis]
     return cp.flip(n - 1 - cp.argsort(rev, axis=axis), axis=axis)
