@@ -249,6 +249,12 @@ def _where_dtype(operands, attrs):
     return _operand_dtype(operands[1:])
 
 
+def _check_scalar(value, dt, where):
+    from .registry import check_scalar
+
+    check_scalar(value, dt, where)
+
+
 def _where_infer(ctx, operands, attrs):
     cond = operands[0]
     if not isinstance(cond, TensorType):
@@ -256,6 +262,9 @@ def _where_infer(ctx, operands, attrs):
     if cond.dtype is not DType.bool:
         raise OpError(f"where's condition must be bool, not {cond.dtype}", ("inputs", 0))
     dt = _where_dtype(operands, attrs)
+    for i in (1, 2):  # like PyTorch: a number that overflows an integer result is an error
+        if isinstance(operands[i], Scalar) and not dt.is_float:
+            _check_scalar(operands[i].value, dt, ("inputs", i))
     idx = [i for i, o in enumerate(operands) if isinstance(o, TensorType)]
     shape = broadcast_shapes([operands[i].shape for i in idx], lambda k: ("inputs", idx[k]))
     return [TensorType(dt, shape)]
@@ -282,6 +291,9 @@ def _clamp_infer(ctx, operands, attrs):
         raise OpError("clamp's first operand must be a tensor", ("inputs", 0))
     dt = _clamp_dtype(operands, attrs)
     _check_allowed("clamp", _NOBOOL, dt)
+    for i in (1, 2):  # like PyTorch: a bound that overflows the result dtype is an error
+        if isinstance(operands[i], Scalar):
+            _check_scalar(operands[i].value, dt, ("inputs", i))
     idx = [i for i, o in enumerate(operands) if isinstance(o, TensorType)]
     shape = broadcast_shapes([operands[i].shape for i in idx], lambda k: ("inputs", idx[k]))
     return [TensorType(dt, shape)]
