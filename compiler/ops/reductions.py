@@ -78,7 +78,8 @@ def _make_reduce(name, np_fn, needs_nonempty=False, float_only=False, doc=""):
         if needs_nonempty and x.size == 0 and (rd is None or any(x.shape[d] == 0 for d in rd)):
             raise OpError(f"{name} of an empty tensor has no identity", ("inputs", 0))
         work = opmath(t.dtype).np if t.dtype.is_float else t.dtype.np
-        xs = x.astype(work) if name != "amax" and name != "amin" else x.astype(opmath(t.dtype).np)
+        # dtype=... converts the input first (torch.sum(x, dtype=d) is torch.sum(x.to(d)))
+        xs = x.astype(t.dtype.np).astype(work) if name != "amax" and name != "amin" else x.astype(opmath(t.dtype).np)
         with np.errstate(all="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # mean of an empty slice is NaN, as in torch
             r = np_fn(xs, axis=rd, keepdims=attrs.keepdim)
@@ -170,7 +171,7 @@ def _make_scan(name, np_fn):
         if x.ndim == 0:
             return [x.astype(t.dtype.np)]
         with np.errstate(all="ignore"):
-            r = np_fn(x.astype(work), axis=attrs.dim % x.ndim)
+            r = np_fn(x.astype(t.dtype.np).astype(work), axis=attrs.dim % x.ndim)
         return [r.astype(t.dtype.np)]
 
     register(OpDef(name, OpKind.scan, ("x",), infer, ref, attrs=ScanAttrs,
