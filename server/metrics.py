@@ -15,10 +15,10 @@ class Metrics:
         self.run_seconds = Histogram("segfuse_run_seconds", "Fusion run latency, queue wait included",
                                      buckets=LATENCY_BUCKETS, registry=r)
         self.runs = Counter("segfuse_runs", "Fusion runs by outcome", ["outcome"], registry=r)
-        self.compiles = Counter("segfuse_compiles", "Kernels compiled (kernel cache misses)", registry=r)
+        self.compiles = Counter("segfuse_compiles", "CUDA kernels compiled", registry=r)
         self.compile_seconds = Counter("segfuse_compile_seconds", "Time spent compiling kernels", registry=r)
-        self.cache_hits = Counter("segfuse_kernel_cache_hits", "Kernel cache hits", registry=r)
-        self.cache_misses = Counter("segfuse_kernel_cache_misses", "Kernel cache misses", registry=r)
+        self.cache_hits = Counter("segfuse_kernel_cache_hits", "Engine cache hits (plans and kernels of a shape class)", registry=r)
+        self.cache_misses = Counter("segfuse_kernel_cache_misses", "Engine cache misses", registry=r)
         self.buffer_bytes = Gauge("segfuse_buffer_bytes", "Bytes held by stored buffers", registry=r)
         self.buffers = Gauge("segfuse_buffers", "Number of stored buffers", registry=r)
         self.runs_admitted = Gauge("segfuse_runs_admitted", "Runs queued or running", registry=r)
@@ -28,12 +28,12 @@ class Metrics:
         self.buffer_bytes.set(store.used_bytes)
         self.buffers.set(len(store.all()))
 
-    def observe_run(self, seconds: float, hits: int, misses: int, compile_us: float) -> None:
+    def observe_run(self, seconds: float, hits: int, misses: int, compiled: int, compile_us: float) -> None:
         self.runs.labels("ok").inc()
         self.run_seconds.observe(seconds)
         self.cache_hits.inc(hits)
         self.cache_misses.inc(misses)
-        self.compiles.inc(misses)
+        self.compiles.inc(compiled)
         self.compile_seconds.inc(compile_us / 1e6)
 
     def render(self) -> bytes:

@@ -549,6 +549,34 @@ async def test_metrics(asgi_server, server_backend, moe_graph):
         assert "segfuse_buffer_bytes 64.0" in text
 
 
+async def test_engine_extra_timings_and_compile_counts(asgi_server, moe_graph):
+    """Backends add their own entries to timings_us (numbers, counts, lists): numbers pass through,
+    the compile count goes to kernels_compiled and the metrics, the rest is dropped."""
+    from segfuse.compiler import RunResult
+
+    class ReportingEngine:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def run(self, fusion, inputs):
+            r = self.inner.run(fusion, inputs)
+            return RunResult(r.outputs, {**r.timings_us, "compile": 1500.0, "kernel_cache_misses": 2,
+                                         "fallbacks": ["x"]}, r.cache_hits, r.cache_misses)
+
+    async with asgi_server() as c:
+        rt = c.app.state.runtime
+        rt.engine = ReportingEngine(rt.engine)
+        await c.post("/v2/fusions", json=moe_graph)
+        r = await c.post("/v2/models/moe_problem_sizes/infer", json={
+            "inputs": [{"name": "topk_ids", "shape": [1, 1], "datatype": "INT64", "data": [3]}]})
+        assert r.status_code == 200, r.text
+        p = r.json()["parameters"]
+        assert p["kernels_compiled"] == 2 and p["timings_us"]["compile"] == 1500.0
+        assert "fallbacks" not in p["timings_us"] and "kernel_cache_misses" not in p["timings_us"]
+        text = (await c.get("/metrics")).text
+        assert "segfuse_compiles_total 2.0" in text and "segfuse_compile_seconds_total 0.0015" in text
+
+
 async def test_two_apps_in_one_process_have_separate_metrics(asgi_server):
     async with asgi_server() as c1, asgi_server() as c2:
         await c1.get("/v2")
