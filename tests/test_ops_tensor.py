@@ -270,13 +270,18 @@ def test_slice(dim, start, end, step):
     compare("slice", [x], oracle, f"slice dim={dim} [{start}:{end}:{step}]", dim=dim, step=step, **kw)
 
 
-@pytest.mark.parametrize("start,end", [(1, None), (-2, None), (0, -1), ("none", 2)], ids=str)
-def test_slice_symbolic(start, end):
-    x = rand("float32", (7, 2), gen_for(start, end))
+@pytest.mark.parametrize("step", [1, 2, 3])
+@pytest.mark.parametrize("start,end", [(1, None), (-2, None), (0, -1), ("none", 2), (3, 5), (-5, -1), (4, 2)], ids=str)
+def test_slice_symbolic(start, end, step):
+    """One graph over a symbolic size, bound to sizes below, inside and above the slice bounds."""
     kw = {k: v for k, v in dict(start=start, end=end).items() if v not in (None, "none")}
-    (out,) = run_op("slice", [x], shapes={0: ["T", 2]}, dim=0, **kw)
+    g = graph("slice", [("x", "float32", ["T", 2])], ["x"], dim=0, step=step, **kw)
+    fusion = Fusion.from_json(g)
     s = None if start == "none" else start
-    check_same(out, x[s:end], "symbolic slice")
+    for t in (0, 1, 3, 7):
+        x = rand("float32", (t, 2), gen_for(start, end, t))
+        out = run_graph(fusion, {"x": x.numpy()})["out"]
+        check_same(out, x[s:end:step], f"slice [{s}:{end}:{step}] of size {t}")
 
 
 PADS = [[1, 2], [0, 0, 1, 1], [-1, 2], [2, -3, 1, 0], [-1, -1, -1, -1], [0, 0, 0, 0, 0, 0], [3], [1, 1, 1, 1, 1, 1, 1, 1],
@@ -830,3 +835,17 @@ def test_index_put_2d_index(vshape, accumulate):
     vals = rand("float32", vshape, gen)
     compare("index_put", [x, index, vals], lambda: torch.index_put(x, (index,), vals, accumulate=accumulate),
             accumulate=accumulate)
+
+
+@pytest.mark.parametrize("op,attrs,size", [("reshape", dict(shape=[2, -1]), 5), ("pad", dict(pad=[-3, 0]), 2),
+                                           ("reshape", dict(shape=[2, "T"]), 3)], ids=str)
+def test_symbolic_shape_rules_checked_at_bind(op, attrs, size):
+    """Rules that depend on a symbol's value fail at bind time, like torch does at call time."""
+    fusion = Fusion.from_json(graph(op, [("x", "float32", ["T"])], ["x"], **attrs))
+    x = torch.arange(float(size))
+    with pytest.raises(RuntimeError):
+        {"reshape": lambda: x.reshape([2, -1] if attrs["shape"][1] == -1 else [2, size]),
+         "pad": lambda: F.pad(x, attrs.get("pad", [0, 0]))}[op]()
+    with pytest.raises(BindError) as e:
+        run_graph(fusion, {"x": x.numpy()})
+    assert e.value.issues[0].loc[:2] == ("ops", 0)
