@@ -222,6 +222,32 @@ CASES = {
     "input returned and updated in place": (
         g([op("add", "a", ["x", "y"])], outputs=[{"name": "a", "alias_of": "x"}, "x"]),
         ("outputs", 1), ["input 'x' is returned and also updated in place by outputs[0]", "cycle"]),
+    "broadcast_in_dim: wrong number of broadcast_dims": (
+        g([op("broadcast_in_dim", "a", ["x"], shape=[2, 3, 4], broadcast_dims=[0])]), ("ops", 0, "broadcast_dims"),
+        ["1 entries for an input of rank 2"]),
+    "broadcast_in_dim: dims not increasing": (
+        g([op("broadcast_in_dim", "a", ["x"], shape=[3, 2], broadcast_dims=[1, 0])]), ("ops", 0, "broadcast_dims", 1),
+        ["increasing"]),
+    "broadcast_in_dim: size mismatch": (
+        g([op("broadcast_in_dim", "a", ["x"], shape=[2, 4], broadcast_dims=[0, 1])]), ("ops", 0, "broadcast_dims", 1),
+        ["size 3", "size 4"]),
+    "amax takes no dtype": (
+        g([op("amax", "a", ["x"], dtype="float64")]), ("ops", 0, "dtype"), ["takes no dtype"]),
+    "permute with a repeated dim": (
+        g([op("permute", "a", ["x"], dims=[1, -1])]), ("ops", 0, "dims"), ["repeat"]),
+    "slice with a zero step": (
+        g([op("slice", "a", ["x"], dim=1, step=0)]), ("ops", 0, "step"), ["positive"]),
+    "topk k larger than the dim": (
+        g([op("topk", ["v", "i"], ["x"], k=4)], outputs=["v"]), ("ops", 0, "k"), ["k=4 is out of range"]),
+    "cat rank mismatch": (
+        g([op("cat", "a", ["x", "z"], dim=0)], inputs=XY + (("z", "float32", [3]),)), ("ops", 0, "inputs", 1),
+        ["rank 1, expected 2"]),
+    "cat size mismatch": (
+        g([op("cat", "a", ["x", "z"], dim=0)], inputs=XY + (("z", "float32", [2, 4]),)), ("ops", 0, "inputs", 1),
+        ["size 4 at dim 1 differs from 3"]),
+    "lerp dtype mismatch": (
+        g([op("lerp", "a", ["x", "z", 0.5])], inputs=XY + (("z", "float64", [2, 3]),)), ("ops", 0, "inputs", 1),
+        ["float32 and float64"]),
     "unknown top-level field": (
         {**g([op("add", "a", ["x", "y"])]), "extra": 1}, ("extra",), ["unknown field"]),
     "wrong format": (
