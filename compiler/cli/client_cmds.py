@@ -9,6 +9,7 @@ error (exit status 2); a 5xx is a server bug (exit status 1).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -110,38 +111,18 @@ def _client(args):
         raise UserError(str(e)) from None
 
 
-def _calling(fn, *a, **kw):
-    """Run a client call; a SegfuseError becomes a printed error and an exit status."""
-    from segfuse.client import SegfuseError
-
-    try:
-        return fn(*a, **kw)
-    except SegfuseError as e:
-        raise ServerError(e) from None
-
-
-class ServerError(Exception):
-    """A client error in a CLI command: printed; exit status 1 for a server bug (5xx), else 2."""
-
-    def __init__(self, error):
-        super().__init__(str(error))
-        self.error = error
-
-    @property
-    def exit_status(self) -> int:
-        return 1 if (self.error.status or 0) >= 500 else 2
-
-
 def _guard(cmd):
-    """Decorator: maps ServerError to its message and exit status."""
+    """For commands that talk to a server: a client SegfuseError is printed and exits with 1 for
+    a server bug (5xx), else 2 (a refused request or an unreachable server)."""
+    @functools.wraps(cmd)
     def wrapper(args) -> int:
+        from segfuse.client import SegfuseError
+
         try:
             return cmd(args)
-        except ServerError as e:
+        except SegfuseError as e:
             print(f"error: {e}", file=sys.stderr)
-            return e.exit_status
-    wrapper.__name__ = cmd.__name__
-    wrapper.__doc__ = cmd.__doc__
+            return 1 if (e.status or 0) >= 500 else 2
     return wrapper
 
 
@@ -163,7 +144,7 @@ def _print_array(name: str, arr: np.ndarray) -> None:
 @_guard
 def cmd_buffers_ls(args) -> int:
     with _client(args) as c:
-        bufs = _calling(c.buffers)
+        bufs = c.buffers()
     if args.json:
         print(json.dumps(bufs, indent=2))
         return 0
@@ -180,7 +161,7 @@ def cmd_buffers_ls(args) -> int:
 def cmd_buffers_put(args) -> int:
     arr = _load_npy(args.file, f"buffer '{args.name}'")
     with _client(args) as c:
-        _calling(c.put, args.name, arr)
+        c.put(args.name, arr)
     print(f"{args.name}: {arr.dtype}{list(arr.shape)} <- {args.file}")
     return 0
 
@@ -188,7 +169,7 @@ def cmd_buffers_put(args) -> int:
 @_guard
 def cmd_buffers_get(args) -> int:
     with _client(args) as c:
-        arr = _calling(c.get, args.name)
+        arr = c.get(args.name)
     if args.file == "-":
         _print_array(args.name, arr)
     else:
@@ -201,7 +182,7 @@ def cmd_buffers_get(args) -> int:
 def cmd_buffers_rm(args) -> int:
     with _client(args) as c:
         for name in args.names:
-            _calling(c.delete, name)
+            c.delete(name)
             print(f"deleted {name}")
     return 0
 
@@ -231,7 +212,7 @@ def run_remote(args) -> int:
         raise UserError(f"cannot read {graph}: no such file")
     with _client(args) as c:
         # Named outputs only when some are named: otherwise every output comes back.
-        res = _calling(c.run, graph, inputs=inputs, outputs=outputs or None)
+        res = c.run(graph, inputs=inputs, outputs=outputs or None)
     for name, arr in res.outputs.items():
         if name in files:
             np.save(files[name], arr)
