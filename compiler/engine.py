@@ -37,6 +37,8 @@ def _run_numpy(plan: Plan, fusion: Fusion, bound, inputs: dict) -> tuple[dict, d
     return run_plan(plan, fusion, bound.types, inputs), {}
 
 
+SHARED_PLANS = PlanCache()
+
 # Backend name -> runner(plan, fusion, bound, inputs) -> (outputs, extra timings). The GPU backend
 # registers itself here (register_backend) instead of editing Engine.
 BACKENDS: dict[str, Callable] = {"numpy": _run_numpy}
@@ -61,7 +63,8 @@ class Engine:
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend '{backend}' (available: {', '.join(sorted(BACKENDS))})")
         self.backend = backend
-        self.plans = plan_cache or PlanCache()
+        # One cache per process unless given: plans depend on the graph and the shape class only.
+        self.plans = plan_cache if plan_cache is not None else SHARED_PLANS
 
     @classmethod
     def default(cls, backend: str = "numpy") -> Engine:

@@ -12,6 +12,7 @@ Facts kept here (and nowhere else):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from .ops.registry import OpKind, TensorType
 from .segmenter_shapes import numel
@@ -53,8 +54,13 @@ class Step:
         return f"{self.node.op.name} '{self.outputs[0]}' (ops[{self.node.index}])"
 
 
+@lru_cache(maxsize=8192)
+def _equal(a, b) -> bool:
+    return a == b if isinstance(a, int) and isinstance(b, int) else dims_equal(a, b) is True
+
+
 def same_shape(a: TensorType, b: TensorType) -> bool:
-    return len(a.shape) == len(b.shape) and all(dims_equal(x, y) is True for x, y in zip(a.shape, b.shape))
+    return len(a.shape) == len(b.shape) and all(_equal(x, y) for x, y in zip(a.shape, b.shape))
 
 
 def access(step: Step, k: int, types: dict) -> str:
@@ -71,7 +77,7 @@ def access(step: Step, k: int, types: dict) -> str:
         return OWN if k != 0 and same_shape(t_in, t_out) else OTHER
     if kind is OpKind.view:
         # reshape/squeeze/unsqueeze keep the linear index; expand/broadcast read one element many times
-        return OWN if dims_equal(numel(tuple(t_in.shape)), numel(tuple(t_out.shape))) is True else OTHER
+        return OWN if _equal(numel(tuple(t_in.shape)), numel(tuple(t_out.shape))) else OTHER
     return OWN if same_shape(t_in, t_out) else OTHER  # pointwise: broadcasting reads other positions
 
 

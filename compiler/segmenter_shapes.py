@@ -60,8 +60,20 @@ class _ClassCtx(InferCtx):
         return _subs(super().size(value, where), self.fixed)
 
 
+_CLASS_TYPES: dict = {}  # (fusion id, the 0/1 symbols) -> types; inference simplifies sympy expressions
+
+
 def class_types(fusion, env: dict[str, int]) -> dict[str, TensorType] | None:
     """Every tensor's type for the shape class of `env` (None if inference needs exact sizes)."""
+    key = (fusion.id, tuple(sorted((k, v) for k, v in env.items() if v in (0, 1))))
+    if key not in _CLASS_TYPES:
+        if len(_CLASS_TYPES) > 1024:
+            _CLASS_TYPES.clear()
+        _CLASS_TYPES[key] = _infer_class_types(fusion, env)
+    return _CLASS_TYPES[key]
+
+
+def _infer_class_types(fusion, env: dict[str, int]) -> dict[str, TensorType] | None:
     fixed = {symbol(k): v for k, v in env.items() if v in (0, 1)}
     types: dict[str, TensorType] = {}
     for name, t in fusion.inputs:
@@ -100,6 +112,13 @@ def fmt(expr) -> str | int:
     return expr if isinstance(expr, int) else str(expr)
 
 
+@lru_cache(maxsize=4096)
+def _same_at_every_size(lhs, rhs) -> bool:
+    """Whether lhs <= rhs has one answer for all sizes (sizes are non-negative integers)."""
+    margin = sympy.expand(sympy.sympify(rhs) - sympy.sympify(lhs))
+    return bool(margin.is_nonnegative or margin.is_negative)
+
+
 @dataclass
 class Check:
     what: str  # what the test decides, in words
@@ -128,9 +147,8 @@ class Checks:
         holds = evaluate(lhs, self.env) <= evaluate(rhs, self.env)
         if isinstance(lhs, int) and isinstance(rhs, int):
             return holds
-        margin = sympy.simplify(sympy.sympify(rhs) - sympy.sympify(lhs))
-        if margin.is_nonnegative or margin.is_negative:
-            return holds  # the same answer at every size: not part of the shape class
+        if _same_at_every_size(lhs, rhs):
+            return holds  # not part of the shape class
         c = Check(what, lhs, rhs, holds)
         self._seen[key] = c
         self.items.append(c)

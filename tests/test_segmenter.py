@@ -351,7 +351,7 @@ def test_cache_hits_for_another_batch_size_in_the_same_class():
     assert not hit3 and p3.shape_class != p1.shape_class
     p4, hit4 = cache.get(f, f.bind({"topk_ids": (1, 4)}))  # T=1: another class
     assert not hit4 and p4.shape_class.startswith("K=n,T=1")
-    eng = Engine()
+    eng = Engine(plan_cache=PlanCache())
     r1 = eng.run(f, {"topk_ids": np.zeros((BIG, 8), np.int64)})
     r2 = eng.run(f, {"topk_ids": np.ones((BIG + 7, 8), np.int64)})
     assert (r1.cache_misses, r2.cache_hits) == (1, 1)
