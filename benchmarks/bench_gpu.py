@@ -5,6 +5,7 @@
 Times are CUDA-event means of 20 calls after 3 warm-ups around the whole call (host work
 included), like /work/shared/reference/h200-baselines.md.
 """
+# ruff: noqa: B023  (benchmark lambdas are timed inside the loop iteration that defines them)
 
 from __future__ import annotations
 
@@ -52,7 +53,6 @@ def graph(name, inputs, ops, outputs):
 def bench_chain(rows, n=2**28):
     import cupy as cp
     import torch
-
     from segfuse.compiler.engine import Engine
 
     f = graph("chain", [{"name": x, "dtype": "float32", "shape": ["N"]} for x in "abc"],
@@ -113,7 +113,6 @@ def bench_scatter(rows, bins, n=2**26):
     import cupy as cp
     import cupyx
     import torch
-
     from segfuse.compiler.engine import Engine
 
     f = graph("hist", [{"name": "dst", "dtype": "float32", "shape": ["M"]},
@@ -178,7 +177,6 @@ def _torch_moe(kind, ids, counts, E, K):
 def bench_moe(rows, E=256, K=8):
     import cupy as cp
     import torch
-
     from segfuse.compiler.codegen.corpus import moe_graphs
     from segfuse.compiler.cuda.runtime import get_runtime
     from segfuse.compiler.engine import Engine
@@ -248,7 +246,6 @@ def _plan_desc(prep) -> str:
 
 def bench_compile_and_overhead(rows):
     import cupy as cp
-
     from segfuse.compiler.cuda.runtime import get_runtime
     from segfuse.compiler.engine import Engine
 

@@ -111,7 +111,12 @@ def test_every_kernel_compiles_to_sm90_cubin(sources):
     items = sorted(sources)
     batches = [items[i:i + BATCH] for i in range(0, len(items), BATCH)]
     failures = []
-    with cf.ThreadPoolExecutor(2) as ex:
+    # processes, not threads: NVRTC holds the GIL through cuda.bindings
+    import multiprocessing as mp
+    import os
+
+    ctx = mp.get_context("fork") if hasattr(os, "fork") else None
+    with cf.ProcessPoolExecutor(max(2, min(4, os.cpu_count() or 2)), mp_context=ctx) as ex:
         for batch, err in zip(batches, ex.map(_compile_batch, batches)):
             if err:
                 failures.append((sorted({sources[s] for s in batch})[:6], err))

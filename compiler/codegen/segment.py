@@ -305,7 +305,7 @@ class SegmentCodegen:
         params += ["unsigned char* sf_scratch", "long long* sf_err"]
         plist = ", ".join(params)
         text = []
-        for i, (body, grid, block, smem, vec) in enumerate(body_fns):
+        for i, (body, _grid, block, _smem, _vec) in enumerate(body_fns):
             text.append(f"extern \"C\" __global__ void __launch_bounds__({block}) SFNAME_{i}({plist}) {{\n"
                         f"  extern __shared__ __align__(16) unsigned char sf_smem[];\n{body}\n}}\n")
         src_body = "\n".join(text)
@@ -313,7 +313,7 @@ class SegmentCodegen:
         kname = f"sf_k_{h}"
         source = PRELUDE + "\n" + src_body.replace("SFNAME_", f"{kname}_")
         launches = []
-        for i, (body, grid, block, smem, vec) in enumerate(body_fns):
+        for i, (_body, grid, block, smem, vec) in enumerate(body_fns):
             launches.append(Launch(f"{kname}_{i}", grid, block, smem,
                                    vector_of=f"{kname}_{i + 1}" if vec else None))
         vec_params = [k for k, n in enumerate(self.params)] if any(b[4] is not None for b in body_fns) else []
