@@ -576,6 +576,17 @@ async def test_engine_extra_timings_and_compile_counts(asgi_server, moe_graph):
         text = (await c.get("/metrics")).text
         assert "segfuse_compiles_total 2.0" in text and "segfuse_compile_seconds_total 0.0015" in text
 
+        class WarmEngine(ReportingEngine):  # a cache hit that still reports the old compile time
+            def run(self, fusion, inputs):
+                r = self.inner.run(fusion, inputs)
+                return RunResult(r.outputs, {**r.timings_us, "compile": 1500.0, "kernel_cache_misses": 0}, 1, 0)
+
+        rt.engine = WarmEngine(rt.engine.inner)
+        r = await c.post("/v2/models/moe_problem_sizes/infer", json={
+            "inputs": [{"name": "topk_ids", "shape": [1, 1], "datatype": "INT64", "data": [3]}]})
+        assert r.json()["parameters"]["timings_us"]["compile"] == 0.0
+        assert "segfuse_compile_seconds_total 0.0015" in (await c.get("/metrics")).text
+
 
 async def test_two_apps_in_one_process_have_separate_metrics(asgi_server):
     async with asgi_server() as c1, asgi_server() as c2:
