@@ -36,7 +36,11 @@ PRIV_SMEM = 48 * 1024  # privatized scatter histogram limit
 VEC_BLOCKS_PER_SM = 64
 ATOMIC_BLOCKS_PER_SM = 1 << 20  # global-atomic scatters: one thread per source (latency-bound)
 THREADS = 256
-RADIX_MIN = 2048  # single-block sorts of integer keys longer than this use the radix sort
+# Single-block sorts of integer keys longer than this use the block radix sort. Off for now: on the
+# H200 (2026-11-29) the one-block radix sort of 32768 keys took 468 us, slower than splitting the
+# segment and sorting with CuPy (268-338 us for the whole MoE argsort fusion); see
+# benchmarks/README.md. Set to e.g. 2048 to get one launch for such segments.
+RADIX_MIN = 1 << 62
 
 
 @dataclass

@@ -614,5 +614,8 @@ def get_runtime() -> CupyRuntime:
     global _RUNTIME
     with _RLOCK:
         if _RUNTIME is None:
-            _RUNTIME = CupyRuntime()
+            try:
+                _RUNTIME = CupyRuntime()
+            except ImportError as e:
+                raise RuntimeError(f"the cupy backend needs CuPy and a CUDA GPU ({e})") from None
         return _RUNTIME
