@@ -415,6 +415,8 @@ class _Segmenter:
                "elements": fmt(elems), "index_bits": index_bits}
         if seg.heavy is not None:
             out["anchor"] = self.anchor_hint(g, seg.heavy)
+            if seg.heavy.kind in (OpKind.scan, OpKind.sort):
+                out["blocks"] = out["anchor"]["rows"]  # codegen runs one block per row
         return out
 
     def anchor_hint(self, g: WorkGraph, h) -> dict:
