@@ -63,16 +63,19 @@ def is_float(t: torch.Tensor) -> bool:
 
 
 # ---- the PyTorch translation ----------------------------------------------------------------
-def _lit_args(args):
+def _lit_args(args, to_float=False):
     """Binary ops with one number literal where PyTorch has no number overload: PyTorch's
     wrapped-number promotion (torch.result_type knows the weak-typing rules), then the op on two
-    tensors of the promoted dtype."""
+    tensors of the promoted dtype. The literal converts like a wrapped number: integers wrap.
+    `to_float`: ops that compute integers in the default float dtype (div, atan2)."""
     a, b = args
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         return a, b
     t, lit = (a, b) if isinstance(a, torch.Tensor) else (b, a)
     rt = torch.result_type(t, lit)
-    full = torch.full((), lit, dtype=rt)
+    if to_float and not rt.is_floating_point:
+        rt = torch.get_default_dtype()
+    full = torch.tensor(lit).to(rt)
     return (t.to(rt), full) if t is a else (full, t.to(rt))
 
 
@@ -88,7 +91,7 @@ def binary(fn, scalar_right=False, scalar_left=None):
             return fn(a, b)
         if isinstance(b, torch.Tensor) and scalar_left is not None:
             return scalar_left(b, a)
-        return fn(*_lit_args(args))
+        return fn(*_lit_args(args, to_float=fn in (torch.div, torch.atan2)))
 
     return f
 
@@ -176,6 +179,13 @@ def _topk(args, attrs):
     return svals, sidx
 
 
+def _slice(x, a):
+    d = a.get("dim", 0) % x.dim()
+    idx = [slice(None)] * x.dim()
+    idx[d] = slice(a.get("start"), a.get("end"), a.get("step", 1))
+    return x[tuple(idx)].clone()
+
+
 def _gather(args, attrs):
     return torch.gather(args[0], attrs["dim"], args[1].long())
 
@@ -252,6 +262,19 @@ TORCH = {
     "argmax": _argreduce(torch.argmax), "argmin": _argreduce(torch.argmin),
     "cumsum": _scan(torch.cumsum), "cumprod": _scan(torch.cumprod),
     "argsort": _argsort, "sort": _sort, "topk": _topk,
+    # shape and creation
+    "reshape": lambda args, a: torch.reshape(args[0], a["shape"]),
+    "permute": lambda args, a: torch.permute(args[0], a["dims"]),
+    "unsqueeze": lambda args, a: torch.unsqueeze(args[0], a["dim"]),
+    "squeeze": lambda args, a: torch.squeeze(args[0], a["dims"]) if "dims" in a else torch.squeeze(args[0]),
+    "expand": lambda args, a: args[0].expand(a["shape"]).clone(),
+    "slice": lambda args, a: _slice(args[0], a),
+    "pad": lambda args, a: F.pad(args[0], a["pad"], value=a.get("value", 0)),
+    "cat": lambda args, a: torch.cat(args, dim=a["dim"]),
+    "full_like": lambda args, a: torch.full_like(args[0], a["value"], **(
+        {"dtype": TORCH_DTYPE[a["dtype"]]} if "dtype" in a else {})),
+    "iota": lambda args, a: a.get("start", 0) + a.get("step", 1) * torch.arange(
+        a["length"], dtype=TORCH_DTYPE[a.get("dtype", "int64")]),
     # indexing
     "gather": _gather, "take_along_axis": _take_along_axis, "index_select": _index_select,
     "scatter": _scatter, "index_add": _index_add, "index_put": _index_put,
@@ -281,6 +304,9 @@ def _prod(args, attrs):
 
 TORCH["prod"] = _prod
 
+# Where segfuse refuses on purpose what PyTorch accepts: (op, words of segfuse's message).
+DELIBERATE = [("squeeze", "symbolic dim")]  # a result rank that would depend on the sizes bound at run time
+
 # Ops whose float results may differ from PyTorch's in the last bits.
 INEXACT = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "rsqrt", "sin", "cos", "tan", "tanh",
            "sigmoid", "silu", "gelu", "erf", "pow", "atan2", "sum", "prod", "mean", "cumsum", "cumprod"}
@@ -297,7 +323,8 @@ BINARY = ["add", "sub", "mul", "div", "floor_divide", "remainder", "fmod", "pow"
           "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor", "bitwise_and",
           "bitwise_or", "bitwise_xor", "left_shift", "right_shift", "ceil_div"]
 # Binary ops that take a literal in either position (torch has a number overload or _lit_args applies).
-LITERALS = [-3, -1, 0, 1, 2, 3, 0.5, -1.5, 2.0, 0.25, True, False]
+LITERALS = [-3, -1, 0, 1, 2, 3, 0.5, -1.5, 2.0, 0.25, True, False,
+            300, -129, 1000, 70000]  # these overflow small integer dtypes: PyTorch wraps or refuses
 
 
 @dataclass
@@ -388,6 +415,8 @@ class Gen:
             seg_err = e
         if seg_err is not None:
             self.ops.pop()
+            if any(op == o and w in str(seg_err) for o, w in DELIBERATE):
+                return None
             assert torch_err is not None, (
                 f"segfuse rejects {json.dumps(entry)} on {self.types(inputs)} but PyTorch computes it: {seg_err}")
             return None
@@ -689,10 +718,73 @@ class Gen:
         self.try_op("index_put", [x, i, vals], {"accumulate": acc},
                     exact_out=None if not (acc and is_float(v)) else False)
 
+    def gen_shape(self):
+        op = self.draw(st.sampled_from(["reshape", "permute", "unsqueeze", "squeeze", "expand", "slice", "pad",
+                                        "cat", "full_like", "iota"]), label="shape_op")
+        if op == "iota":
+            n = self.draw(st.integers(0, 6))
+            attrs = {"length": n}
+            if self.draw(st.booleans()):
+                attrs.update(start=self.draw(st.sampled_from([0, 2, -3])), step=self.draw(st.sampled_from([1, 3, -1])))
+            if self.draw(st.booleans()):
+                attrs["dtype"] = self.draw(st.sampled_from(["int32", "int64", "float32"]))
+            self.try_op("iota", [], attrs)
+            return
+        x = self.pick(label="x")
+        if x is None:
+            return
+        v = self.t[x].value
+        r = v.dim()
+        attrs: dict = {}
+        ins = [x]
+        if op == "reshape":
+            n = v.numel()
+            if self.draw(st.booleans()):
+                attrs["shape"] = [-1]
+            else:
+                f = [k for k in range(1, n + 1) if n % k == 0] or [1]
+                a = self.draw(st.sampled_from(f))
+                attrs["shape"] = [a, -1] if self.draw(st.booleans()) else [a, n // a] if n else [0, a]
+        elif op == "permute":
+            attrs["dims"] = list(self.draw(st.permutations(range(r))))
+        elif op == "unsqueeze":
+            attrs["dim"] = self.draw(st.integers(-r - 1, r))
+        elif op == "squeeze":
+            if r and self.draw(st.booleans()):
+                attrs["dims"] = self.draw(st.lists(st.integers(-r, r - 1), min_size=1, max_size=r, unique_by=lambda d: d % r))
+        elif op == "expand":
+            attrs["shape"] = [self.draw(st.sampled_from([1, 2, 3])) for _ in range(self.draw(st.integers(0, 1)))] + [
+                self.draw(st.sampled_from([2, 3])) if s == 1 else -1 if self.draw(st.booleans()) else s for s in v.shape]
+        elif op == "slice":
+            if not r:
+                return
+            attrs = {"dim": self.draw(st.integers(-r, r - 1)), "start": self.draw(st.sampled_from([None, 0, 1, -2])),
+                     "end": self.draw(st.sampled_from([None, 2, -1, 10])), "step": self.draw(st.sampled_from([1, 2]))}
+            attrs = {k: w for k, w in attrs.items() if w is not None}
+        elif op == "pad":
+            k = self.draw(st.integers(0, r))
+            attrs["pad"] = [self.draw(st.integers(-1, 2)) for _ in range(2 * k)]
+            if self.draw(st.booleans()):
+                attrs["value"] = self.literal()
+        elif op == "cat":
+            if not r:
+                return
+            d = self.draw(st.integers(-r, r - 1))
+            others = [n for n, t in self.t.items() if t.value.dim() == r and all(
+                a == b for k, (a, b) in enumerate(zip(t.value.shape, v.shape)) if k != d % r)]
+            ins = [x] + self.draw(st.lists(st.sampled_from(others), max_size=2))
+            attrs["dim"] = d
+        elif op == "full_like":
+            attrs["value"] = self.literal()
+            if self.draw(st.booleans()):
+                attrs["dtype"] = self.draw(st.sampled_from(INPUT_DTYPES))
+        self.try_op(op, ins, attrs, exact_out=(None if op != "full_like" else True))
+
     GENS = {
         "pointwise": ("gen_unary", "gen_binary", "gen_binary", "gen_where", "gen_clamp", "gen_cast"),
         "reduction": ("gen_reduction", "gen_scan", "gen_sort"),
         "gather": ("gen_gather",),
+        "shape": ("gen_shape", "gen_shape"),
         "scatter": ("gen_scatter", "gen_scatter", "gen_index_add", "gen_index_put"),
     }
 
@@ -720,7 +812,7 @@ class Gen:
         aliased = set()
         for k, n in enumerate(outputs):
             o = next(o for o in self.ops if o["out"] == n or n in o["out"])
-            self_ = o["inputs"][0]
+            self_ = o["inputs"][0] if o["inputs"] else None
             if (o["op"] in ("scatter", "index_add", "index_put") and self_ in input_names and self_ not in aliased
                     and self_ not in outputs and self.draw(st.booleans(), label="alias")):
                 outputs[k] = {"name": n, "alias_of": self_}
@@ -816,8 +908,15 @@ def test_scatter_gather_graphs(data):
 
 @settings(max_examples=80, **COMMON)
 @given(st.data())
+def test_shape_graphs(data):
+    g = Gen(data, max_ops=8, kinds=("pointwise", "shape"))
+    check(g, g.build())
+
+
+@settings(max_examples=80, **COMMON)
+@given(st.data())
 def test_mixed_chains(data):
-    g = Gen(data, max_ops=10, kinds=("pointwise", "reduction", "gather", "scatter"))
+    g = Gen(data, max_ops=10, kinds=("pointwise", "reduction", "shape", "gather", "scatter"))
     check(g, g.build())
 
 
