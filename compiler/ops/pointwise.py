@@ -63,6 +63,9 @@ def _make_pw(name, nin, np_fn, cuda, allowed=_ANY, int_to_float=False, out_bool=
                 if (isinstance(o, TensorType) and o.dtype.is_bool) or (isinstance(o, Scalar) and isinstance(o.value, bool)):
                     raise OpError("sub with a bool operand is not supported (use logical_not or bitwise_xor)",
                                   ("inputs", k))
+        if name == "pow" and isinstance(operands[1], Scalar) and not dt.is_bool:
+            # PyTorch converts a number exponent to the result dtype with an overflow check
+            _check_scalar(operands[1].value, dt, ("inputs", 1))
         shapes = [o.shape for o in operands if isinstance(o, TensorType)]
         idx = [i for i, o in enumerate(operands) if isinstance(o, TensorType)]
         shape = broadcast_shapes(shapes, lambda k: ("inputs", idx[k]))
