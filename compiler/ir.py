@@ -299,6 +299,7 @@ class _Validator:
         op = REGISTRY.get(o.op)
         if op is None:
             close = difflib.get_close_matches(o.op, REGISTRY.keys(), n=3)
+            close.sort(key=lambda c: not c.startswith(o.op[:1]))  # 'ad': 'add' before 'pad'
             hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
             self.err(loc + ("op",), f"unknown op '{o.op}'{hint}")
             return None

@@ -40,7 +40,9 @@ def one_issue(graph, **kw) -> Issue:
 # (graph, exact loc, words the message must contain)
 CASES = {
     "unknown op, with a suggestion": (
-        g([op("ad", "o", ["x", "y"])]), ("ops", 0, "op"), ["unknown op 'ad'", "did you mean", "'add'"]),
+        g([op("ad", "o", ["x", "y"])]), ("ops", 0, "op"), ["unknown op 'ad'; did you mean 'add'"]),
+    "unknown op, close to a longer name": (
+        g([op("scater", "o", ["x"])]), ("ops", 0, "op"), ["unknown op 'scater'; did you mean 'scatter'"]),
     "unknown op, no suggestion": (
         g([op("frobnicate", "o", ["x"])]), ("ops", 0, "op"), ["unknown op 'frobnicate'"]),
     "unknown attribute": (
