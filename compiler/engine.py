@@ -12,8 +12,8 @@ succeeded (a RunError leaves every input untouched).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 

@@ -27,100 +27,113 @@ class PlanBug(AssertionError):
 
 
 def _as_tensor(buf: np.ndarray, t) -> np.ndarray:
-    n = int(np.prod(t.shape, dtype=np.int64)) * t.dtype.itemsize
-    return buf[:n].view(t.dtype.np).reshape(t.shape)
+    return buf[:_nbytes(t)].view(t.dtype.np).reshape(t.shape)
 
 
 def execute(plan: Plan, fusion: Fusion, types: dict, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Run the plan; `types` are the concrete types (Fusion.bind), `inputs` the arrays to read
     (write-protect them unless they are staged copies). Returns every graph output's array."""
-    copy_src = {c.dst: c.src for s in plan.segments for c in s.copies}
-    types = dict(types)
-    for dst, src in copy_src.items():
-        types[dst] = types[src]
+    return _Executor(plan, fusion, types, inputs).run()
 
-    # One byte array per buffer, sized for the largest tensor it holds at these sizes.
-    arrays: dict[int, np.ndarray] = {}
-    for b in plan.buffers:
-        if b.kind == "input":
-            continue
-        size = max(int(np.prod(types[t].shape, dtype=np.int64)) * types[t].dtype.itemsize for t in b.tensors)
-        arrays[b.id] = np.full(max(size, 1), POISON, dtype=np.uint8)
 
-    glob: dict[str, np.ndarray] = dict(inputs)  # materialised tensors visible to every segment
+class _Executor:
+    def __init__(self, plan: Plan, fusion: Fusion, types: dict, inputs: dict[str, np.ndarray]):
+        self.plan, self.fusion, self.inputs = plan, fusion, inputs
+        self.types = dict(types)
+        for s in plan.segments:
+            for c in s.copies:
+                self.types[c.dst] = self.types[c.src]
+        # One byte array per buffer, sized for the largest tensor it holds at these sizes.
+        self.arrays: dict[int, np.ndarray] = {}
+        for b in plan.buffers:
+            if b.kind != "input":
+                size = max(_nbytes(self.types[t]) for t in b.tensors)
+                self.arrays[b.id] = np.full(max(size, 1), POISON, dtype=np.uint8)
+        self.glob: dict[str, np.ndarray] = dict(inputs)  # materialised tensors, visible to every segment
+        self.seg = None
+        self.local: dict[str, np.ndarray] = {}  # what the current segment made
 
-    def storage_of(t: str) -> np.ndarray | None:
-        bid = plan.tensor_buffer.get(t)
-        if bid is None:
-            return None
-        if bid not in arrays:  # an input buffer: the input array itself
-            owner = next(x for x in plan.buffers[bid].tensors if x in inputs)
-            return inputs[owner]
-        return _as_tensor(arrays[bid], types[t])
+    def run(self) -> dict[str, np.ndarray]:
+        for seg in self.plan.segments:
+            self.run_segment(seg)
+        missing = [o for o in self.plan.outputs if o not in self.glob]
+        if missing:
+            raise PlanBug(f"no segment provides the graph outputs {missing}")
+        return {o: self.glob[o] for o in self.plan.outputs}
 
-    for seg in plan.segments:
-        local: dict[str, np.ndarray] = {}
-
-        def get(t: str) -> np.ndarray:
-            if t in local:
-                return local[t]
-            if t in glob and t in seg.inputs:
-                return glob[t]
-            raise PlanBug(f"segment {seg.id} reads '{t}', which is neither its input nor made in it")
-
-        def put(t: str, value: np.ndarray, *, in_place_of: str | None = None) -> None:
-            dest = storage_of(t)
-            if t in plan.views:
-                b = plan.views[t]
-                base = local.get(b, glob.get(b))
-                if base is None or (value.size and not np.shares_memory(value, base)):
-                    raise PlanBug(f"'{t}' is planned as a view of '{plan.views[t]}' but is not one")
-                dest = value
-            elif dest is None and in_place_of is not None:
-                dest = get(in_place_of)  # an in-place scatter on a register/shared-memory tensor
-            if dest is None:
-                dest = value
-            elif dest is not value:
-                if in_place_of is not None and dest.size and not np.shares_memory(dest, get(in_place_of)):
-                    raise PlanBug(f"scatter '{t}' is planned in place of '{in_place_of}' but their "
-                                  "buffers differ")
-                np.copyto(dest, value, casting="no")
-            local[t] = dest
-
-        def run_copies(at: int) -> None:
-            for c in seg.copies:
-                if c.at == at:
-                    put(c.dst, np.array(get(c.src), copy=True))
-
+    def run_segment(self, seg) -> None:
+        self.seg, self.local = seg, {}
         aliased = {a.tensor: a.buffer for a in seg.aliases}
         for i, pos in enumerate(seg.nodes):
-            run_copies(i)
-            node = fusion.nodes[pos]
+            self.run_copies(i)
+            node = self.fusion.nodes[pos]
             operands = list(node.inputs)
             if node.outputs[0] in aliased:
                 operands[0] = aliased[node.outputs[0]]  # the private copy, or self itself
-            args = [get(x) if isinstance(x, str) else x.value for x in operands]
-            out_types = [types[n] for n in node.outputs]
+            args = [self.get(x) if isinstance(x, str) else x.value for x in operands]
             try:
-                outs = node.op.ref(args, node.attrs, out_types)
+                outs = node.op.ref(args, node.attrs, [self.types[n] for n in node.outputs])
             except OpError as e:
                 raise RunError([Issue(("ops", node.index) + e.where, e.msg)]) from None
             for name, arr in zip(node.outputs, outs):
-                put(name, np.asarray(arr), in_place_of=aliased.get(name))
-        run_copies(len(seg.nodes))
-
+                self.put(name, np.asarray(arr), in_place_of=aliased.get(name))
+        self.run_copies(len(seg.nodes))
         for t in seg.outputs:
-            glob[t] = local[t]
-        for t in plan.frees.get(str(seg.id), []):
-            glob.pop(t, None)
-        for bid in {plan.tensor_buffer[t] for t in plan.frees.get(str(seg.id), []) if t in plan.tensor_buffer}:
-            if not any(plan.tensor_buffer.get(t) == bid and t in glob for t in glob):
-                arrays[bid].fill(POISON)
+            self.glob[t] = self.local[t]
+        self.free(self.plan.frees.get(str(seg.id), []))
 
-    missing = [o for o in plan.outputs if o not in glob]
-    if missing:
-        raise PlanBug(f"no segment provides the graph outputs {missing}")
-    return {o: glob[o] for o in plan.outputs}
+    def run_copies(self, at: int) -> None:
+        for c in self.seg.copies:
+            if c.at == at:
+                self.put(c.dst, np.array(self.get(c.src), copy=True))
+
+    def free(self, tensors: list[str]) -> None:
+        """Drop dead tensors and poison their buffers, so a read after free shows."""
+        for t in tensors:
+            self.glob.pop(t, None)
+        for bid in {self.plan.tensor_buffer[t] for t in tensors if t in self.plan.tensor_buffer}:
+            if not any(self.plan.tensor_buffer.get(t) == bid for t in self.glob):
+                self.arrays[bid].fill(POISON)
+
+    def storage_of(self, t: str) -> np.ndarray | None:
+        """t's place in its plan buffer (None: a register/shared-memory tensor)."""
+        bid = self.plan.tensor_buffer.get(t)
+        if bid is None:
+            return None
+        if bid not in self.arrays:  # an input buffer: the input array itself
+            owner = next(x for x in self.plan.buffers[bid].tensors if x in self.inputs)
+            return self.inputs[owner]
+        return _as_tensor(self.arrays[bid], self.types[t])
+
+    def get(self, t: str) -> np.ndarray:
+        if t in self.local:
+            return self.local[t]
+        if t in self.glob and t in self.seg.inputs:
+            return self.glob[t]
+        raise PlanBug(f"segment {self.seg.id} reads '{t}', which is neither its input nor made in it")
+
+    def put(self, t: str, value: np.ndarray, *, in_place_of: str | None = None) -> None:
+        """Store t where the plan says: its buffer, its base's buffer (a view), or self's (a scatter)."""
+        dest = self.storage_of(t)
+        if t in self.plan.views:
+            b = self.plan.views[t]
+            base = self.local.get(b, self.glob.get(b))
+            if base is None or (value.size and not np.shares_memory(value, base)):
+                raise PlanBug(f"'{t}' is planned as a view of '{b}' but is not one")
+            dest = value
+        elif dest is None and in_place_of is not None:
+            dest = self.get(in_place_of)  # an in-place scatter on a register/shared-memory tensor
+        if dest is None:
+            dest = value
+        elif dest is not value:
+            if in_place_of is not None and dest.size and not np.shares_memory(dest, self.get(in_place_of)):
+                raise PlanBug(f"scatter '{t}' is planned in place of '{in_place_of}' but their buffers differ")
+            np.copyto(dest, value, casting="no")
+        self.local[t] = dest
+
+
+def _nbytes(t) -> int:
+    return int(np.prod(t.shape, dtype=np.int64)) * t.dtype.itemsize
 
 
 def run_plan(plan: Plan, fusion: Fusion, bound_types: dict, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -32,8 +32,14 @@ from .ir import Bound, Fusion
 from .ops.registry import OpKind
 from .plan import Alias, Copy, Plan, Segment, SegmentKind
 from .segmenter_buffers import assign
-from .segmenter_capability import (DEFAULT_CAPABILITY, GRID, SINGLE_BLOCK, Capability, can_generate,
-                                   scatter_reduce_of)
+from .segmenter_capability import (
+    DEFAULT_CAPABILITY,
+    GRID,
+    SINGLE_BLOCK,
+    Capability,
+    can_generate,
+    scatter_reduce_of,
+)
 from .segmenter_graph import COPY, OTHER, WorkGraph, access, build
 from .segmenter_shapes import Checks, base_key, class_types, evaluate, fmt, nbytes, numel
 

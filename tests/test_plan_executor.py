@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from segfuse.compiler import Engine, Fusion, RunError, run_graph
 from segfuse.compiler.plan_executor import PlanBug, execute
 from segfuse.compiler.segmenter import segment

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from segfuse.compiler import Engine, FusionDefinition, RunError, load_fusion, run_graph
 from segfuse.compiler.ops.registry import OpKind
 from segfuse.compiler.segmenter import segment
@@ -23,7 +22,10 @@ BIG = 4 * CAP.single_block_max_elems  # above the single-block threshold, whatev
 SMALL = 64
 
 
-def plan_of(f, shapes, cap=replace(CAP, fuse_copies=True)):
+FUSING = replace(CAP, fuse_copies=True)  # the structures below assume copies ride along
+
+
+def plan_of(f, shapes, cap=FUSING):
     return segment(f, f.bind(shapes), cap)
 
 
