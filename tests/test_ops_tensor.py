@@ -90,7 +90,10 @@ def run_op(op, operands, n_out=1, shapes=None, **attrs):
         else:
             names.append(x)
     g = graph(op, inputs, names, n_out, **attrs)
+    before = {k: v.copy() for k, v in arrays.items()}
     res = run_graph(Fusion.from_json(g), arrays)
+    for k, v in arrays.items():  # inputs are never written (no output is declared alias_of)
+        assert v.tobytes() == before[k].tobytes(), f"{op} changed its input {k}"
     return [res[o] for o in g["outputs"]]
 
 
