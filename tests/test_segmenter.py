@@ -424,3 +424,16 @@ def test_derived_size_that_becomes_one_is_its_own_class():
     assert not hit and p2 is not p6
     check_run(f, {"x": (2,), "y": (5,)})
     check_run(f, {"x": (6,), "y": (5,)})
+
+
+def test_explain_takes_whole_input_shapes(capsys):
+    from segfuse.compiler.cli import main
+
+    path = ROOT / "examples" / "moe_problem_sizes.json"
+    if not path.exists():
+        pytest.skip("examples not written yet")
+    assert main(["explain", str(path), "--shape", f"topk_ids={BIG}x8", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert [s["kind"] for s in plan["segments"]] == ["pointwise", "scatter"]
+    assert main(["explain", str(path), "--shape", "Q=3"]) == 2
+    assert "not a size symbol or input" in capsys.readouterr().err
