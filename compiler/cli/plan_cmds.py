@@ -95,7 +95,8 @@ def print_plan(plan, fusion) -> None:
         elif h.get("single_block"):
             launch = f"1 block × {h['threads']} threads, smem {h['smem_bytes']} B"
         else:
-            launch = f"{h.get('blocks')} blocks × {h.get('threads')} threads"
+            blocks = h.get("blocks")
+            launch = f"{blocks} block{'' if blocks == 1 else 's'} × {h.get('threads')} threads"
         io = f"{', '.join(seg.inputs) or '-'} → {', '.join(seg.outputs) or '-'}"
         reason = seg.reason
         for a in seg.aliases:
