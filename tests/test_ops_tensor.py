@@ -456,6 +456,18 @@ def test_scan_edge_shapes(op, shape):
     compare(op, [x], lambda: getattr(torch, op)(x, dim=0), f"{op} {shape}", dim=0)
 
 
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("op", ["cumsum", "cumprod"])
+def test_scan_long_rows(op, dtype):
+    """Long rows: the accumulation precision shows (torch's CPU accumulates float32 in float64)."""
+    gen = gen_for(op, dtype, "long")
+    x = torch.randn(4, 3000, generator=gen, dtype=torch.float64) * 3
+    if op == "cumprod":
+        x = 1 + x / 3000  # stays finite
+    x = x.to(TORCH[dtype])
+    compare(op, [x], lambda: getattr(torch, op)(x, dim=1), f"{op}({dtype}) long rows", dim=1)
+
+
 @pytest.mark.parametrize("op", ["cumsum", "cumprod"])
 def test_scan_nan(op):
     x = torch.tensor([1.0, 2.0, float("nan"), 3.0, float("inf"), 0.0])

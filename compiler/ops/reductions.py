@@ -167,7 +167,8 @@ def _make_scan(name, np_fn):
     def ref(args, attrs, out_types):
         x = np.asarray(args[0])
         t = out_types[0]
-        work = opmath(t.dtype).np
+        # PyTorch's CPU scans accumulate float32 in float64 (its CPU acc_type), float16/bfloat16 in float32
+        work = np.dtype(np.float64) if t.dtype is DType.float32 else opmath(t.dtype).np
         if x.ndim == 0:
             return [x.astype(t.dtype.np)]
         with np.errstate(all="ignore"):
