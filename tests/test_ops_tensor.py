@@ -864,3 +864,37 @@ def test_symbolic_shape_rules_checked_at_bind(op, attrs, size):
     with pytest.raises(BindError) as e:
         run_graph(fusion, {"x": x.numpy()})
     assert e.value.issues[0].loc[:2] == ("ops", 0)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("op", ["scatter_add", "scatter_mul", "index_add", "index_put"])
+def test_many_duplicates_accumulate_at_opmath(op, dtype):
+    """Hundreds of updates to each target. float16/bfloat16 accumulate in float32 and round once:
+    compared with the exact (float64) result rounded once. (torch's CPU index_put(accumulate=True)
+    rounds to float16 after every addition and drifts far from it; its scatter_reduce does not.)"""
+    gen = gen_for(op, dtype, "dups")
+    x = torch.randn(8, 16, generator=gen, dtype=torch.float64)
+    n = 2000
+    src = torch.randn(n, 16, generator=gen, dtype=torch.float64)
+    if op == "scatter_mul":
+        src = 1 + src / 100
+    index2 = torch.randint(0, 8, (n, 16), generator=gen)
+    index1 = torch.randint(0, 8, (n,), generator=gen)
+
+    def torch_op(x, src):
+        return {"scatter_add": lambda: torch.scatter_reduce(x, 0, index2, src, "sum"),
+                "scatter_mul": lambda: torch.scatter_reduce(x, 0, index2, src, "prod"),
+                "index_add": lambda: torch.index_add(x, 0, index1, src),
+                "index_put": lambda: torch.index_put(x, (index1,), src, accumulate=True)}[op]()
+
+    xd, sd = x.to(TORCH[dtype]), src.to(TORCH[dtype])
+    expected = torch_op(xd.double(), sd.double()).to(xd.dtype)
+    if dtype in ("float32", "float64"):
+        torch.testing.assert_close(torch_op(xd, sd), expected, **tol(xd.dtype))  # the oracle agrees with torch here
+    if op.startswith("scatter"):
+        (out,) = run_op("scatter", [xd, index2, sd], dim=0, reduce=op.split("_")[1])
+    elif op == "index_add":
+        (out,) = run_op("index_add", [xd, index1, sd], dim=0)
+    else:
+        (out,) = run_op("index_put", [xd, index1, sd], accumulate=True)
+    check_same(out, expected, f"{op} {dtype} with many duplicates")
