@@ -515,7 +515,7 @@ def _host_step(rt, fusion, seg, types):
                     values[x] = _host_view(cp.asnumpy(env[x], stream=ctx.stream), types[x].dtype)
             eval_node(nd, values, types)
         for o in seg.outputs:
-            h = np.ascontiguousarray(values[o])
+            h = np.require(values[o], requirements="C")  # keeps 0-d (ascontiguousarray makes 1-d)
             if types[o].dtype is DType.bfloat16:
                 h = h.view(np.uint16)
             env[o] = cp.asarray(h)
@@ -535,10 +535,14 @@ def _library_step(rt, fusion, seg, types):
     fn = _LIBRARY[nd.op.name]
 
     def run(env, ctx):
-        outs = fn(rt.cp, [env[x] if isinstance(x, str) else x.value for x in nd.inputs], nd.attrs,
-                  [types[o] for o in nd.outputs])
+        args = [env[x] if isinstance(x, str) else x.value for x in nd.inputs]
+        if args[0].ndim == 0:  # one element is sorted: itself, index 0 (as the NumPy reference)
+            zero = rt.cp.zeros((), dtype=np.int64)
+            outs = [zero] if nd.op.name == "argsort" else [args[0].copy(), zero]
+        else:
+            outs = fn(rt.cp, args, nd.attrs, [types[o] for o in nd.outputs])
         for o, v in zip(nd.outputs, outs):
-            env[o] = rt.cp.ascontiguousarray(v)
+            env[o] = rt.cp.ascontiguousarray(v) if v.ndim else v  # (ascontiguousarray makes 0-d 1-d)
 
     return run
 
