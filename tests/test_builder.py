@@ -10,7 +10,6 @@ import pathlib
 import numpy as np
 import pytest
 import torch
-
 from segfuse.compiler import DType, Fusion, FusionDefinition, GraphError, Tensor
 
 EXAMPLES = sorted((pathlib.Path(__file__).parent.parent / "examples").glob("*.json"))

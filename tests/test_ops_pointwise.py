@@ -8,7 +8,6 @@ integers and bools, within a tolerance for floats).
 
 from __future__ import annotations
 
-import math
 import zlib
 
 import ml_dtypes
@@ -16,7 +15,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
 from segfuse.compiler import Fusion, GraphError, RunError, run_graph
 
 DTYPES = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
@@ -353,7 +351,7 @@ def test_float_division_by_zero_is_ieee(dtype):
     a = torch.tensor([1.0, -1.0, 0.0, 3.0]).to(TORCH[dtype])
     z = torch.zeros(4).to(TORCH[dtype])
     for op in ("div", "floor_divide", "remainder", "fmod"):
-        compare(op, [a, z], lambda: BINARY[op](a, z), f"{op}({dtype}, 0)")
+        compare(op, [a, z], lambda: BINARY[op](a, z), f"{op}({dtype}, 0)")  # noqa: B023 (called at once)
 
 
 @pytest.mark.parametrize("dta", INTS)
@@ -452,7 +450,7 @@ def test_lerp_dtypes(dts, dte):
     w = torch.rand(3, 4, generator=gen, dtype=torch.float64).to(TORCH[dts]) if dts != "bool" else rand(dts, (3, 4), gen)
     compare("lerp", [s, e, w], lambda: torch.lerp(s, e, w), f"lerp({dts}, {dte}, {dts})")
     for lit in (0.25, 0.75, 2, True):
-        compare("lerp", [s, e, lit], lambda: torch.lerp(s, e, lit), f"lerp({dts}, {dte}, {lit!r})")
+        compare("lerp", [s, e, lit], lambda: torch.lerp(s, e, lit), f"lerp({dts}, {dte}, {lit!r})")  # noqa: B023 (called at once)
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
@@ -484,7 +482,7 @@ def test_cast(src, dst):
 def test_cast_specials_to_bool_and_floats(src):
     x = torch.tensor(SPECIALS, dtype=torch.float64).to(TORCH[src])
     for dst in ["bool"] + FLOATS:
-        compare("cast", [x], lambda: x.to(TORCH[dst]), f"cast({src} specials -> {dst})", dtype=dst)
+        compare("cast", [x], lambda: x.to(TORCH[dst]), f"cast({src} specials -> {dst})", dtype=dst)  # noqa: B023 (called at once)
 
 
 @pytest.mark.parametrize("src", INTS)
@@ -508,7 +506,7 @@ def test_inexact_scalars_with_reduced_precision(op, dtype, value):
     x = torch.tensor([1.0, 2.0, 3.0, 100.0, 0.5, 7.0, -3.0, 0.1], dtype=torch.float64).to(TORCH[dtype])
     s0 = torch.tensor(value, dtype=torch.float64)
     for operands in ([x, value], [value, x], [x, s0], [s0, x]):
-        compare(op, operands, lambda: call_binary(op, *operands), f"{op}({operands[0]!r}, {operands[1]!r})")
+        compare(op, operands, lambda: call_binary(op, *operands), f"{op}({operands[0]!r}, {operands[1]!r})")  # noqa: B023 (called at once)
 
 
 # ---- integer extremes wrap as in torch ----------------------------------------------------------

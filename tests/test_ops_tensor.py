@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
 from segfuse.compiler import BindError, Fusion, GraphError, RunError, run_graph
 
 DTYPES = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
@@ -397,7 +396,7 @@ def test_reduce_nan_inf(op, dtype):
                       [-0.0, 0.0, 3.0]], dtype=torch.float64).to(TORCH[dtype])
     for dims in (0, 1, None):
         kw = {} if dims is None else {"dims": dims}
-        compare(op, [x], lambda: torch_reduce(op, x, dims, False), f"{op}({dtype} NaN, {dims})", **kw)
+        compare(op, [x], lambda: torch_reduce(op, x, dims, False), f"{op}({dtype} NaN, {dims})", **kw)  # noqa: B023 (called at once)
 
 
 @pytest.mark.parametrize("keepdim", [False, True])
@@ -418,7 +417,7 @@ def test_argreduce_nan(op, dtype):
     x = torch.tensor([[1.0, float("nan"), 5.0, float("nan")], [float("inf"), 2.0, float("inf"), -1.0],
                       [float("-inf"), 0.0, -0.0, float("-inf")]], dtype=torch.float64).to(TORCH[dtype])
     for dim in (None, 0, 1):
-        compare(op, [x], lambda: getattr(torch, op)(x, dim=dim), f"{op}({dtype} NaN, {dim})",
+        compare(op, [x], lambda: getattr(torch, op)(x, dim=dim), f"{op}({dtype} NaN, {dim})",  # noqa: B023 (called at once)
                 **({} if dim is None else {"dim": dim}))
 
 
@@ -649,7 +648,7 @@ def test_scatter_reduce_nan(dtype, reduce):
     src = torch.tensor([float("nan"), 5.0, 1.0, float("inf"), -1.0], dtype=torch.float64).to(TORCH[dtype])
     for include_self in (True, False):
         compare("scatter", [x, index, src],
-                lambda: torch.scatter_reduce(x, 0, index, src, REDUCES[reduce], include_self=include_self),
+                lambda: torch.scatter_reduce(x, 0, index, src, REDUCES[reduce], include_self=include_self),  # noqa: B023 (called at once)
                 f"scatter {reduce} NaN include_self={include_self}", dim=0, reduce=reduce, include_self=include_self)
 
 
@@ -659,7 +658,7 @@ def test_scatter_3d_small_index():
     index = torch.randint(0, 5, (2, 3, 4), generator=gen)
     src = rand("float32", (3, 4, 5), gen)
     for reduce in REDUCES:
-        compare("scatter", [x, index, src], lambda: torch.scatter_reduce(x, 1, index, src, REDUCES[reduce]),
+        compare("scatter", [x, index, src], lambda: torch.scatter_reduce(x, 1, index, src, REDUCES[reduce]),  # noqa: B023 (called at once)
                 f"scatter 3d {reduce}", dim=1, reduce=reduce)
 
 
@@ -683,7 +682,7 @@ def test_index_add(dim, dtype, alpha):
 
     for idt in ("int64", "int32"):
         ix = index.to(TORCH[idt])
-        compare("index_add", [x, ix, src], lambda: oracle(ix),
+        compare("index_add", [x, ix, src], lambda: oracle(ix),  # noqa: B023 (called at once)
                 f"index_add {dtype} alpha={alpha!r}", dim=dim, alpha=alpha)
 
 
@@ -697,7 +696,7 @@ def test_index_put(dtype, vshape, accumulate):
     vals = rand(dtype, vshape, gen)
     for idt in ("int64", "int32", "int8"):
         ix = index.to(TORCH[idt])
-        compare("index_put", [x, ix, vals], lambda: torch.index_put(x, (as_index(ix),), vals, accumulate=accumulate),
+        compare("index_put", [x, ix, vals], lambda: torch.index_put(x, (as_index(ix),), vals, accumulate=accumulate),  # noqa: B023 (called at once)
                 f"index_put {dtype} values{vshape} accumulate={accumulate}", accumulate=accumulate)
 
 
@@ -833,7 +832,7 @@ def test_zero_dim_gather_scatter():
     compare("index_select", [x, i], lambda: torch.index_select(x, 0, i), dim=0)
     for reduce in ("add", "mul", "amax"):
         compare("scatter", [x, i, torch.tensor(4.0)],
-                lambda: torch.scatter_reduce(x, 0, i, torch.tensor(4.0), REDUCES[reduce]), dim=0, reduce=reduce)
+                lambda: torch.scatter_reduce(x, 0, i, torch.tensor(4.0), REDUCES[reduce]), dim=0, reduce=reduce)  # noqa: B023 (called at once)
     compare("scatter", [x, i, torch.tensor(4.0)], lambda: torch.scatter(x, 0, i, torch.tensor(4.0)), dim=0)
     compare("index_add", [x, i, torch.tensor(4.0)], lambda: torch.index_add(x, 0, i, torch.tensor(4.0), alpha=2),
             dim=0, alpha=2)

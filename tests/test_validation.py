@@ -7,7 +7,6 @@ import json
 
 import numpy as np
 import pytest
-
 from segfuse.compiler import BindError, Fusion, GraphError, Issue, Limits, run_graph
 from segfuse.compiler.errors import format_loc
 

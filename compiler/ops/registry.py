@@ -8,10 +8,11 @@ renderer needs (`cuda`). Validation, the NumPy backend and codegen all read this
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable
-import math
+from typing import Any
 
 import ml_dtypes
 import numpy as np
