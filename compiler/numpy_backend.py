@@ -74,7 +74,8 @@ def commit_outputs(fusion: Fusion, values: dict, inputs: dict[str, np.ndarray]) 
         elif any(np.shares_memory(v, a) for a in inputs.values()):
             result[o.name] = v.copy()  # an output never exposes an input's buffer
         else:
-            result[o.name] = np.require(v, requirements="C")  # keeps 0-d (ascontiguousarray makes 1-d)
+            # C-contiguous and writeable (a view such as expand's broadcast is read-only); keeps 0-d
+            result[o.name] = np.require(v, requirements=["C", "W"])
     return result
 
 

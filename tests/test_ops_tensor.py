@@ -897,3 +897,14 @@ def test_many_duplicates_accumulate_at_opmath(op, dtype):
     else:
         (out,) = run_op("index_put", [xd, index1, sd], accumulate=True)
     check_same(out, expected, f"{op} {dtype} with many duplicates")
+
+
+@pytest.mark.parametrize("op,shape_in,attrs", [("expand", (3, 1), dict(shape=[3, 1])), ("expand", (), dict(shape=[])),
+                                               ("broadcast_in_dim", (), dict(shape=[], broadcast_dims=[])),
+                                               ("expand", (1,), dict(shape=[4])), ("reshape", (2, 2), dict(shape=[4]))],
+                         ids=str)
+def test_outputs_are_writeable_arrays_of_their_own(op, shape_in, attrs):
+    x = torch.ones(shape_in)
+    (out,) = run_op(op, [x], **attrs)
+    assert out.flags.writeable and out.flags.c_contiguous and out.shape == tuple(attrs["shape"])
+    out[...] = 5  # the caller may write into its result
