@@ -66,6 +66,8 @@ def _make_pw(name, nin, np_fn, cuda, allowed=_ANY, int_to_float=False, out_bool=
         if name == "pow" and isinstance(operands[1], Scalar) and not dt.is_bool:
             # PyTorch converts a number exponent to the result dtype with an overflow check
             _check_scalar(operands[1].value, dt, ("inputs", 1))
+            if not dt.is_signed and operands[1].value < 0:  # (it would wrap to a large exponent)
+                raise OpError("integers to negative integer powers are not allowed", ("inputs", 1))
         shapes = [o.shape for o in operands if isinstance(o, TensorType)]
         idx = [i for i, o in enumerate(operands) if isinstance(o, TensorType)]
         shape = broadcast_shapes(shapes, lambda k: ("inputs", idx[k]))
