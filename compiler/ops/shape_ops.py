@@ -183,7 +183,8 @@ def _permute_infer(ctx, operands, attrs):
 
 
 register(OpDef("permute", OpKind.movement, ("x",), _permute_infer,
-               lambda args, a, out: [np.require(np.transpose(args[0], [d % max(args[0].ndim, 1) for d in a.dims]), requirements="C")],
+               # always a copy: a movement op makes new data (an identity permutation would return x itself)
+               lambda args, a, out: [np.array(np.transpose(args[0], [d % max(args[0].ndim, 1) for d in a.dims]), order="C")],
                attrs=PermuteAttrs, doc="permute(x, dims)"))
 
 
@@ -230,7 +231,7 @@ def _slice_ref(args, a, out):
     d = a.dim % x.ndim
     sl = [slice(None)] * x.ndim
     sl[d] = slice(a.start, a.end, a.step)
-    return [np.ascontiguousarray(x[tuple(sl)])]
+    return [np.array(x[tuple(sl)], order="C")]  # a copy, also for a full slice (movement makes new data)
 
 
 register(OpDef("slice", OpKind.movement, ("x",), _slice_infer, _slice_ref, attrs=SliceAttrs,
