@@ -965,3 +965,80 @@ def test_generator_makes_nontrivial_graphs(kinds):
 
 
 _ = math
+
+
+# ---- graphs the random search found (kept as fixed regressions) ------------------------------
+def torch_eval(graph: dict, arrays: dict) -> dict:
+    """Every tensor of a graph computed with the PyTorch translation (TORCH)."""
+    env = {k: to_torch(v) for k, v in arrays.items()}
+    for o in graph["ops"]:
+        attrs = {k: v for k, v in o.items() if k not in ("op", "out", "inputs")}
+        res = TORCH[o["op"]]([env[x] if isinstance(x, str) else x for x in o["inputs"]], attrs)
+        outs = [o["out"]] if isinstance(o["out"], str) else o["out"]
+        for n, v in zip(outs, res if isinstance(res, tuple) else (res,)):
+            env[n] = v
+    return env
+
+
+def _g(inputs, ops, outputs):
+    return {"format": "segfuse.fusion/1", "name": "regression", "inputs": [
+        {"name": n, "dtype": d, "shape": s} for n, d, s in inputs], "ops": ops, "outputs": outputs}
+
+
+REGRESSIONS = {
+    # an identity permute returned its input itself; the in-place index_put then wrote the input
+    "identity_permute_then_index_put": (
+        _g([("x", "bool", [1]), ("i", "int64", [0]), ("j", "int64", [1])],
+           [{"op": "permute", "out": "p", "inputs": ["x"], "dims": [0]},
+            {"op": "index_put", "out": "q", "inputs": ["p", "i", True]},
+            {"op": "gather", "out": "r", "inputs": ["x", "j"], "dim": 0}], ["r"]),
+        {"x": np.array([True]), "i": np.zeros(0, np.int64), "j": np.zeros(1, np.int64)}),
+    "full_slice_then_scatter": (
+        _g([("x", "float32", ["N"]), ("i", "int64", [2]), ("s", "float32", [2])],
+           [{"op": "slice", "out": "p", "inputs": ["x"], "dim": 0},
+            {"op": "scatter", "out": "q", "inputs": ["p", "i", "s"], "dim": 0, "reduce": "add"},
+            {"op": "neg", "out": "r", "inputs": ["x"]}], ["r", "q"]),
+        {"x": np.arange(4, dtype=np.float32), "i": np.array([1, 1]), "s": np.ones(2, np.float32)}),
+    "zero_d_sorts_and_scans": (
+        _g([("a", "int32", []), ("b", "bfloat16", [])],
+           [{"op": "topk", "out": ["v", "k"], "inputs": ["a"], "k": 1, "dim": 0},
+            {"op": "cumsum", "out": "c", "inputs": ["a"], "dim": 0},
+            {"op": "cumprod", "out": "d", "inputs": ["b"], "dim": -1},
+            {"op": "argsort", "out": "e", "inputs": ["c"], "dim": 0, "descending": True},
+            {"op": "sort", "out": ["f", "g"], "inputs": ["b"], "dim": -1}], ["v", "k", "c", "d", "e", "f", "g"]),
+        {"a": np.array(3, np.int32), "b": np.array(1.5, ml_dtypes.bfloat16)}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REGRESSIONS))
+def test_regression_graphs(name):
+    graph, arrays = REGRESSIONS[name]
+    ref = torch_eval(graph, arrays)
+    outs = [o if isinstance(o, str) else o["name"] for o in graph["outputs"]]
+    for run in (lambda f, i: run_graph(f, i), lambda f, i: Engine().run(f, i).outputs):
+        inputs = {k: v.copy() for k, v in arrays.items()}
+        for v in inputs.values():
+            v.flags.writeable = False  # inputs without alias_of are never written
+        res = run(Fusion.from_json(graph), inputs)
+        for k in outs:
+            assert_agrees(k, res[k], T(ref[k]))
+
+
+REJECTED = {
+    # (op entry, input dtype): segfuse refuses at validation what PyTorch refuses
+    "pow_unsigned_negative_literal": ({"op": "pow", "out": "y", "inputs": ["x", -3]}, "uint8"),
+    "pow_exponent_overflow": ({"op": "pow", "out": "y", "inputs": ["x", 300]}, "uint8"),
+    "clamp_bound_overflow": ({"op": "clamp", "out": "y", "inputs": ["x", -1000, 1000]}, "int8"),
+    "where_literal_overflow": ({"op": "where", "out": "y", "inputs": ["c", "x", 1000]}, "int8"),
+    "full_like_value_overflow": ({"op": "full_like", "out": "y", "inputs": ["x"], "value": 300}, "int8"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REJECTED))
+def test_rejected_like_pytorch(name):
+    entry, dtype = REJECTED[name]
+    graph = _g([("x", dtype, [2]), ("c", "bool", [2])], [entry], ["y"])
+    with pytest.raises(GraphError):
+        Fusion.from_json(graph)
+    with pytest.raises(RuntimeError):
+        torch_eval(graph, {"x": np.array([1, 2], dtype=dtype), "c": np.array([True, False])})
