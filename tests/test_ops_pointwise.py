@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import zlib
 
-import ml_dtypes
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from segfuse.compiler import Fusion, GraphError, RunError, run_graph
+from torch_oracle import to_numpy, to_torch
 
 DTYPES = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
 FLOATS = ["float16", "bfloat16", "float32", "float64"]
@@ -41,19 +41,6 @@ def graph(op: str, inputs: list[tuple[str, str, list]], operands: list, n_out: i
         "ops": [{"op": op, "out": out, "inputs": list(operands), **attrs}],
         "outputs": [out] if n_out == 1 else list(out),
     }
-
-
-def to_numpy(t: torch.Tensor) -> np.ndarray:
-    if t.dtype is torch.bfloat16:
-        return t.float().numpy().astype(ml_dtypes.bfloat16)
-    return t.numpy().copy()
-
-
-def to_torch(a: np.ndarray) -> torch.Tensor:
-    a = np.asarray(a)
-    if a.dtype == ml_dtypes.bfloat16:
-        return torch.from_numpy(a.astype(np.float32)).to(torch.bfloat16)
-    return torch.from_numpy(np.array(a, copy=True, order="C"))
 
 
 def rand(dtype: str, shape, gen: torch.Generator, kind: str = "any") -> torch.Tensor:

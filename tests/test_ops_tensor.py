@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import zlib
 
-import ml_dtypes
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from segfuse.compiler import BindError, Fusion, GraphError, RunError, run_graph
+from torch_oracle import to_numpy, to_torch
 
 DTYPES = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
 FLOATS = ["float16", "bfloat16", "float32", "float64"]
@@ -26,19 +26,6 @@ FROM_TORCH = {v: k for k, v in TORCH.items()}
 # ---- helpers ------------------------------------------------------------------------------
 def gen_for(*parts) -> torch.Generator:
     return torch.Generator().manual_seed(zlib.crc32(repr(parts).encode()))
-
-
-def to_numpy(t: torch.Tensor) -> np.ndarray:
-    if t.dtype is torch.bfloat16:
-        return t.float().numpy().astype(ml_dtypes.bfloat16)
-    return t.numpy().copy()
-
-
-def to_torch(a: np.ndarray) -> torch.Tensor:
-    a = np.asarray(a)
-    if a.dtype == ml_dtypes.bfloat16:
-        return torch.from_numpy(a.astype(np.float32)).to(torch.bfloat16)
-    return torch.from_numpy(np.array(a, copy=True, order="C"))
 
 
 def rand(dtype: str, shape, gen: torch.Generator, lo: int = -9, hi: int = 9) -> torch.Tensor:
