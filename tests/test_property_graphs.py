@@ -308,6 +308,14 @@ TORCH["prod"] = _prod
 # Where segfuse refuses on purpose what PyTorch accepts: (op, words of segfuse's message).
 DELIBERATE = [("squeeze", "symbolic dim")]  # a result rank that would depend on the sizes bound at run time
 
+def _symbolic_broadcast(msg: str) -> bool:
+    """segfuse's documented rule: two sizes that certainly differ do not broadcast, even when one
+    is an expression of a symbol (like `D1 - 2`) that happens to be 1 for the sizes bound here."""
+    import re
+
+    return "cannot be broadcast" in msg and re.search(r"\(size [^)]*D\d", msg) is not None
+
+
 # Ops whose float results may differ from PyTorch's in the last bits.
 INEXACT = {"sqrt", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "rsqrt", "sin", "cos", "tan", "tanh",
            "sigmoid", "silu", "gelu", "erf", "pow", "atan2", "sum", "prod", "mean", "cumsum", "cumprod"}
@@ -416,7 +424,7 @@ class Gen:
             seg_err = e
         if seg_err is not None:
             self.ops.pop()
-            if any(op == o and w in str(seg_err) for o, w in DELIBERATE):
+            if any(op == o and w in str(seg_err) for o, w in DELIBERATE) or _symbolic_broadcast(str(seg_err)):
                 return None
             assert torch_err is not None, (
                 f"segfuse rejects {json.dumps(entry)} on {self.types(inputs)} but PyTorch computes it: {seg_err}")
