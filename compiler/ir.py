@@ -370,7 +370,7 @@ class _Validator:
         except OpError as e:
             self.err(loc + e.where, e.msg)
             return None
-        for k, (name, t) in enumerate(zip(outs, types)):
+        for name, t in zip(outs, types):
             if t.rank > self.limits.max_rank:
                 self.err(loc, f"result '{name}' has rank {t.rank}, over the limit of {self.limits.max_rank}")
                 return None

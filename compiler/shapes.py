@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import ast
 import math
-from functools import lru_cache
+from functools import cache
 
 import sympy
 
 Dim = "int | sympy.Expr"
 
 
-@lru_cache(maxsize=None)
+@cache
 def symbol(name: str) -> sympy.Symbol:
     return sympy.Symbol(name, integer=True, nonnegative=True)
 

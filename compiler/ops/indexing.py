@@ -17,8 +17,19 @@ from ..dtypes import DType, from_numpy
 from ..errors import OpError
 from ..shapes import dims_equal, fmt_shape
 from .pointwise import opmath
-from .registry import (Attrs, OpDef, OpKind, Scalar, TensorType, broadcast_shapes, check_scalar, norm_dim, register,
-                       scalar_array, tensor)
+from .registry import (
+    Attrs,
+    OpDef,
+    OpKind,
+    Scalar,
+    TensorType,
+    broadcast_shapes,
+    check_scalar,
+    norm_dim,
+    register,
+    scalar_array,
+    tensor,
+)
 
 
 def _index_tensor(operands, i, name="index") -> TensorType:

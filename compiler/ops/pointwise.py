@@ -15,8 +15,7 @@ import numpy as np
 
 from ..dtypes import DEFAULT_FLOAT, DType, result_type
 from ..errors import OpError
-from .registry import (Attrs, NoAttrs, OpDef, OpKind, Scalar, TensorType, broadcast_shapes,
-                       register)
+from .registry import Attrs, NoAttrs, OpDef, OpKind, Scalar, TensorType, broadcast_shapes, register
 
 _erf = np.frompyfunc(math.erf, 1, 1)
 
