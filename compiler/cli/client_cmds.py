@@ -383,8 +383,29 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def bench_speedups(summary: dict) -> tuple[list[str], dict[str, list[float]], list[float]]:
+    """(labels, {segfuse path: speedups}, targets) from bench_gpu.json's summary ratios."""
+    nan = float("nan")
+    labels, engine, runner, targets = ["chain 2^28 f32 (vs torch.compile)"], [summary["chain_vs_compile"]], [nan], [0.95]
+    for bins, target in (("256", 40.0), ("16777216", 1.0)):
+        if f"scatter_{bins}_vs_eager" in summary:
+            labels.append(f"scatter-add {bins} bins")
+            engine.append(summary[f"scatter_{bins}_vs_eager"])
+            runner.append(nan)
+            targets.append(target)
+    for k, v in summary.items():
+        if k.startswith("moe_") and k.endswith("int64"):
+            name, t = k[4:].rsplit("_T", 1)
+            labels.append(f"{name} T={t.split('_')[0]}")
+            engine.append(v)
+            runner.append(summary.get(k + "_runner", nan))
+            targets.append(1.0 if t.startswith("65536") else 3.0)
+    return labels, {"Engine.run": engine, "runner (serving fast path)": runner}, targets
+
+
 def plot_bench(results: dict, path: Path) -> Path | None:
-    """Bars of microseconds per benchmark and implementation (log scale), from bench_gpu.json."""
+    """A PNG of bench_gpu.json: speedups over torch eager against the targets (log scale) when the
+    run has its summary ratios, else microseconds per benchmark and implementation."""
     try:
         import matplotlib
 
@@ -392,37 +413,37 @@ def plot_bench(results: dict, path: Path) -> Path | None:
         import matplotlib.pyplot as plt
     except ImportError:
         return None
-    rows = [r for r in results.get("rows", []) if isinstance(r.get("us"), (int, float)) and r["us"] == r["us"]]
-    benches = list(dict.fromkeys(r["bench"] for r in rows))
-    impls = list(dict.fromkeys(r["impl"] for r in rows))
-    if not rows:
-        return None
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(benches)), 4.5), dpi=110)
-    width = 0.8 / len(impls)
-    for k, impl in enumerate(impls):
-        xs, ys = [], []
-        for i, b in enumerate(benches):
-            us = [r["us"] for r in rows if r["bench"] == b and r["impl"] == impl]
-            if us:
-                xs.append(i + (k - (len(impls) - 1) / 2) * width)
-                ys.append(us[0])
-        ax.bar(xs, ys, width, label=impl)
-    ax.set_xticks(range(len(benches)), [textwrap_label(b) for b in benches], fontsize=7)
+    summary = results.get("summary", {})
+    if "chain_vs_compile" in summary:
+        labels, series, targets = bench_speedups(summary)
+        ylabel = "speedup over torch eager (x)"
+    else:
+        rows = [r for r in results.get("rows", []) if isinstance(r.get("us"), (int, float)) and r["us"] == r["us"]]
+        if not rows:
+            return None
+        labels = list(dict.fromkeys(r["bench"] for r in rows))
+        series = {impl: [next((r["us"] for r in rows if r["bench"] == b and r["impl"] == impl), float("nan"))
+                         for b in labels] for impl in dict.fromkeys(r["impl"] for r in rows)}
+        targets = None
+        ylabel = "microseconds per call (lower is better)"
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.75 * len(labels)), 5), dpi=110)
+    width = 0.8 / len(series)
+    for k, (name, vals) in enumerate(series.items()):
+        ax.bar([i + (k - (len(series) - 1) / 2) * width for i in range(len(labels))], vals, width, label=name)
+    if targets:
+        ax.scatter(range(len(labels)), targets, marker="_", s=400, color="black", label="target", zorder=3)
+        ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xticks(range(len(labels)), labels, fontsize=8, rotation=40, ha="right")
     ax.set_yscale("log")
-    ax.set_ylabel("microseconds per call (lower is better)")
+    ax.set_ylabel(ylabel)
     meta = results.get("meta", {})
-    ax.set_title(f"segfuse bench: {meta.get('gpu', '')} {meta.get('date', '')}".strip(), fontsize=10)
+    ax.set_title(f"segfuse bench: {meta.get('gpu', '')} {meta.get('date', '')} (torch {meta.get('torch', '?')})"
+                 .strip(), fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
     return path
-
-
-def textwrap_label(text: str, width: int = 18) -> str:
-    import textwrap
-
-    return "\n".join(textwrap.wrap(text, width)[:4])
 
 
 def _run_with_progress(cmd: list[str]) -> int:
