@@ -306,7 +306,12 @@ def _prod(args, attrs):
 TORCH["prod"] = _prod
 
 # Where segfuse refuses on purpose what PyTorch accepts: (op, words of segfuse's message).
-DELIBERATE = [("squeeze", "symbolic dim")]  # a result rank that would depend on the sizes bound at run time
+DELIBERATE = [
+    ("squeeze", "symbolic dim"),  # a result rank that would depend on the sizes bound at run time
+    # torch.full refuses 70000 as float16, torch.full_like(half_tensor, 70000) makes inf: segfuse
+    # checks both like torch.full
+    ("full_like", "float16 without overflow"), ("full_like", "bfloat16 without overflow"),
+]
 
 def _symbolic_broadcast(msg: str) -> bool:
     """segfuse's documented rule: two sizes that certainly differ do not broadcast, even when one
