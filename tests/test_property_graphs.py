@@ -216,6 +216,21 @@ def _scatter(args, attrs):
                                 include_self=attrs.get("include_self", True))
 
 
+def _in_float32(fn):
+    """Accumulating float16/bfloat16 ops computed in float32 and rounded once, as segfuse documents
+    (opmath); PyTorch's CPU index_add/scatter_add round after every addition of a duplicate."""
+
+    def f(args, attrs):
+        x = args[0]
+        if x.dtype not in (torch.float16, torch.bfloat16) or (fn is not _index_add and (
+                attrs.get("reduce", "none") in ("none", "amax", "amin") and not attrs.get("accumulate"))):
+            return fn(args, attrs)
+        up = [a.float() if isinstance(a, torch.Tensor) and a.dtype == x.dtype else a for a in args]
+        return fn(up, attrs).to(x.dtype)
+
+    return f
+
+
 def _index_add(args, attrs):
     return torch.index_add(args[0], attrs["dim"], args[1].long(), args[2], alpha=attrs.get("alpha", 1))
 
@@ -278,7 +293,7 @@ TORCH = {
         a["length"], dtype=TORCH_DTYPE[a.get("dtype", "int64")]),
     # indexing
     "gather": _gather, "take_along_axis": _take_along_axis, "index_select": _index_select,
-    "scatter": _scatter, "index_add": _index_add, "index_put": _index_put,
+    "scatter": _in_float32(_scatter), "index_add": _in_float32(_index_add), "index_put": _in_float32(_index_put),
 }
 
 
