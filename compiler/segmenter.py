@@ -71,7 +71,7 @@ class _Segmenter:
             f"{k}={v}" for k, v in sorted(bound.env.items()))
         self.library = {}
         for pos, node in enumerate(fusion.nodes):
-            ok, why = can_generate(node, self.types, GRID, cap)
+            ok, why = can_generate(node, self.types, GRID, cap, self.checks)
             if not ok:
                 self.library[pos] = f"{why} ({cap.library_routine(node.op.name)})"
 
@@ -140,7 +140,7 @@ class _Segmenter:
         """(fits, smem bytes, why not) for running `steps` in one thread block."""
         for s in steps:
             if s.node is not None:
-                ok, why = can_generate(s.node, g.types, SINGLE_BLOCK, self.cap)
+                ok, why = can_generate(s.node, g.types, SINGLE_BLOCK, self.cap, self.checks)
                 if not ok:
                     return False, 0, why
         tensors = sorted({t for s in steps for t in s.outputs + [x for _, x in s.tensor_operands()]})
@@ -315,7 +315,7 @@ class _Segmenter:
 
         for seg in segs:
             candidate = [s for r in run for s in r.steps] + seg.steps
-            if any(s.library and not can_generate(s.node, g.types, SINGLE_BLOCK, self.cap)[0] for s in seg.steps):
+            if any(s.library and not can_generate(s.node, g.types, SINGLE_BLOCK, self.cap, self.checks)[0] for s in seg.steps):
                 close()
                 out.append(seg)
                 continue

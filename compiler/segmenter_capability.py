@@ -46,6 +46,10 @@ class Capability:
     # scratch, L2-resident at these sizes, and sorts long integer rows with a block radix sort)
     single_block_max_elems: int = 32768
     smem_budget_bytes: int = 1024 * 1024
+    # A sort row is sorted in shared memory as (key, index) pairs padded to a power of two
+    # (compiler/codegen: bitonic sort, SMEM_BUDGET = 200 KiB per block); a longer row is a
+    # library sort, so the plan says what actually runs.
+    sort_smem_bytes: int = 200 * 1024
     single_block_threads: int = 1024
     grid_threads: int = 256
     # Whether a private copy of a scatter's self may ride along as an extra store in another
@@ -76,8 +80,21 @@ def scatter_reduce_of(node) -> str:
     return "add"  # index_add
 
 
-def can_generate(node, types: dict, mode: str, cap: Capability = DEFAULT_CAPABILITY) -> tuple[bool, str]:
-    """(True, "") when codegen emits `node` in `mode`; else (False, why) and it runs as a library call."""
+def max_sort_row(dtype: DType, cap: Capability) -> int:
+    """The longest row whose (key, index) pairs, padded to a power of two, fit `sort_smem_bytes`."""
+    pair = (8 if dtype.itemsize == 8 else 4) + 4
+    p = 1
+    while 2 * p * pair <= cap.sort_smem_bytes:
+        p *= 2
+    return p
+
+
+def can_generate(node, types: dict, mode: str, cap: Capability = DEFAULT_CAPABILITY,
+                 checks=None) -> tuple[bool, str]:
+    """(True, "") when codegen emits `node` in `mode`; else (False, why) and it runs as a library call.
+
+    Size-dependent answers go through `checks` (the plan's recorded size tests), so a plan is
+    reused only at sizes where the answer is the same."""
     kinds = cap.grid_kinds if mode == GRID else cap.single_block_kinds
     if node.kind not in kinds:
         where = "a multi-block kernel" if mode == GRID else "one thread block"
@@ -87,4 +104,12 @@ def can_generate(node, types: dict, mode: str, cap: Capability = DEFAULT_CAPABIL
         dt = types[node.outputs[0]].dtype
         if dt not in cap.scatter_atomics.get(reduce, frozenset()):
             return False, f"no atomic for reduce='{reduce}' on {dt}"
+    if node.kind is OpKind.sort:
+        x = types[node.inputs[0]]
+        row = x.shape[node.attrs.dim % x.rank] if x.rank else 1
+        limit = max_sort_row(x.dtype, cap)
+        fits = checks.le(row, limit, f"a sort row of {node.label()} fits shared memory") if checks is not None \
+            else not isinstance(row, int) or row <= limit
+        if not fits:
+            return False, f"a sort row of {row} elements exceeds the {limit} that fit shared memory"
     return True, ""

@@ -437,3 +437,27 @@ def test_explain_takes_whole_input_shapes(capsys):
     assert [s["kind"] for s in plan["segments"]] == ["pointwise", "scatter"]
     assert main(["explain", str(path), "--shape", "Q=3"]) == 2
     assert "not a size symbol or input" in capsys.readouterr().err
+
+
+def test_sort_row_too_long_for_shared_memory_is_a_library_segment_and_a_class_boundary():
+    # The plan must say what runs: a sort row whose (key, index) pairs do not fit the block's
+    # shared memory is CuPy's sort, not a single-block kernel the runtime would have to split.
+    from segfuse.compiler.dtypes import DType
+    from segfuse.compiler.segmenter_capability import max_sort_row
+
+    limit = max_sort_row(DType.int64, DEFAULT_CAPABILITY)
+    f = load_fusion(ROOT / "examples" / "moe_argsort.json")
+    K = f.inputs[0][1].shape[1]
+    cache = PlanCache()
+    small, _ = cache.get(f, f.bind({"topk_ids": (limit // K, K)}))
+    big, hit = cache.get(f, f.bind({"topk_ids": (2 * limit // K, K)}))
+    assert not hit and small.shape_class != big.shape_class
+    assert [s.kind.value for s in small.segments] == ["single_block"]
+    lib = [s for s in big.segments if s.kind.value == "library"]
+    assert len(lib) == 1 and "fit shared memory" in lib[0].reason
+    assert [f.nodes[n].op.name for n in lib[0].nodes] == ["argsort"]
+    ids = np.random.default_rng(3).integers(0, 16, (2 * limit // K, K))
+    want = run_graph(f, {"topk_ids": ids})
+    got = Engine().run(f, {"topk_ids": ids}).outputs
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])
