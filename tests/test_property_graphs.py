@@ -1037,6 +1037,12 @@ REGRESSIONS = {
             {"op": "scatter", "out": "q", "inputs": ["p", "i", "s"], "dim": 0, "reduce": "add"},
             {"op": "neg", "out": "r", "inputs": ["x"]}], ["r", "q"]),
         {"x": np.arange(4, dtype=np.float32), "i": np.array([1, 1]), "s": np.ones(2, np.float32)}),
+    # a zero divisor that meets no dividend (the broadcast is empty) is no division by zero
+    "empty_broadcast_integer_division": (
+        _g([("a", "int64", [0]), ("b", "bool", [1]), ("c", "int32", [0, 1])],
+           [{"op": "floor_divide", "out": "q", "inputs": ["a", "b"]},
+            {"op": "remainder", "out": "r", "inputs": ["c", "b"]}], ["q", "r"]),
+        {"a": np.zeros(0, np.int64), "b": np.array([False]), "c": np.zeros((0, 1), np.int32)}),
     "zero_d_sorts_and_scans": (
         _g([("a", "int32", []), ("b", "bfloat16", [])],
            [{"op": "topk", "out": ["v", "k"], "inputs": ["a"], "k": 1, "dim": 0},

@@ -108,7 +108,8 @@ def _int_div_guard(fn):
     """Integer division by zero raises, as in PyTorch on the CPU (it would be UB on the GPU)."""
 
     def wrapped(a, b):
-        if a.dtype.kind in "iub" and np.any(b == 0):
+        # only divisors that meet a dividend count (an empty broadcast divides nothing, as in PyTorch)
+        if a.dtype.kind in "iub" and np.any(np.broadcast_to(b, np.broadcast_shapes(a.shape, b.shape)) == 0):
             raise OpError("integer division by zero", ("inputs", 1))
         return fn(a, b)
 
