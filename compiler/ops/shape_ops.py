@@ -254,6 +254,10 @@ def _pad_infer(ctx, operands, attrs):
             shape[d] + attrs.pad[2 * k] + attrs.pad[2 * k + 1]
         if isinstance(n, int) and n < 0:
             raise OpError(f"padding makes dim {d} negative ({n})", ("pad", 2 * k))
+        crop = -min(attrs.pad[2 * k], 0) - min(attrs.pad[2 * k + 1], 0)
+        if crop and isinstance(shape[d], int) and crop > shape[d]:  # PyTorch crops first, then pads
+            raise OpError(f"negative padding removes {crop} elements from dim {d} of size {shape[d]}",
+                          ("pad", 2 * k))
         shape[d] = n
     if any(p > 0 for p in attrs.pad):  # torch converts its value (a double) only when it fills
         check_scalar(float(attrs.value), x.dtype, ("value",))
