@@ -1075,6 +1075,7 @@ REJECTED = {
     "clamp_bound_overflow": ({"op": "clamp", "out": "y", "inputs": ["x", -1000, 1000]}, "int8"),
     "where_literal_overflow": ({"op": "where", "out": "y", "inputs": ["c", "x", 1000]}, "int8"),
     "full_like_value_overflow": ({"op": "full_like", "out": "y", "inputs": ["x"], "value": 300}, "int8"),
+    "pad_crops_more_than_the_dim": ({"op": "pad", "out": "y", "inputs": ["x"], "pad": [1, -3]}, "int64"),
 }
 
 
