@@ -22,7 +22,6 @@ import os
 import sys
 
 import numpy as np
-
 from segfuse.compiler import FusionDefinition
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import jsonschema
 import pytest
-
 from segfuse.compiler import Fusion, GraphError
 from segfuse.compiler.dtypes import KSERVE_NAMES, DType
 from segfuse.compiler.ops import REGISTRY

@@ -19,7 +19,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-
 from segfuse.compiler import Engine, Fusion, load_fusion, run_graph
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -30,7 +30,6 @@ import torch
 import torch.nn.functional as F
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
-
 from segfuse.compiler import Engine, Fusion, GraphError, RunError, run_graph
 
 # ---- dtypes -------------------------------------------------------------------------------
