@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+import torch_oracle
 from segfuse.compiler import BindError, Fusion, GraphError, RunError, run_graph
 from torch_oracle import to_numpy, to_torch
 
@@ -44,13 +45,7 @@ def tol(dtype: torch.dtype) -> dict:
 
 
 def check_same(actual: np.ndarray, expected: torch.Tensor, what: str = "") -> None:
-    act = to_torch(actual)
-    assert act.dtype == expected.dtype, f"{what}: dtype {act.dtype} != torch's {expected.dtype}"
-    assert tuple(act.shape) == tuple(expected.shape), f"{what}: shape {tuple(act.shape)} != {tuple(expected.shape)}"
-    if expected.dtype.is_floating_point:
-        torch.testing.assert_close(act, expected, equal_nan=True, **tol(expected.dtype), msg=lambda m: f"{what}: {m}")
-    else:
-        assert torch.equal(act, expected), f"{what}: values differ\n{act}\n{expected}"
+    torch_oracle.check_same(actual, expected, what, tol(expected.dtype))
 
 
 def graph(op, inputs, operands, n_out=1, **attrs) -> dict:
