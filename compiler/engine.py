@@ -43,11 +43,15 @@ SHARED_PLANS = PlanCache()
 # registers itself here (register_backend) instead of editing Engine.
 BACKENDS: dict[str, Callable] = {"numpy": _run_numpy}
 DEVICES: dict[str, str] = {"numpy": "cpu"}
+# Backend name -> warmup(fusion, shapes): compiles a graph's kernels without running it.
+WARMUPS: dict[str, Callable] = {}
 
 
-def register_backend(name: str, runner: Callable, device: str = "cuda") -> None:
+def register_backend(name: str, runner: Callable, device: str = "cuda", warmup: Callable | None = None) -> None:
     BACKENDS[name] = runner
     DEVICES[name] = device
+    if warmup is not None:
+        WARMUPS[name] = warmup
 
 
 class Engine:
@@ -75,6 +79,18 @@ class Engine:
     @property
     def device(self) -> str:
         return DEVICES.get(self.backend, "cpu")
+
+    @property
+    def compiles(self) -> bool:
+        """Whether this backend compiles kernels (and so whether warmup does more than plan)."""
+        return self.backend in WARMUPS
+
+    def warmup(self, fusion: Fusion, shapes: dict[str, tuple]) -> Plan:
+        """Plan for these input shapes and compile every kernel of the plan, without running it."""
+        plan = self.plan(fusion, shapes)
+        if self.backend in WARMUPS:
+            WARMUPS[self.backend](fusion, shapes)
+        return plan
 
     def plan(self, fusion: Fusion, shapes: dict[str, tuple]) -> Plan:
         """The plan for inputs of these shapes (through the per-shape-class cache)."""

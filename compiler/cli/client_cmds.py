@@ -288,10 +288,9 @@ def cmd_warmup(args) -> int:
         raise UserError(f"--shape names {', '.join(unknown)}, which no graph has "
                         f"(symbols: {', '.join(sorted(known)) or 'none'})")
     engine = _engine(args.backend)
-    # The GPU engine compiles on warmup; engines without it can still plan (the NumPy backend
-    # has nothing to compile); an engine with neither only validates.
-    step = getattr(engine, "warmup", None) or getattr(engine, "plan", None)
-    verb = "compile" if hasattr(engine, "warmup") else ("plan" if step else "validate")
+    # Backends that compile (CuPy) compile every kernel of the plan; the NumPy backend only plans.
+    step = engine.warmup
+    verb = "compile" if engine.compiles else "plan"
     done = []
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   transient=not sys.stderr.isatty(), console=_stderr_console()) as bar:
@@ -306,17 +305,12 @@ def cmd_warmup(args) -> int:
                 t0 = time.perf_counter()
                 shapes = input_shapes(f, env)
                 f.bind(shapes)  # BindError (exit 2) for sizes the graph cannot take
-                result = step(f, shapes) if step else None
+                result = step(f, shapes)
                 done.append((f.name, label, _summary(result), (time.perf_counter() - t0) * 1e3))
                 bar.advance(task)
     for name, label, summary, ms in done:
         print(f"{name} {label}: {summary} ({ms:.1f} ms)".replace("  ", " "))
-    if verb == "compile":
-        why = ""
-    elif engine.backend == "numpy":
-        why = f" ({verb} only: the NumPy backend has no kernels to compile)"
-    else:
-        why = f" ({verb} only: this engine has no Engine.warmup, so kernels compile on their first run)"
+    why = "" if engine.compiles else f" (plan only: the {engine.backend} backend has no kernels to compile)"
     print(f"warmed up {len(done)} graph/size pair(s) on the {engine.backend} backend{why}")
     return 0
 

@@ -613,7 +613,8 @@ def register() -> None:
     """Make Engine("cupy") available (called lazily by Engine)."""
     from ..engine import register_backend
 
-    register_backend("cupy", _engine_runner, device="cuda")
+    register_backend("cupy", _engine_runner, device="cuda",
+                     warmup=lambda fusion, shapes: get_runtime().warmup(fusion, shapes))
 
 
 def get_runtime() -> CupyRuntime:

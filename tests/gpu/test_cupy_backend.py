@@ -258,3 +258,20 @@ def test_strided_and_broadcast_inputs():
     got2 = fast({"a": a, "b": b, "i": i})
     for k in want:
         assert_close(cp.asnumpy(got2[k]), want[k], f"runner {k}")
+
+
+def test_engine_warmup_compiles_every_kernel_before_the_first_run():
+    # A size no other test uses, so its kernels (sizes are compiled into the source) are new.
+    graph, make_inputs = moe_graphs()[0]  # moe_problem_sizes: topk_ids [T, 8] -> counts [256]
+    f = Fusion.from_json(graph)
+    eng = Engine("cupy")
+    assert eng.compiles
+    ins = make_inputs(77)(np.random.default_rng(0))
+    shapes = {n: a.shape for n, a in ins.items()}
+    stats = get_runtime().cache.stats
+    before = stats.misses
+    plan = eng.warmup(f, shapes)
+    assert plan.segments and stats.misses > before
+    compiled = stats.misses
+    eng.run(f, ins)
+    assert stats.misses == compiled  # the run found every kernel compiled
