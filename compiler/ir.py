@@ -93,6 +93,10 @@ class Fusion:
     def to_json(self) -> dict:
         return canonical_dict(self.spec)
 
+    def input_shapes(self, env: dict[str, int]) -> dict[str, tuple]:
+        """Each input's concrete shape once its size symbols take the values in `env` (KeyError if one is missing)."""
+        return {name: tuple(d if isinstance(d, int) else env[str(d)] for d in t.shape) for name, t in self.inputs}
+
     # ---- construction ------------------------------------------------------------------
     @classmethod
     def from_json(cls, data: Any, limits: Limits = DEFAULT_LIMITS) -> Fusion:

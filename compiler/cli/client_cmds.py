@@ -244,26 +244,15 @@ def parse_symbols(text: str) -> dict[str, int]:
     return out
 
 
-def input_shapes(fusion, env: dict[str, int]) -> dict[str, tuple[int, ...]]:
-    """Each graph input's concrete shape once its symbolic sizes take the values in `env`."""
-    return {name: tuple(d if isinstance(d, int) else env[str(d)] for d in t.shape) for name, t in fusion.inputs}
-
-
 def _engine(backend: str):
-    """The engine `segfuse serve --backend` would use: auto is CuPy when it works, else NumPy."""
-    from ..engine import Engine
+    """The engine `segfuse serve --backend` would use (the server's own resolution of 'auto')."""
+    from segfuse.server.backend import BackendUnavailable, resolve
+
     from . import UserError
 
-    if backend == "auto":
-        if gpu_visible():
-            try:
-                return Engine.default("cupy")
-            except ValueError:  # this build's Engine has no CuPy backend
-                pass
-        backend = "numpy"
     try:
-        return Engine.default(backend)
-    except ValueError as e:
+        return resolve(backend, 0, None)[0]
+    except BackendUnavailable as e:
         raise UserError(str(e)) from None
 
 
@@ -303,7 +292,7 @@ def cmd_warmup(args) -> int:
                 label = ",".join(f"{k}={v}" for k, v in env.items())
                 bar.update(task, description=f"{verb} {f.name} {label}".rstrip())
                 t0 = time.perf_counter()
-                shapes = input_shapes(f, env)
+                shapes = f.input_shapes(env)
                 f.bind(shapes)  # BindError (exit 2) for sizes the graph cannot take
                 result = step(f, shapes)
                 done.append((f.name, label, _summary(result), (time.perf_counter() - t0) * 1e3))

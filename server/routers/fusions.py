@@ -111,10 +111,6 @@ def parse_symbols(text: str | None, fusion: Fusion) -> dict[str, int]:
     return env
 
 
-def input_shapes(fusion: Fusion, env: dict[str, int]) -> dict[str, tuple]:
-    return {name: tuple(d if isinstance(d, int) else env[str(d)] for d in t.shape) for name, t in fusion.inputs}
-
-
 NO_KERNEL = {"view", "copy", "library"}
 
 
@@ -155,7 +151,7 @@ async def get_plan(rt: ReadyRuntime, key: str,
                    ) -> PlanResponse:
     fusion = rt.fusions.resolve(key)
     env = parse_symbols(shape, fusion)
-    shapes = input_shapes(fusion, env)
+    shapes = fusion.input_shapes(env)
     fusion.bind(shapes)  # BindError (422) for sizes the graph cannot take
     engine = rt.engine
     if not hasattr(engine, "plan"):
