@@ -146,6 +146,9 @@ def resolve(backend: str, device: int, cache_dir: str | None):
             engine = make_engine("cupy")
         except ValueError as e:  # the Engine has no CuPy backend yet
             raise BackendUnavailable(str(e)) from None
+        from segfuse.compiler.cuda.runtime import get_runtime
+
+        get_runtime()  # now, not in the first request: it starts NVRTC's one-time warm-up
         return engine, arrays
     if backend == "numpy":
         return make_engine("numpy"), ArrayBackend(device)

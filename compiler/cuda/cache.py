@@ -54,6 +54,30 @@ class KernelCache:
         self._locks: dict[str, threading.Lock] = {}
         self._glock = threading.Lock()
         self.stats = CacheStats()
+        self.compiler_ready = threading.Event()
+        self.first_compile_s: float | None = None
+
+    def warm_compiler(self) -> threading.Thread | None:
+        """Load NVRTC and compile a trivial kernel in the background. The first compile in a
+        process pays NVRTC's one-time start (0.1-0.5 s); a server does that at start-up instead
+        of in its first request. `compiler_ready` is set when done (`first_compile_s` says how
+        long it took)."""
+        if not nvrtc.available():
+            self.compiler_ready.set()
+            return None
+
+        def work():
+            t0 = time.perf_counter()
+            try:
+                nvrtc.compile_cubin('extern "C" __global__ void sf_warm(int* p) { *p = 0; }', self.options())
+            except Exception:  # a broken compiler shows up in the first real compile, with its log
+                pass
+            self.first_compile_s = time.perf_counter() - t0
+            self.compiler_ready.set()
+
+        t = threading.Thread(target=work, name="segfuse-nvrtc-warmup", daemon=True)
+        t.start()
+        return t
 
     def options(self) -> list[str]:
         return nvrtc.default_options(self.arch)
