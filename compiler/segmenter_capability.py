@@ -50,6 +50,14 @@ class Capability:
     # (compiler/codegen: bitonic sort, SMEM_BUDGET = 200 KiB per block); a longer row is a
     # library sort, so the plan says what actually runs.
     sort_smem_bytes: int = 200 * 1024
+    # In one thread block, a rank-1 row of integer keys (bool included) is sorted by the block
+    # radix sort (compiler/codegen/radix.py: keys in L2-resident scratch, no shared-memory limit)
+    # up to this many keys: one launch, but one SM. H200, kernel only: MoE argsort fusion at 32768
+    # keys 109 us (its split into 5 launches with a multi-block library sort: 24 us); a plain
+    # argsort of 32768 8-bit keys 63 us, of full-range int64 keys 669 us (8 passes). So longer rows
+    # are library sorts (compiler/cuda/radix_sort.py, all SMs); one block keeps rows up to 16384
+    # (MoE argsort fusion, kernel only: 1024 keys 5.9 us, 4096 keys 11.3 us, 16384 keys 56 us).
+    radix_sort_max_row: int = 16384
     single_block_threads: int = 1024
     grid_threads: int = 256
     # Whether a private copy of a scatter's self may ride along as an extra store in another
@@ -80,13 +88,21 @@ def scatter_reduce_of(node) -> str:
     return "add"  # index_add
 
 
-def max_sort_row(dtype: DType, cap: Capability) -> int:
-    """The longest row whose (key, index) pairs, padded to a power of two, fit `sort_smem_bytes`."""
+def max_sort_row(dtype: DType, cap: Capability, mode: str = GRID, rank: int = 2) -> int:
+    """The longest sort row codegen emits: in one block, `radix_sort_max_row` for a rank-1 row of
+    integer keys (radix sort); otherwise the longest row whose (key, index) pairs, padded to a power
+    of two, fit `sort_smem_bytes` (bitonic sort in shared memory)."""
     pair = (8 if dtype.itemsize == 8 else 4) + 4
     p = 1
     while 2 * p * pair <= cap.sort_smem_bytes:
         p *= 2
+    if mode == SINGLE_BLOCK and rank == 1 and not dtype.is_float:
+        return max(p, cap.radix_sort_max_row)
     return p
+
+
+def _radix(dtype: DType, mode: str, rank: int) -> bool:
+    return mode == SINGLE_BLOCK and rank == 1 and not dtype.is_float
 
 
 def can_generate(node, types: dict, mode: str, cap: Capability = DEFAULT_CAPABILITY,
@@ -107,9 +123,10 @@ def can_generate(node, types: dict, mode: str, cap: Capability = DEFAULT_CAPABIL
     if node.kind is OpKind.sort:
         x = types[node.inputs[0]]
         row = x.shape[node.attrs.dim % x.rank] if x.rank else 1
-        limit = max_sort_row(x.dtype, cap)
-        fits = checks.le(row, limit, f"a sort row of {node.label()} fits shared memory") if checks is not None \
+        limit = max_sort_row(x.dtype, cap, mode, x.rank)
+        where = "one block's radix sort" if _radix(x.dtype, mode, x.rank) else "shared memory"
+        fits = checks.le(row, limit, f"a sort row of {node.label()} fits {where}") if checks is not None \
             else not isinstance(row, int) or row <= limit
         if not fits:
-            return False, f"a sort row of {row} elements exceeds the {limit} that fit shared memory"
+            return False, f"a sort row of {row} elements exceeds the {limit} that fit {where}"
     return True, ""

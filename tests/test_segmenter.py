@@ -4,6 +4,7 @@ plan cache, determinism, and `segfuse explain` on every example graph."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -441,23 +442,39 @@ def test_explain_takes_whole_input_shapes(capsys):
 
 def test_sort_row_too_long_for_shared_memory_is_a_library_segment_and_a_class_boundary():
     # The plan must say what runs: a sort row whose (key, index) pairs do not fit the block's
-    # shared memory is CuPy's sort, not a single-block kernel the runtime would have to split.
+    # shared memory is CuPy's sort, not a single-block kernel the runtime would have to split;
+    # in one block, a rank-1 row of integer keys is sorted by the block radix sort instead.
     from segfuse.compiler.dtypes import DType
-    from segfuse.compiler.segmenter_capability import max_sort_row
+    from segfuse.compiler.segmenter_capability import SINGLE_BLOCK, max_sort_row
 
     limit = max_sort_row(DType.int64, DEFAULT_CAPABILITY)
+    radix = DEFAULT_CAPABILITY.radix_sort_max_row
+    assert max_sort_row(DType.int64, DEFAULT_CAPABILITY, SINGLE_BLOCK, 1) == max(limit, radix)
+    assert max_sort_row(DType.float32, DEFAULT_CAPABILITY, SINGLE_BLOCK, 1) == max_sort_row(DType.float32, CAP)
+    # a Capability with a longer radix limit keeps longer integer rows in one block
+    longer = dataclasses.replace(DEFAULT_CAPABILITY, radix_sort_max_row=4 * limit)
+    assert max_sort_row(DType.int64, longer, SINGLE_BLOCK, 1) == 4 * limit
     f = load_fusion(ROOT / "examples" / "moe_argsort.json")
     K = f.inputs[0][1].shape[1]
+    spec = json.loads((ROOT / "examples" / "moe_argsort.json").read_text())
+    spec["inputs"][0]["dtype"] = "float32"
+    from segfuse.compiler.ir import Fusion
+
+    ff = Fusion.from_json(spec)
     cache = PlanCache()
-    small, _ = cache.get(f, f.bind({"topk_ids": (limit // K, K)}))
-    big, hit = cache.get(f, f.bind({"topk_ids": (2 * limit // K, K)}))
-    assert not hit and small.shape_class != big.shape_class
-    assert [s.kind.value for s in small.segments] == ["single_block"]
-    lib = [s for s in big.segments if s.kind.value == "library"]
-    assert len(lib) == 1 and "fit shared memory" in lib[0].reason
-    assert [f.nodes[n].op.name for n in lib[0].nodes] == ["argsort"]
-    ids = np.random.default_rng(3).integers(0, 16, (2 * limit // K, K))
-    want = run_graph(f, {"topk_ids": ids})
-    got = Engine().run(f, {"topk_ids": ids}).outputs
-    for k in want:
-        np.testing.assert_array_equal(got[k], want[k])
+    for fus, dt, lib_expected in ((f, np.int64, 2 * limit > radix), (ff, np.float32, True)):
+        small, _ = cache.get(fus, fus.bind({"topk_ids": (limit // K, K)}))
+        big, hit = cache.get(fus, fus.bind({"topk_ids": (2 * limit // K, K)}))
+        assert not hit and small.shape_class != big.shape_class
+        assert [s.kind.value for s in small.segments] == ["single_block"]
+        lib = [s for s in big.segments if s.kind.value == "library"]
+        if lib_expected:
+            assert len(lib) == 1 and "fit shared memory" in lib[0].reason
+            assert [fus.nodes[n].op.name for n in lib[0].nodes] == ["argsort"]
+        else:
+            assert [s.kind.value for s in big.segments] == ["single_block"]
+        ids = np.random.default_rng(3).integers(0, 16, (2 * limit // K, K)).astype(dt)
+        want = run_graph(fus, {"topk_ids": ids})
+        got = Engine().run(fus, {"topk_ids": ids}).outputs
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k])

@@ -146,6 +146,39 @@ def scan_sort_cases():
     return out
 
 
+def radix_cases():
+    """Rank-1 integer rows too long for the shared-memory bitonic sort: in one block they take the
+    block radix sort (codegen/radix.py). Full-range keys (negative, both extremes) with duplicates."""
+    out = []
+    for dt, n in ((DType.int8, 20000), (DType.uint8, 24577), (DType.int16, 30000), (DType.int32, 32768),
+                  (DType.int64, 40000), (DType.bool, 21000)):
+        ins = [{"name": "x", "dtype": dt.value, "shape": [n]}]
+        cands = [{"op": "argsort", "out": "as", "inputs": ["x"], "dim": 0, "stable": True},
+                 {"op": "argsort", "out": "asd", "inputs": ["x"], "dim": 0, "descending": True, "stable": True},
+                 {"op": "sort", "out": ["sv", "si"], "inputs": ["x"], "dim": 0, "stable": True},
+                 {"op": "sort", "out": ["dv", "di"], "inputs": ["x"], "dim": 0, "descending": True, "stable": True},
+                 {"op": "topk", "out": ["tv", "ti"], "inputs": ["x"], "k": 100, "dim": 0},
+                 {"op": "topk", "out": ["bv", "bi"], "inputs": ["x"], "k": 37, "dim": 0, "largest": False}]
+        outs = [o for op in cands for o in ([op["out"]] if isinstance(op["out"], str) else op["out"])]
+        g = _graph(f"radix_{dt.value}", ins, cands, outs)
+        try:  # (not _valid_ops: its probe names a multi-output op's outputs as one list)
+            Fusion.from_json(g)
+        except GraphError:
+            continue
+
+        def make(rng, dt=dt, n=n):
+            if dt is DType.bool:
+                return {"x": rng.random(n) < 0.5}
+            info = np.iinfo(dt.np)
+            a = rng.integers(info.min, info.max, size=n, dtype=dt.np, endpoint=True)
+            a[rng.random(n) < 0.3] = a[1]  # many duplicates
+            a[:40], a[40:80] = info.min, info.max
+            return {"x": a}
+
+        out.append((g["name"], g, make))
+    return out
+
+
 def gather_cases():
     out = []
     for it in (DType.int64, DType.int32):
@@ -254,8 +287,8 @@ def moe_graphs(E=256, K=8, idt="int64"):
 
 
 def all_cases():
-    cases = pointwise_cases() + movement_cases() + reduction_cases() + scan_sort_cases() + gather_cases() + \
-        scatter_cases()
+    cases = pointwise_cases() + movement_cases() + reduction_cases() + scan_sort_cases() + radix_cases() + \
+        gather_cases() + scatter_cases()
     for idt in ("int64", "int32"):
         for g, mk in moe_graphs(idt=idt):
             for T in (1, 128):
@@ -286,3 +319,15 @@ def modules_for(fusion, inputs: dict, mode: str = "auto", sm_count: int = 132):
         except Unsupported as e:
             out.append(e)
     return out
+
+
+def scatter_graph(dt="float32", idt="int64", reduce="add", include_self=True, alias=False, rank=1) -> dict:
+    """o = scatter(dst, i, v) along the last dim (rank 1 or 2), optionally in place (alias_of dst)."""
+    shp_t, shp_i = (["M"], ["N"]) if rank == 1 else (["R", "M"], ["R", "N"])
+    op = {"op": "scatter", "out": "o", "inputs": ["dst", "i", "v"], "dim": rank - 1, "reduce": reduce}
+    if not include_self:
+        op["include_self"] = False
+    return {"format": "segfuse.fusion/1", "name": "sc",
+            "inputs": [{"name": "dst", "dtype": dt, "shape": shp_t}, {"name": "i", "dtype": idt, "shape": shp_i},
+                       {"name": "v", "dtype": dt, "shape": shp_i}],
+            "ops": [op], "outputs": [{"name": "o", "alias_of": "dst"}] if alias else ["o"]}

@@ -25,6 +25,8 @@ from ..dtypes import DType
 from ..ops.pointwise import opmath
 from ..ops.registry import OpKind, Scalar, TensorType
 from . import ctypes_ as ct
+from . import radix
+from . import scatter as _sc
 from .lazy import LAZY_KINDS, Unsupported, coords, delinearize, linearize, render_lazy
 from .prelude import PRELUDE
 
@@ -33,14 +35,13 @@ SMEM_BUDGET = 200 * 1024  # dynamic shared memory we allow ourselves per block (
 PRIV_SMEM = 48 * 1024  # privatized scatter histogram limit
 # Streaming kernels: enough blocks that each thread handles a few vectors (more bytes in flight
 # than a grid of 8 blocks per SM looping hundreds of times); tunable from the benchmark.
-VEC_BLOCKS_PER_SM = 64
+VEC_BLOCKS_PER_SM = 256  # H200: 2^28-element chain 1057-1061 us vs 1072-1076 us at 64 (two runs)
 ATOMIC_BLOCKS_PER_SM = 1 << 20  # global-atomic scatters: one thread per source (latency-bound)
 THREADS = 256
-# Single-block sorts of integer keys longer than this use the block radix sort. Off for now: on the
-# H200 (2026-11-29) the one-block radix sort of 32768 keys took 468 us, slower than splitting the
-# segment and sorting with CuPy (268-338 us for the whole MoE argsort fusion); see
-# benchmarks/README.md. Set to e.g. 2048 to get one launch for such segments.
-RADIX_MIN = 1 << 62
+# Single-block sorts of rank-1 integer rows longer than this use the block radix sort (radix.py);
+# shorter ones the shared-memory bitonic sort. H200, MoE argsort fusion, kernel only: 8 keys
+# bitonic 4.1 us / radix 5.5 us; 128 keys 10.1 / 5.5; 1024 keys 26.9 / 5.9.
+RADIX_MIN = 64
 
 
 @dataclass
@@ -579,73 +580,37 @@ class SegmentCodegen:
                 f"    __syncthreads();\n  }} }}")
 
     def _radix_body(self, nd, smem_off) -> str:
-        """Stable LSD radix sort of one block (integer keys, 4-bit digits, only the bits that the
-        keys' range needs): keys and indices ping-pong through global scratch (L2-resident), digit
-        counts per thread in shared memory. Each thread owns a contiguous chunk, so placing chunks in
-        thread order keeps equal keys in input order: stable, also descending (keys inverted)."""
+        """Stable LSD radix sort of one rank-1 integer row in one block of 1024 threads (see
+        radix.py): 8-bit digits over only the bits of the keys' range, warp-level ranking."""
         x, xt, d, L, P, V, nbytes = self._sort_parts(nd)
         if xt.rank != 1:
             raise Unsupported("radix sort of a multi-row tensor in one block")
-        I = self.I
         name = nd.op.name
         desc = nd.attrs.largest if name == "topk" else nd.attrs.descending
         k = self.types[nd.outputs[0]].shape[0] if name == "topk" else L
         _, names = self._lambdas()
         base = self.scratch_used
-        self.scratch_used = _align(base + 2 * L * 8 + 2 * L * 4)
-        ka, kb = f"((unsigned long long*)(sf_scratch + {base}))", f"((unsigned long long*)(sf_scratch + {base + L * 8}))"
-        ia, ib = f"((int*)(sf_scratch + {base + 2 * L * 8}))", f"((int*)(sf_scratch + {base + 2 * L * 8 + L * 4}))"
+        self.scratch_used = _align(base + radix.scratch_bytes(L))
         signed = xt.dtype.is_signed
         bits = xt.dtype.itemsize * 8
         flip = f"(1ULL << {bits - 1})" if signed else "0ULL"
         mask = "~0ULL" if bits == 64 else f"((1ULL << {bits}) - 1ULL)"
-        key = f"((unsigned long long)(long long)({names[x]}(j)) & {mask}) ^ {flip}"
-        if desc:
-            key = f"(~({key}) & {mask})"
-        idx_out = nd.outputs[-1]
-        val_out = nd.outputs[0] if len(nd.outputs) == 2 else None
-        stores = f"{self._dst(idx_out)}[j] = (long long)ii;"
-        if val_out is not None:
-            stores += f" {self._dst(val_out)}[j] = {ct.cvt(f'{names[x]}(ii)', ct.storage(xt.dtype))};"
-        return f"""  {{ // radix sort of {L} keys
-    unsigned long long* keys = {ka}; unsigned long long* keys2 = {kb}; int* ids = {ia}; int* ids2 = {ib};
-    int* cnt = (int*)(sf_smem + {smem_off});
-    const int nt = blockDim.x, tid = threadIdx.x;
-    const int chunk = ({L} + nt - 1) / nt;
-    const int j0 = min(tid * chunk, {L}), j1 = min(j0 + chunk, {L});
-    unsigned long long lo = ~0ULL, hi = 0ULL;
-    for ({I} j = j0; j < j1; ++j) {{ unsigned long long u = {key}; keys[j] = u; ids[j] = (int)j; lo = u < lo ? u : lo; hi = u > hi ? u : hi; }}
-    lo = sf_block_reduce(lo, [](unsigned long long a, unsigned long long b) {{ return a < b ? a : b; }});
-    hi = sf_block_reduce(hi, [](unsigned long long a, unsigned long long b) {{ return a > b ? a : b; }});
-    const unsigned long long range = hi - lo;
-    const int nbits = range ? 64 - __clzll((long long)range) : 0;
-    for (int shift = 0; shift < nbits; shift += 4) {{
-      int c[16];
-      #pragma unroll
-      for (int q = 0; q < 16; ++q) c[q] = 0;
-      for (int j = j0; j < j1; ++j) c[(int)(((keys[j] - lo) >> shift) & 15ULL)]++;
-      #pragma unroll
-      for (int q = 0; q < 16; ++q) cnt[q * nt + tid] = c[q];
-      __syncthreads();
-      // exclusive scan of cnt in digit-major order: thread t owns entries [16t, 16t + 16)
-      int s = 0;
-      #pragma unroll
-      for (int q = 0; q < 16; ++q) s += cnt[tid * 16 + q];
-      int tot; int incl = sf_block_scan(s, [](int a, int b) {{ return a + b; }}, tot);
-      int run = incl - s;
-      for (int q = 0; q < 16; ++q) {{ int v = cnt[tid * 16 + q]; cnt[tid * 16 + q] = run; run += v; }}
-      __syncthreads();
-      #pragma unroll
-      for (int q = 0; q < 16; ++q) c[q] = cnt[q * nt + tid];
-      for (int j = j0; j < j1; ++j) {{
-        unsigned long long u = keys[j]; int dgt = (int)(((u - lo) >> shift) & 15ULL); int o = c[dgt]++;
-        keys2[o] = u; ids2[o] = ids[j];
-      }}
-      __syncthreads();
-      unsigned long long* tk = keys; keys = keys2; keys2 = tk; int* ti = ids; ids = ids2; ids2 = ti;
-    }}
-    for ({I} j = tid; j < {k}; j += nt) {{ int ii = ids[j]; {stores} }}
-  }}"""
+
+        def key(j):
+            u = f"(((unsigned long long)(long long)({names[x]}({j})) & {mask}) ^ {flip})"
+            return f"(~{u} & {mask})" if desc else u
+
+        def value(u):  # the element whose key is u
+            if desc:
+                u = f"(~({u}) & {mask})"
+            return ct.cvt(f"({V})(long long)(({u}) ^ {flip})", ct.storage(xt.dtype))
+
+        idx_ref = self._dst(nd.outputs[-1])
+        val_ref = self._dst(nd.outputs[0]) if len(nd.outputs) == 2 else None
+        return radix.radix_body(
+            L=L, k=k, key=key, base=base, smem_off=smem_off,
+            store_idx=lambda pos, i: f"{idx_ref}[{pos}] = (long long)({i});",
+            store_val=(lambda pos, u: f"{val_ref}[{pos}] = {value(u)};") if val_ref is not None else None)
 
     def _dst(self, o):
         return (self.stage.get(o) or self.loc[o]).ref
@@ -723,31 +688,23 @@ class SegmentCodegen:
         lin = linearize(tc, selft.shape, I)
         return dom, pre, lin, val, reduce, include_self, selft, cs
 
-    def _scatter_loop(self, nd, start, step, target_ref, mode, W=None) -> str:
-        """mode: 'none' store, 'identity' store identity, else atomic reduce into target (type W)."""
+    def _scatter_loop(self, nd, start, step, target_ref, mode, W=None, window=None) -> str:
+        """mode: 'none' store, 'identity' store identity, else atomic reduce into target (type W).
+        window (lo, hi): apply only the sources whose target offset falls in it."""
         dom, pre, lin, val, reduce, include_self, selft, cs = self._scatter_parts(nd)
         I = self.I
-        S = ct.storage(selft.dtype)
-        if mode == "store":
-            act = f"{target_ref}[{lin}] = {ct.cvt(val, S)};"
-        elif mode == "identity":
-            op = _OPS[reduce]
-            act = f"{target_ref}[{lin}] = {ct.cvt(f'{op}::id<{ct.value(selft.dtype)}>()', S)};"
-        else:
-            op = _OPS[reduce]
-            Wt = W or ct.value(selft.dtype)
-            St = W or S
-            act = f"sf_atomic<{op}, {St}, {Wt}>(&{target_ref}[{lin}], {ct.cvt(val, Wt)});"
+        act = _sc.act(self, selft, reduce, lin, val, target_ref, mode, W, window)
         n = numel(dom)
         return (f"  for ({I} l = {start}; l < ({I}){n}; l += {step}) {{\n"
                 f"    {delinearize('l', dom, I)}\n    {pre}\n    {act}\n  }}")
 
-    def _init_target(self, nd, target_ref, start, step) -> str:
+    def _init_target(self, nd, target_ref, start, step, window=None) -> str:
         selfn = nd.inputs[0]
         t = self.types[nd.outputs[0]]
         _, names = self._lambdas()
         I = self.I
-        return (f"  for ({I} l = {start}; l < ({I}){numel(t.shape)}; l += {step}) {{\n"
+        lo, hi = window or (0, numel(t.shape))
+        return (f"  for ({I} l = ({I}){lo} + {start}; l < ({I}){hi}; l += {step}) {{\n"
                 f"    {delinearize('l', t.shape, I)}\n"
                 f"    {target_ref}[l] = {ct.cvt(f'{names[selfn]}({chr(44).join(coords(t.rank))})', ct.storage(t.dtype))};\n  }}")
 
@@ -761,36 +718,68 @@ class SegmentCodegen:
         lam, _ = self._lambdas()
         n_out, n_dom = numel(selft.shape), numel(dom)
         res = []
-        if o not in self.aliased:
-            res.append((lam + "\n" + self._init_target(nd, dst, gstart, gstep), self._grid(n_out), THREADS, 0, None))
-        if reduce != "none" and not include_self:
-            res.append((lam + "\n" + self._scatter_loop(nd, gstart, gstep, dst, "identity"), self._grid(n_dom), THREADS, 0, None))
         if reduce == "none":
+            if o not in self.aliased:
+                res.append((lam + "\n" + self._init_target(nd, dst, gstart, gstep), self._grid(n_out), THREADS, 0, None))
             res.append((lam + "\n" + self._scatter_loop(nd, gstart, gstep, dst, "store"), self._grid(n_dom), THREADS, 0, None))
             return res
+        vec = _sc.vector_plan(self, nd)  # (leaves, V): a 16-byte-load variant goes before each scalar kernel
         Wd = ct.WIDE[selft.dtype]
         wsize = 8 if Wd in ("long long", "double") else 4
         if n_out * wsize <= PRIV_SMEM and n_dom >= 8 * n_out and n_dom >= 4096:
+            if o not in self.aliased:
+                res.append((lam + "\n" + self._init_target(nd, dst, gstart, gstep), self._grid(n_out), THREADS, 0, None))
+            if not include_self:
+                res.append((lam + "\n" + self._scatter_loop(nd, gstart, gstep, dst, "identity"), self._grid(n_dom), THREADS, 0, None))
             # Privatize: per-block histograms in shared memory (one replica per group of warps, so
             # warps rarely contend for a bin), one global atomic per bin per block.
             op = _OPS[reduce]
-            threads = 1024
+            threads = _sc.HIST_THREADS
             reps = 1
-            while reps < 32 and n_out * wsize * reps * 2 <= PRIV_SMEM:
+            while reps < min(32, threads // 32) and n_out * wsize * reps * 2 <= PRIV_SMEM:
                 reps *= 2
-            body = (lam + "\n"
+            head = (lam + "\n"
                     f"  {Wd}* h = ({Wd}*)sf_smem + (threadIdx.x >> 5) % {reps} * {n_out};\n"
                     f"  for (int j = threadIdx.x; j < {n_out * reps}; j += blockDim.x) (({Wd}*)sf_smem)[j] = {op}::id<{Wd}>();\n"
-                    f"  __syncthreads();\n"
-                    + self._scatter_loop(nd, gstart, gstep, "h", "atomic", W=Wd) + "\n"
-                    f"  __syncthreads();\n"
+                    f"  __syncthreads();\n")
+            tail = ("\n  __syncthreads();\n"
                     f"  for (int j = threadIdx.x; j < {n_out}; j += blockDim.x) {{ {Wd} hv = (({Wd}*)sf_smem)[j];\n"
                     f"    for (int r = 1; r < {reps}; ++r) hv = {op}::f<{Wd}>(hv, (({Wd}*)sf_smem)[r * {n_out} + j]);\n"
                     f"    if (hv != {op}::id<{Wd}>()) sf_atomic<{op}, {ct.storage(selft.dtype)}, {Wd}>(&{dst}[j], hv); }}")
-            blocks = max(1, min(-(-n_dom // (threads * 16)), self.sm * 2))
-            res.append((body, blocks, threads, _align(n_out * wsize * reps), None))
-        else:
-            res.append((lam + "\n" + self._scatter_loop(nd, gstart, gstep, dst, "atomic"),
+            smem = _align(n_out * wsize * reps)
+            if vec is not None:
+                leaves, V = vec
+                loop = _sc.vector_loop(
+                    self, nd, leaves, V, threads, pre + "\n" + _sc.act(self, selft, reduce, lin, val, "h", "atomic", Wd),
+                    self._scatter_loop(nd, f"sf_l0 + {gstart}", gstep, "h", "atomic", W=Wd))
+                res.append((head + loop + tail, _sc.vector_blocks(self, n_dom, V, threads, _sc.HIST_BLOCKS_PER_SM, 16),
+                            threads, smem, True))
+            blocks = max(1, min(-(-n_dom // (threads * 16)), self.sm * _sc.HIST_BLOCKS_PER_SM))
+            res.append((head + self._scatter_loop(nd, gstart, gstep, "h", "atomic", W=Wd) + tail, blocks, threads, smem, None))
+            return res
+        # Global atomics. A target larger than L2 is split into windows, one pass over the sources
+        # each, so the random atomics of a pass hit L2 (see scatter.py).
+        wins = _sc.window_bounds(n_out, _sc.windows(n_out * selft.dtype.itemsize, n_dom))
+        # initializing each window right before its pass also leaves it hot in L2 (stream order
+        # makes the copy complete before the pass starts)
+        init_each = o not in self.aliased and include_self and wins[0] is not None
+        if o not in self.aliased and not init_each:
+            res.append((lam + "\n" + self._init_target(nd, dst, gstart, gstep), self._grid(n_out), THREADS, 0, None))
+        if not include_self:
+            res.append((lam + "\n" + self._scatter_loop(nd, gstart, gstep, dst, "identity"), self._grid(n_dom), THREADS, 0, None))
+        for win in wins:
+            if init_each:
+                res.append((lam + "\n" + self._init_target(nd, dst, gstart, gstep, win), self._grid(win[1] - win[0]),
+                            THREADS, 0, None))
+            if vec is not None:
+                leaves, V = vec
+                threads = _sc.ATOMIC_THREADS
+                loop = _sc.vector_loop(
+                    self, nd, leaves, V, threads, pre + "\n" + _sc.act(self, selft, reduce, lin, val, dst, "atomic", window=win),
+                    self._scatter_loop(nd, f"sf_l0 + {gstart}", gstep, dst, "atomic", window=win))
+                res.append((lam + "\n" + loop, _sc.vector_blocks(self, n_dom, V, threads, _sc.ATOMIC_VEC_BLOCKS_PER_SM),
+                            threads, 0, True))
+            res.append((lam + "\n" + self._scatter_loop(nd, gstart, gstep, dst, "atomic", window=win),
                         self._grid(n_dom, per_sm=ATOMIC_BLOCKS_PER_SM), THREADS, 0, None))
         return res
 
@@ -819,10 +808,10 @@ class SegmentCodegen:
                     work = max(work, xt.shape[nd.attrs.dim % xt.rank] if xt.rank else 1)
                 elif k is OpKind.sort:
                     x, xt, d, L, P, V, nbytes = self._sort_parts(nd)
-                    if L > RADIX_MIN and not xt.dtype.is_float:
+                    if L > RADIX_MIN and xt.rank == 1 and not xt.dtype.is_float:
                         parts.append(self._radix_body(nd, sort_off))
-                        smem = max(smem, sort_off + 16 * 4 * 1024)
-                        work = 1024
+                        smem = max(smem, sort_off + radix.SMEM_BYTES)
+                        work = radix.THREADS  # the radix sort needs exactly 1024 threads
                     else:
                         smem = max(smem, sort_off + nbytes)
                         parts.append(self._sort_body(nd, "0", "1", sort_off))
