@@ -122,3 +122,24 @@ def test_threads_share_an_engine_safely():
     for t in threads:
         t.join()
     assert not errors, errors[0]
+
+
+def test_results_the_caller_keeps_are_never_reused():
+    """Small buffers are reused once the caller has dropped them; anything still referenced (the
+    result, a view of it, a torch tensor sharing it) keeps its values."""
+    graph, mk = moe_graphs()[1]  # expert offsets: counts [256] -> offsets [257]
+    f = Fusion.from_json(graph)
+    eng = Engine("cupy")
+    kept, views = [], []
+    for seed in range(12):
+        host = mk(128)(np.random.default_rng(seed))
+        want = run_graph(f, host)["expert_offsets"]
+        out = eng.run(f, {k: cp.asarray(v) for k, v in host.items()}).outputs["expert_offsets"]
+        np.testing.assert_array_equal(cp.asnumpy(out), want)
+        if seed % 3 == 0:
+            kept.append((out, want))
+        elif seed % 3 == 1:
+            views.append((out[5:], want[5:]))
+        del out  # the third kind is dropped: its buffer may serve the next run
+    for got, want in kept + views:
+        np.testing.assert_array_equal(cp.asnumpy(got), want)
