@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import re
 from dataclasses import dataclass, field
 
 from ..dtypes import DType
@@ -35,7 +36,9 @@ SMEM_BUDGET = 200 * 1024  # dynamic shared memory we allow ourselves per block (
 PRIV_SMEM = 48 * 1024  # privatized scatter histogram limit
 # Streaming kernels: enough blocks that each thread handles a few vectors (more bytes in flight
 # than a grid of 8 blocks per SM looping hundreds of times); tunable from the benchmark.
-VEC_BLOCKS_PER_SM = 256  # H200: 2^28-element chain 1057-1061 us vs 1072-1076 us at 64 (two runs)
+# H200, 2^28-element chain, kernel only: 64 blocks/SM 1072-1076 us, 256: 1057-1061, 1024: 1037, no cap
+# (one 16-byte vector per thread): 1029 us, as fast as the device-to-device copy ceiling allows.
+VEC_BLOCKS_PER_SM = 1 << 20
 ATOMIC_BLOCKS_PER_SM = 1 << 20  # global-atomic scatters: one thread per source (latency-bound)
 THREADS = 256
 # Single-block sorts of rank-1 integer rows longer than this use the block radix sort (radix.py);
@@ -828,7 +831,7 @@ class SegmentCodegen:
         if smem > SMEM_BUDGET:
             raise Unsupported("single-block segment needs too much shared memory")
         threads = min(1024, max(32, -(-work // 32) * 32))
-        return ("\n".join(parts), 1, threads, _align(smem), None)
+        return (_unroll_block_loops("\n".join(parts), threads), 1, threads, _align(smem), None)
 
     def _scatter_block(self, nd, free_off: int) -> tuple[str, int]:
         """(code, extra shared memory at free_off). Many sources per target: warp-group replicas
@@ -877,6 +880,18 @@ class SegmentCodegen:
 
 
 _OPS = {"add": "sf_op_add", "mul": "sf_op_mul", "amax": "sf_op_amax", "amin": "sf_op_amin"}
+
+
+_BLOCK_LOOP = re.compile(r"^(\s*)(for \((?:int|long long) [a-z]\w* = threadIdx\.x; )", re.M)
+
+
+def _unroll_block_loops(body: str, threads: int) -> str:
+    """A single-block kernel always runs with `threads` threads: with that constant as the stride,
+    loop trip counts are known and `#pragma unroll` lets the compiler issue several iterations'
+    global loads before their uses. One SM runs the whole segment, so its loops are bound by
+    memory latency, not bandwidth (MoE histogram of 32768 ids: 32 dependent load-atomic rounds)."""
+    body = body.replace("blockDim.x", str(threads))
+    return _BLOCK_LOOP.sub(lambda m: f"{m.group(1)}#pragma unroll 4\n{m.group(1)}{m.group(2)}", body)
 
 
 def _align(n: int, a: int = 16) -> int:
