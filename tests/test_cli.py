@@ -4,6 +4,7 @@ against a live server where it needs one."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -158,10 +159,9 @@ def test_bench_speedup_series_follow_the_summary():
     from segfuse.compiler.cli.client_cmds import bench_speedups
 
     summary = {"chain_vs_compile": 0.8, "scatter_256_vs_eager": 36.0,
-               "moe_argsort_T128_int64": 0.9, "moe_argsort_T128_int64_runner": 1.6,
-               "moe_argsort_T65536_int64": 0.5, "moe_argsort_T128_int32": 7.0}
+               "moe_argsort_T128_int64": 0.9, "moe_argsort_T65536_int64": 0.5, "moe_argsort_T128_int32": 7.0}
     labels, series, targets = bench_speedups(summary)
     assert labels == ["chain 2^28 f32 (vs torch.compile)", "scatter-add 256 bins", "argsort T=128", "argsort T=65536"]
-    assert series["Engine.run"] == [0.8, 36.0, 0.9, 0.5]
-    assert series["runner (serving fast path)"][2] == 1.6
+    assert series["Engine.run (int64 ids)"] == [0.8, 36.0, 0.9, 0.5]
+    assert series["Engine.run (int32 ids)"][2] == 7.0 and math.isnan(series["Engine.run (int32 ids)"][3])
     assert targets == [0.95, 40.0, 3.0, 1.0]

@@ -367,23 +367,24 @@ def cmd_bench(args) -> int:
 
 
 def bench_speedups(summary: dict) -> tuple[list[str], dict[str, list[float]], list[float]]:
-    """(labels, {segfuse path: speedups}, targets) from bench_gpu.json's summary ratios."""
+    """(labels, {series: speedups}, targets) from bench_gpu.json's summary ratios: Engine.run with
+    int64 and with int32 ids for the MoE fusions (the other workloads have one value)."""
     nan = float("nan")
-    labels, engine, runner, targets = ["chain 2^28 f32 (vs torch.compile)"], [summary["chain_vs_compile"]], [nan], [0.95]
+    labels, wide, narrow, targets = ["chain 2^28 f32 (vs torch.compile)"], [summary["chain_vs_compile"]], [nan], [0.95]
     for bins, target in (("256", 40.0), ("16777216", 1.0)):
         if f"scatter_{bins}_vs_eager" in summary:
             labels.append(f"scatter-add {bins} bins")
-            engine.append(summary[f"scatter_{bins}_vs_eager"])
-            runner.append(nan)
+            wide.append(summary[f"scatter_{bins}_vs_eager"])
+            narrow.append(nan)
             targets.append(target)
     for k, v in summary.items():
         if k.startswith("moe_") and k.endswith("int64"):
             name, t = k[4:].rsplit("_T", 1)
             labels.append(f"{name} T={t.split('_')[0]}")
-            engine.append(v)
-            runner.append(summary.get(k + "_runner", nan))
+            wide.append(v)
+            narrow.append(summary.get(k[: -len("int64")] + "int32", nan))
             targets.append(1.0 if t.startswith("65536") else 3.0)
-    return labels, {"Engine.run": engine, "runner (serving fast path)": runner}, targets
+    return labels, {"Engine.run (int64 ids)": wide, "Engine.run (int32 ids)": narrow}, targets
 
 
 def plot_bench(results: dict, path: Path) -> Path | None:
