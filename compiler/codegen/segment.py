@@ -701,6 +701,29 @@ class SegmentCodegen:
         return (f"  for ({I} l = {start}; l < ({I}){n}; l += {step}) {{\n"
                 f"    {delinearize('l', dom, I)}\n    {pre}\n    {act}\n  }}")
 
+    def _block_scatter_loop(self, nd, target_ref, mode, W=None) -> str:
+        """The single-block scatter loop, batched: each thread first loads the indices of its next
+        BLOCK_BATCH sources, then applies them. One SM walks the whole domain, so without batching
+        every iteration waits one global-load latency (the compiler does not move loads above the
+        previous iteration's atomic). Bad indices are reported after the loop."""
+        dom, pre, lin, val, reduce, include_self, selft, cs = self._scatter_parts(nd)
+        m = _PRE_INDEX.match(pre)
+        if m is None or self.I != "int":
+            return _defer_index_errors(self._scatter_loop(nd, "threadIdx.x", "blockDim.x", target_ref, mode, W))
+        expr, rest = m.group(1), m.group(2)
+        act = _sc.act(self, selft, reduce, lin, val, target_ref, mode, W)
+        n, U = numel(dom), BLOCK_BATCH
+        # (upper-case L0: the outer loop is not one of the unrolled block loops)
+        loop = (f"  for (int L0 = threadIdx.x; L0 < {n}; L0 += {U} * blockDim.x) {{\n"
+                f"    long long sf_ix[{U}];\n"
+                f"    #pragma unroll\n"
+                f"    for (int u = 0; u < {U}; ++u) {{ int l = L0 + u * blockDim.x; if (l < {n}) {{\n"
+                f"      {delinearize('l', dom, 'int')}\n      sf_ix[u] = (long long)({expr}); }} }}\n"
+                f"    #pragma unroll\n"
+                f"    for (int u = 0; u < {U}; ++u) {{ int l = L0 + u * blockDim.x; if (l >= {n}) break;\n"
+                f"      {delinearize('l', dom, 'int')}\n      long long ix = sf_ix[u]; {rest}\n      {act}\n    }}\n  }}")
+        return _defer_index_errors(loop)
+
     def _init_target(self, nd, target_ref, start, step, window=None) -> str:
         selfn = nd.inputs[0]
         t = self.types[nd.outputs[0]]
@@ -855,7 +878,7 @@ class SegmentCodegen:
                        f"(({Wd}*)(sf_smem + {free_off}))[j] = {op}::id<{Wd}>();")
             out.append("  __syncthreads();")
             out.append(f"  {{ {Wd}* sf_rep = ({Wd}*)(sf_smem + {free_off}) + ((threadIdx.x >> 5) % {reps}) * {n_out};")
-            out.append(self._scatter_loop(nd, "threadIdx.x", "blockDim.x", "sf_rep", "atomic", W=Wd) + " }")
+            out.append(self._block_scatter_loop(nd, "sf_rep", "atomic", W=Wd) + " }")
             out.append("  __syncthreads();")
             S = ct.storage(selft.dtype)
             out.append(f"  for (int j = threadIdx.x; j < {n_out}; j += blockDim.x) {{ {Wd} hv = (({Wd}*)(sf_smem + {free_off}))[j];\n"
@@ -869,9 +892,9 @@ class SegmentCodegen:
             out.append(self._init_target(nd, tgt, "threadIdx.x", "blockDim.x"))
             out.append("  __syncthreads();")
         if reduce != "none" and not include_self:
-            out.append(self._scatter_loop(nd, "threadIdx.x", "blockDim.x", tgt, "identity"))
+            out.append(self._block_scatter_loop(nd, tgt, "identity"))
             out.append("  __syncthreads();")
-        out.append(self._scatter_loop(nd, "threadIdx.x", "blockDim.x", tgt, "store" if reduce == "none" else "atomic"))
+        out.append(self._block_scatter_loop(nd, tgt, "store" if reduce == "none" else "atomic"))
         if staged:
             t = self.types[o]
             out.append("  __syncthreads();")
@@ -880,6 +903,26 @@ class SegmentCodegen:
 
 
 _OPS = {"add": "sf_op_add", "mul": "sf_op_mul", "amax": "sf_op_amax", "amin": "sf_op_amin"}
+
+
+# Single-block scatter loops load this many indices per thread before applying them.
+BLOCK_BATCH = 8
+_PRE_INDEX = re.compile(r"long long ix = \(long long\)\((.*)\); (if \(ix < .*)$", re.S)
+_FAIL = re.compile(r"sf_fail\(sf_err, 1, (\d+), (\w+), (-?\d+), (\d+)\); continue;")
+
+
+def _defer_index_errors(loop: str) -> str:
+    """A single-block scatter loop reports a bad index after the loop instead of inside it: a
+    global store in the loop body would keep the compiler from issuing later iterations' index
+    loads early (they might alias the error word). The bad index is still skipped, and the run
+    still fails naming the op and one bad index."""
+    found = _FAIL.findall(loop)
+    if not found or len({(op, dim, size) for op, _, dim, size in found}) != 1:
+        return loop
+    op, _, dim, size = found[0]
+    body = _FAIL.sub(lambda m: f"sf_bad = {m.group(2)}; sf_has_bad = 1; continue;", loop)
+    return ("  { long long sf_bad = 0; int sf_has_bad = 0;\n" + body +
+            f"\n  if (sf_has_bad) sf_fail(sf_err, 1, {op}, sf_bad, {dim}, {size}); }}")
 
 
 _BLOCK_LOOP = re.compile(r"^(\s*)(for \((?:int|long long) [a-z]\w* = threadIdx\.x; )", re.M)
