@@ -361,9 +361,8 @@ class CupyRuntime:
         outputs = tuple((o.name, o.alias_of) for o in fusion.outputs)
         steps = tuple(s.run for s in prep.steps)
         staged = tuple(prep.staged)
-        host_inputs = [k for k, v in inputs.items() if not isinstance(v, self.cp.ndarray)]
-        if host_inputs or any(isinstance(v, np.ndarray) for v in inputs.values()):
-            return None  # NumPy inputs are uploaded per call: the general path does that
+        if signature(fusion, inputs) is None:
+            return None  # host (NumPy) inputs are uploaded per call: the general path does that
         rt = self
 
         def call(ins: dict) -> dict:
