@@ -90,7 +90,6 @@ class _ThreadState:
             buf = (ctypes.c_int64 * _ERR_WORDS).from_address(self._host_ptr)
             self.host = np.frombuffer(buf, dtype=np.int64, count=_ERR_WORDS)
             self.host[:] = 0
-            self.err = np.uint64(dev)
             self.err_ptr = int(dev)
             self.mapped = True
         except Exception as e:  # fall back to a device word copied back after each run
@@ -100,7 +99,6 @@ class _ThreadState:
             pinned = cp.cuda.alloc_pinned_memory(_ERR_WORDS * 8)
             self._pinned = pinned
             self.host = np.frombuffer(pinned, np.int64, _ERR_WORDS)
-            self.err = self.dev
             self.err_ptr = self.dev.data.ptr
 
     def scratch_for(self, nbytes: int):
@@ -126,10 +124,13 @@ class _ThreadState:
 
 
 class _RunCtx:
-    __slots__ = ("rt", "stream", "err", "prepared", "state")
+    """One run's context: the runtime, the prepared plan and the calling thread's state (its
+    stream, error word, scratch, parameter blocks and reusable buffers)."""
 
-    def __init__(self, rt, stream, err, prepared, state=None):
-        self.rt, self.stream, self.err, self.prepared, self.state = rt, stream, err, prepared, state
+    __slots__ = ("rt", "stream", "prepared", "state")
+
+    def __init__(self, rt, state, prepared):
+        self.rt, self.stream, self.prepared, self.state = rt, state.stream, prepared, state
 
 
 class CupyRuntime:
@@ -328,7 +329,7 @@ class CupyRuntime:
             prep = self.prepare(fusion, shapes, dtypes, strides, plan)
             t1 = time.perf_counter()
             env = dict(arrays)
-            ctx = _RunCtx(self, stream, st.err, prep, st)
+            ctx = _RunCtx(self, st, prep)
             # inputs updated in place (alias_of) are staged: the plan writes the copy, and the
             # caller's array changes only after the whole run succeeded
             for name in prep.staged:
@@ -372,7 +373,7 @@ class CupyRuntime:
                 env = dict(ins)
                 for name in staged:
                     env[name] = ins[name].copy()
-                ctx = _RunCtx(rt, stream, st.err, prep, st)
+                ctx = _RunCtx(rt, st, prep)
                 st.reset()
                 for run in steps:
                     run(env, ctx)
@@ -427,7 +428,7 @@ class CupyRuntime:
         with stream:
             shapes, dtypes, strides, arrays = self.to_device(fusion, inputs)
             prep = self.prepare(fusion, shapes, dtypes, strides, None)
-            ctx = _RunCtx(self, stream, st.err, prep, st)
+            ctx = _RunCtx(self, st, prep)
             envs = [dict(arrays) for _ in range(reps + warmup)]
             t0 = time.perf_counter()
             for e in envs[:warmup]:
@@ -559,13 +560,11 @@ def _kernel_step(rt, mod, kernels, types, alias_buf):
     small = {p for p, (shape, dt) in spec.items() if math.prod(shape) * dt.itemsize <= _REUSE_BYTES}
 
     def param_block(st):
-        blk = st.params.get(token) if st is not None else None
+        blk = st.params.get(token)
         if blk is None:
             vals = (ctypes.c_uint64 * n)()
             ptrs = (ctypes.c_void_p * n)(*[ctypes.addressof(vals) + 8 * i for i in range(n)])
-            blk = (vals, ptrs, ctypes.addressof(ptrs))
-            if st is not None:
-                st.params[token] = blk
+            blk = st.params[token] = (vals, ptrs, ctypes.addressof(ptrs))
         return blk
 
     def run(env, ctx):
@@ -579,7 +578,7 @@ def _kernel_step(rt, mod, kernels, types, alias_buf):
                 src = alias_buf.get(p)
                 if src is not None:
                     a = env[src]
-                elif st is not None and p in small:
+                elif p in small:
                     # Reuse this thread's buffer from an earlier run once nobody else holds it
                     # (the caller dropped that result): a per-signature free list, ~2 us less
                     # than the memory pool per buffer. Runs on one thread are serialized.
@@ -596,10 +595,8 @@ def _kernel_step(rt, mod, kernels, types, alias_buf):
             if ptr % vec_align:
                 aligned = False
         if scratch_bytes:
-            vals[n_params] = (st.scratch_for(scratch_bytes) if st is not None
-                              else cp.empty(scratch_bytes, dtype=np.uint8)).data.ptr
-        vals[n_params + 1] = st.err_ptr if st is not None else int(ctx.err if isinstance(ctx.err, np.uint64)
-                                                                   else ctx.err.data.ptr)
+            vals[n_params] = st.scratch_for(scratch_bytes).data.ptr
+        vals[n_params + 1] = st.err_ptr
         sp = ctx.stream.ptr
         skip_next = False
         for fptr, grid, block, smem, is_vector in seq:
