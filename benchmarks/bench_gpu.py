@@ -227,11 +227,7 @@ def _split_runtime():
 
 
 def _prep_of(rt, f, ins):
-    shapes = {k: tuple(v.shape) for k, v in ins.items()}
-    for key, p in reversed(list(rt._prepared.items())):
-        if key[0] == f.id and {k: s for k, s, _, _ in key[2]} == shapes:
-            return p
-    return None
+    return rt.prepared_for(f, ins)
 
 
 def _plan_desc(prep) -> str:

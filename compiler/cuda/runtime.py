@@ -207,6 +207,15 @@ class CupyRuntime:
             self._prepared[key] = prep
             return prep
 
+    def prepared_for(self, fusion, inputs: dict) -> Prepared | None:
+        """The most recently prepared entry of `fusion` for inputs of these shapes (what a run of
+        them executes: its steps, launch count and fallbacks), or None."""
+        shapes = {k: tuple(v.shape) for k, v in inputs.items()}
+        for key, prep in reversed(list(self._prepared.items())):
+            if key[0] == fusion.id and {k: s for k, s, _, _ in key[2]} == shapes:
+                return prep
+        return None
+
     def warmup(self, fusion, shapes: dict, dtypes: dict | None = None) -> Prepared:
         """Compile a graph's kernels for these input shapes without running it."""
         dtypes = dtypes or {n: t.dtype for n, t in fusion.inputs}

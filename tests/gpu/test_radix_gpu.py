@@ -123,12 +123,8 @@ def test_engine_plan_sorts_long_integer_rows_in_one_launch(dtype):
     assert prep2 is not None and any("library" in fb for fb in prep2.fallbacks), prep2 and prep2.fallbacks
 
 
-def _prep_of(rt, f, ins):  # as benchmarks/bench_gpu.py reads it
-    shapes = {k: tuple(v.shape) for k, v in ins.items()}
-    for key, p in reversed(list(rt._prepared.items())):
-        if key[0] == f.id and {k: s for k, s, _, _ in key[2]} == shapes:
-            return p
-    return None
+def _prep_of(rt, f, ins):
+    return rt.prepared_for(f, ins)
 
 
 def _torch_moe(name, ids, counts, E, K):
