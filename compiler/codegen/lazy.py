@@ -8,6 +8,8 @@ One renderer per op family, looked up in tables (`RENDER_BY_KIND`, `RENDER_BY_NA
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..dtypes import DType
 from ..ops.pointwise import opmath
 from ..ops.registry import OpKind, Scalar, TensorType
@@ -79,12 +81,23 @@ def _pointwise(ctx, node, out_t):
                 e = ct.cvt(e, ct.storage(cd))
             e = ct.cvt(e, work)
         g = _GUARDS.get(node.op.name)
-        if g and g[0] == k and work_dt.is_int:
+        if g and g[0] == k and work_dt.is_int and not _literal_passes(x, cd, g[1]):
             e = f"{g[1]}({e}, sf_err, {node.index})"
         args.append(e)
     cuda = node.op.cuda
     expr = args[0] if cuda == "cast" else cuda(*args)
     return f"return {ct.cvt(expr, ct.value(out_t.dtype))};"
+
+
+def _literal_passes(x, cd, guard: str) -> bool:
+    """A literal operand that always passes its guard (`x // 8`: the divisor is never zero) needs
+    no check, so the kernel cannot fail there. The test uses the literal as the kernel sees it:
+    rounded to the common dtype (256 wraps to 0 in an int8 division)."""
+    if not isinstance(x, Scalar) or isinstance(x.value, float):
+        return False
+    with np.errstate(all="ignore"):
+        v = int(np.array(x.value).astype(cd.np)) if cd.is_int else int(x.value)
+    return v != 0 if guard == "sf_nz" else v >= 0
 
 
 def _full(ctx, node, out_t):

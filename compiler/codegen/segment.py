@@ -66,6 +66,9 @@ class Module:
     vector_align: int = 16
     index_bits: int = 32
     key: str = ""
+    # whether a kernel may write the error word (a bounds or division check): runs of modules that
+    # cannot fail need no synchronization to learn their outcome
+    may_fail: bool = True
 
     @property
     def name_hash(self) -> str:
@@ -327,7 +330,8 @@ class SegmentCodegen:
         vec_params = [k for k, n in enumerate(self.params)] if any(b[4] is not None for b in body_fns) else []
         return Module(source=source, params=list(self.params), launches=launches,
                       scratch_bytes=self.scratch_used, vector_params=vec_params,
-                      index_bits=self.index_bits, key=h)
+                      index_bits=self.index_bits, key=h,
+                      may_fail=any("sf_err" in b[0] for b in body_fns))
 
     # ---- grid mode ---------------------------------------------------------------------
     def _grid(self, work: int, threads: int = THREADS, per_sm: int = 8) -> int:
@@ -640,7 +644,9 @@ class SegmentCodegen:
         vt = ct.value(selft.dtype)
         ctx = _Ctx(self.types, I, names)
 
-        def chk(var, size, dim, neg=False):
+        def chk(var, size, dim, neg=False, index=None):
+            if index is not None and self._index_within(index, size):
+                return ""  # provably in range: no check, so the kernel cannot fail on it
             lo = f"-{size}" if neg else "0"
             wrap = f" if ({var} < 0) {var} += {size};" if neg else ""
             return (f"if ({var} < {lo} || {var} >= {size}) {{ sf_fail(sf_err, 1, {nd.index}, {var}, {dim}, {size}); "
@@ -651,7 +657,7 @@ class SegmentCodegen:
             idx, src = nd.inputs[1], nd.inputs[2]
             dom = self.types[idx].shape
             cs = coords(len(dom))
-            pre = f"long long ix = (long long)({ctx.call(idx, cs)}); {chk('ix', selft.shape[d], d)}"
+            pre = f"long long ix = (long long)({ctx.call(idx, cs)}); {chk('ix', selft.shape[d], d, index=idx)}"
             tc = list(cs)
             tc[d] = f"({I})ix"
             val = ct.cvt(ctx.call(src, cs), vt)
@@ -690,6 +696,35 @@ class SegmentCodegen:
             raise Unsupported(f"scatter op {name}")
         lin = linearize(tc, selft.shape, I)
         return dom, pre, lin, val, reduce, include_self, selft, cs
+
+    def _small_int_counts(self, nd, n_dom: int) -> bool:
+        """True for a `scatter` add into an integer target of a constant integer c (a histogram:
+        `full_like(ids, 1)`) with n_dom * |c| < 2^31, so per-block partial sums fit 32 bits."""
+        if nd.op.name != "scatter" or not self.types[nd.outputs[0]].dtype.is_int:
+            return False
+        src = nd.inputs[2]
+        if isinstance(src, Scalar):
+            c = src.value
+        else:
+            prod = self.producer.get(src)
+            if prod is None or prod.op.kind is not OpKind.creation:
+                return False
+            c = getattr(prod.attrs, "value", None)
+        if isinstance(c, bool):
+            c = int(c)
+        return isinstance(c, int) and n_dom * abs(c) < 2**31
+
+    def _index_within(self, name, size) -> bool:
+        """True when every value of tensor `name` lies in [0, size): the indices a sort-kind op
+        (argsort, sort, topk: indices are their last output) of this segment produces along a row
+        of at most `size` elements (MoE's inverse
+        permutation scatters by an argsort's order, so its kernel needs no check and cannot fail)."""
+        nd = self.producer.get(name)
+        if nd is None or nd.op.kind is not OpKind.sort or name != nd.outputs[-1]:
+            return False
+        xt = self.types[nd.inputs[0]]
+        row = xt.shape[nd.attrs.dim % xt.rank] if xt.rank else 1
+        return row <= size
 
     def _scatter_loop(self, nd, start, step, target_ref, mode, W=None, window=None) -> str:
         """mode: 'none' store, 'identity' store identity, else atomic reduce into target (type W).
@@ -867,6 +902,9 @@ class SegmentCodegen:
         out = []
         n_out, n_dom = numel(selft.shape), numel(dom)
         Wd = ct.WIDE[selft.dtype]
+        Wt = Wd  # the target's accumulation type
+        if reduce == "add" and self._small_int_counts(nd, n_dom):
+            Wd = "int"  # 32-bit shared atomics: 64-bit ones cost several times more on one SM
         wsz = 8 if Wd in ("long long", "double") else 4
         reps = 1
         while reps < 32 and n_out * wsz * reps * 2 <= 64 * 1024:
@@ -883,7 +921,7 @@ class SegmentCodegen:
             S = ct.storage(selft.dtype)
             out.append(f"  for (int j = threadIdx.x; j < {n_out}; j += blockDim.x) {{ {Wd} hv = (({Wd}*)(sf_smem + {free_off}))[j];\n"
                        f"    for (int r = 1; r < {reps}; ++r) hv = {op}::f<{Wd}>(hv, (({Wd}*)(sf_smem + {free_off}))[r * {n_out} + j]);\n"
-                       f"    if (hv != {op}::id<{Wd}>()) {tgt}[j] = sf_cvt<{S}>({op}::f<{Wd}>(sf_cvt<{Wd}>({tgt}[j]), hv)); }}")
+                       f"    if (hv != {op}::id<{Wd}>()) {tgt}[j] = sf_cvt<{S}>({op}::f<{Wt}>(sf_cvt<{Wt}>({tgt}[j]), ({Wt})hv)); }}")
             t = self.types[o]
             out.append("  __syncthreads();")
             out.append(f"  for (int j = threadIdx.x; j < {numel(t.shape)}; j += blockDim.x) {self.loc[o].ref}[j] = {tgt}[j];")

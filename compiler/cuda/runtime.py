@@ -62,6 +62,9 @@ class Prepared:
     compile_s: float = 0.0
     kernels: int = 0
     fallbacks: list = field(default_factory=list)
+    # some kernel checks indices or divisors (writes the error word): a run must synchronize to
+    # learn its outcome before it returns. Plans that cannot fail return once launched.
+    may_fail: bool = False
 
 
 class _ThreadState:
@@ -255,6 +258,7 @@ class CupyRuntime:
     def _kernel(self, mod, types, alias_buf, prep, seg) -> Step:
         rawmod = self.cache.get(mod.source)
         prep.kernels += len(mod.launches)
+        prep.may_fail = prep.may_fail or mod.may_fail
         kernels = []
         for ln in mod.launches:
             k = rawmod.get_function(ln.kernel)
@@ -343,13 +347,15 @@ class CupyRuntime:
             # caller's array changes only after the whole run succeeded
             for name in prep.staged:
                 env[name] = arrays[name].copy()
-            st.reset()
+            if prep.may_fail:
+                st.reset()
             for step in prep.steps:
                 step.run(env, ctx)
-            st.fetch()
-            stream.synchronize()
-            if st.host[0] != 0:
-                raise _device_error(fusion, [int(x) for x in st.host])
+            if prep.may_fail:
+                st.fetch()
+                stream.synchronize()
+                if st.host[0] != 0:
+                    raise _device_error(fusion, [int(x) for x in st.host])
             outs = self._commit(fusion, env, inputs, arrays)
             if prep.staged:
                 stream.synchronize()
@@ -360,53 +366,91 @@ class CupyRuntime:
     def prepared_call(self, fusion, inputs: dict, plan):
         """The per-signature fast path: a callable that runs `fusion` on inputs with exactly the
         shapes, strides and dtypes of `inputs` (CuPy arrays), skipping binding, planning and the
-        prepared-plan lookup. Per call it allocates outputs, launches, synchronizes once and checks
-        the error word: the same checks and commit rules as `run`. Safe from several threads
-        (each uses its own stream and error word)."""
+        prepared-plan lookup. The same checks and commit rules as `run`: a plan whose kernels check
+        indices or divisors synchronizes once and raises on a bad one before anything is returned
+        or committed; a plan that cannot fail returns as soon as it is launched (results are
+        ordered on the GPU before later work on the caller's default stream). Safe from several
+        threads (each uses its own stream, error word and buffers)."""
         st0 = self._thread_state()
         with st0.stream:
             shapes, dtypes, strides, arrays = self.to_device(fusion, inputs)
         prep = self.prepare(fusion, shapes, dtypes, strides, plan)
-        tls, new_state = self._tls, self._thread_state
+        if signature(fusion, inputs) is None:
+            return None  # host (NumPy) inputs are uploaded per call: the general path does that
+        tls, new_state, rt = self._tls, self._thread_state, self
         outputs = tuple((o.name, o.alias_of) for o in fusion.outputs)
         steps = tuple(s.run for s in prep.steps)
         staged = tuple(prep.staged)
-        if signature(fusion, inputs) is None:
-            return None  # host (NumPy) inputs are uploaded per call: the general path does that
-        rt = self
+        may_fail = prep.may_fail
+        token = object()  # this call's run context in each thread's state
 
-        def call(ins: dict) -> dict:
+        def context():
             st = getattr(tls, "st", None) or new_state()
+            ctx = st.params.get(token)
+            if ctx is None:
+                ctx = st.params[token] = _RunCtx(rt, st, prep)
+            return st, ctx
+
+        def commit(env, ins, st):
+            res = {}
+            for name, alias in outputs:
+                v = env[name]
+                if alias is not None:
+                    with st.stream:
+                        ins[alias][...] = v
+                    v = ins[alias]
+                else:
+                    for a in ins.values():
+                        if v is a:
+                            with st.stream:
+                                v = v.copy()  # an output never exposes an input's buffer
+                            break
+                res[name] = v
+            return res
+
+        if all(s.kind == "kernel" for s in prep.steps) and not staged:
+            # kernels only: their steps allocate on the thread's stream themselves, so the call
+            # needs no stream context (a few microseconds per call at decode sizes)
+            def call(ins: dict) -> dict:
+                st, ctx = context()
+                env = dict(ins)
+                if may_fail:
+                    st.reset()
+                    for run in steps:
+                        run(env, ctx)
+                    st.fetch()
+                    st.stream.synchronize()
+                    if st.host[0] != 0:
+                        raise _device_error(fusion, [int(x) for x in st.host])
+                else:
+                    for run in steps:
+                        run(env, ctx)
+                return commit(env, ins, st)
+
+            return call
+
+        def call_general(ins: dict) -> dict:
+            st, ctx = context()
             stream = st.stream
             with stream:
                 env = dict(ins)
                 for name in staged:
                     env[name] = ins[name].copy()
-                ctx = _RunCtx(rt, st, prep)
-                st.reset()
+                if may_fail:
+                    st.reset()
                 for run in steps:
                     run(env, ctx)
-                st.fetch()
-                stream.synchronize()
-                if st.host[0] != 0:
-                    raise _device_error(fusion, [int(x) for x in st.host])
-                res = {}
-                for name, alias in outputs:
-                    v = env[name]
-                    if alias is not None:
-                        ins[alias][...] = v
-                        v = ins[alias]
-                    else:
-                        for a in ins.values():
-                            if v is a:
-                                v = v.copy()  # an output never exposes an input's buffer
-                                break
-                    res[name] = v
+                if may_fail:
+                    st.fetch()
+                    stream.synchronize()
+                    if st.host[0] != 0:
+                        raise _device_error(fusion, [int(x) for x in st.host])
+                res = commit(env, ins, st)
                 if staged:
                     stream.synchronize()
             return res
 
-        return call
+        return call_general
 
     def runner(self, fusion, inputs: dict, plan=None):
         """A lean callable for one input signature (shapes/dtypes/strides of `inputs`): the
@@ -594,10 +638,12 @@ def _kernel_step(rt, mod, kernels, types, alias_buf):
                     a = st.buffers.get((token, i))
                     if a is None or getrefcount(a) > _FREE_REFS:
                         shape, dt = spec[p]
-                        a = st.buffers[(token, i)] = empty(shape, dt)
+                        with ctx.stream:  # the pool hands out memory ordered on this stream
+                            a = st.buffers[(token, i)] = empty(shape, dt)
                 else:
                     shape, dt = spec[p]
-                    a = empty(shape, dt)
+                    with ctx.stream:
+                        a = empty(shape, dt)
                 env[p] = a
             ptr = a.data.ptr
             vals[i] = ptr

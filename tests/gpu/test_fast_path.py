@@ -143,3 +143,75 @@ def test_results_the_caller_keeps_are_never_reused():
         del out  # the third kind is dropped: its buffer may serve the next run
     for got, want in kept + views:
         np.testing.assert_array_equal(cp.asnumpy(got), want)
+
+
+def _spin(ms: float):
+    """Hold the legacy default stream (which the runtime's blocking streams wait for) for `ms`."""
+    k = cp.RawKernel('extern "C" __global__ void sf_test_spin(unsigned long long ns) { unsigned long long t0, t;'
+                     ' asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));'
+                     ' do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns); }',
+                     "sf_test_spin")
+    k((1,), (1,), (np.uint64(int(ms * 1e6)),), stream=cp.cuda.Stream.null)
+
+
+@pytest.mark.parametrize("fast", [False, True])
+def test_runs_that_cannot_fail_return_before_the_gpu_finishes(fast):
+    """A plan without checks (expert offsets) returns once launched; one that checks indices
+    (the expert histogram) waits for its kernel to learn the outcome. Either way the results are
+    ordered before later work on the default stream."""
+    eng = Engine("cupy")
+    for g, mk in moe_graphs()[:2]:
+        f = Fusion.from_json(g)
+        host = mk(128)(np.random.default_rng(1))
+        ins = {k: cp.asarray(v) for k, v in host.items()}
+        if fast:
+            eng.run(f, ins)
+            eng.run(f, ins)
+        else:  # compile first (loading a module may wait for the GPU); the run takes the general path
+            eng.warmup(f, {k: v.shape for k, v in ins.items()})
+        cp.cuda.Device().synchronize()
+        _spin(300)
+        out = eng.run(f, ins).outputs
+        waited = cp.cuda.Stream.null.done
+        assert waited is (g["name"] == "moe_problem_sizes"), g["name"]
+        # read on the default stream right away: ordered after the run's kernels
+        for k, w in run_graph(f, host).items():
+            np.testing.assert_array_equal(cp.asnumpy(out[k]), w, err_msg=k)
+
+
+def test_async_results_used_on_the_default_stream_then_dropped():
+    """Results of runs that do not wait, consumed by default-stream work (CuPy and torch) and then
+    dropped so the next run reuses their buffers: every consumer saw its own run's values."""
+    torch = pytest.importorskip("torch")
+    graph, mk = moe_graphs()[2]  # blockscale offsets: two outputs, no checks
+    f = Fusion.from_json(graph)
+    eng = Engine("cupy")
+    sums, tsums, wants = [], [], []
+    for seed in range(40):
+        host = mk(4096)(np.random.default_rng(seed))
+        out = eng.run(f, {k: cp.asarray(v) for k, v in host.items()}).outputs
+        sums.append(out["expert_offsets"].sum() + out["blockscale_offsets"][-1])
+        tsums.append(torch.as_tensor(out["blockscale_offsets"], device="cuda").sum())
+        want = run_graph(f, host)
+        wants.append((want["expert_offsets"].sum() + want["blockscale_offsets"][-1], want["blockscale_offsets"].sum()))
+        del out
+    for s, t, (ws, wt) in zip(sums, tsums, wants):
+        assert int(s) == int(ws) and int(t) == int(wt)
+
+
+def test_a_bad_index_after_async_runs_still_raises_and_the_next_run_is_fine():
+    hist, mk = moe_graphs()[0]
+    offs, mk2 = moe_graphs()[1]
+    fh, fo = Fusion.from_json(hist), Fusion.from_json(offs)
+    eng = Engine("cupy")
+    good = mk(128)(np.random.default_rng(0))
+    bad = dict(good)
+    bad["topk_ids"] = good["topk_ids"].copy()
+    bad["topk_ids"][3, 5] = 256
+    counts = {k: cp.asarray(v) for k, v in mk2(128)(np.random.default_rng(0)).items()}
+    for _ in range(3):
+        eng.run(fo, counts)  # no checks: returns at once
+        with pytest.raises(RunError, match="index 256 is out of bounds"):
+            eng.run(fh, {k: cp.asarray(v) for k, v in bad.items()})
+        got = eng.run(fh, {k: cp.asarray(v) for k, v in good.items()}).outputs["counts"]
+        np.testing.assert_array_equal(cp.asnumpy(got), run_graph(fh, good)["counts"])
