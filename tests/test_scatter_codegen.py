@@ -103,3 +103,40 @@ def test_every_variant_compiles(monkeypatch):
     unit = PRELUDE + "".join(s[len(PRELUDE):] for s in srcs)
     cubin, _ = compile_cubin(unit)
     assert cubin[:4] == b"\x7fELF"
+
+
+def _moe_histogram(T: int, idt: str):
+    import numpy as np
+    from segfuse.compiler.codegen.corpus import moe_graphs
+    from segfuse.compiler.segmenter import segment
+
+    g, mk = moe_graphs(idt=idt)[0]
+    f = Fusion.from_json(g)
+    bound = f.bind({k: v.shape for k, v in mk(T)(np.random.default_rng(0)).items()})
+    (seg,) = segment(f, bound).segments
+    return generate(f, seg, dict(bound.types), None, single_block=True, sm_count=132)
+
+
+@pytest.mark.parametrize("idt", ["int64", "int32"])
+@pytest.mark.parametrize("T, blocks", [(128, 1), (2048, 1), (3000, 1), (3500, 4), (4096, 4)])
+def test_long_single_block_histograms_share_their_sources_across_blocks(T, blocks, idt):
+    """One SM's loads bound a one-block histogram of T*8 ids; from 3 batches of 1024 threads on,
+    blocks share the sources and the last one to finish combines their partial histograms (kept
+    in scratch) and writes the counts. 32-bit counters: the ones the MoE histogram adds fit."""
+    from segfuse.compiler.codegen.segment import HIST_BLOCK_SOURCES
+
+    m = _moe_histogram(T, idt)
+    (ln,) = m.launches
+    assert ln.grid == blocks and ln.block == 1024
+    assert ("atomicAdd(sf_ctr, 1u)" in m.source) is (blocks > 1)
+    assert m.scratch_bytes == (blocks * 256 * 4 if blocks > 1 else 0)
+    assert blocks == 1 or (blocks - 1) * HIST_BLOCK_SOURCES < T * 8 <= blocks * HIST_BLOCK_SOURCES
+    assert "sf_atomic<sf_op_add, int, int>" in m.source
+
+
+def test_multi_block_histograms_compile():
+    pytest.importorskip("cuda.bindings.nvrtc")
+    from segfuse.compiler.cuda.nvrtc import compile_cubin
+
+    for idt in ("int64", "int32"):
+        compile_cubin(_moe_histogram(4096, idt).source)

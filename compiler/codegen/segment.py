@@ -59,7 +59,7 @@ class Launch:
 @dataclass
 class Module:
     source: str
-    params: list[str]  # tensor names, in kernel parameter order (then scratch, err)
+    params: list[str]  # tensor names, in kernel parameter order (then scratch, err, ctr)
     launches: list[Launch]
     scratch_bytes: int = 0
     vector_params: list[int] = field(default_factory=list)  # params that need 16-byte alignment
@@ -313,7 +313,7 @@ class SegmentCodegen:
         for k, n in enumerate(self.params):
             t = self.types[n]
             params.append(f"{ct.storage(t.dtype)}* t{k}")
-        params += ["unsigned char* sf_scratch", "long long* sf_err"]
+        params += ["unsigned char* sf_scratch", "long long* sf_err", "unsigned int* sf_ctr"]
         plist = ", ".join(params)
         text = []
         for i, (body, _grid, block, _smem, _vec) in enumerate(body_fns):
@@ -736,20 +736,27 @@ class SegmentCodegen:
         return (f"  for ({I} l = {start}; l < ({I}){n}; l += {step}) {{\n"
                 f"    {delinearize('l', dom, I)}\n    {pre}\n    {act}\n  }}")
 
-    def _block_scatter_loop(self, nd, target_ref, mode, W=None) -> str:
+    def _block_scatter_loop(self, nd, target_ref, mode, W=None, blocks: int = 1) -> str:
         """The single-block scatter loop, batched: each thread first loads the indices of its next
         BLOCK_BATCH sources, then applies them. One SM walks the whole domain, so without batching
         every iteration waits one global-load latency (the compiler does not move loads above the
-        previous iteration's atomic). Bad indices are reported after the loop."""
+        previous iteration's atomic). Bad indices are reported after the loop. With `blocks` > 1
+        the blocks of the grid share the domain (the first phase of a multi-block histogram)."""
         dom, pre, lin, val, reduce, include_self, selft, cs = self._scatter_parts(nd)
         m = _PRE_INDEX.match(pre)
+        U = BLOCK_BATCH
+        start, step = "threadIdx.x", f"{U} * blockDim.x"
+        if blocks > 1:
+            start, step = f"(blockIdx.x * {U} * blockDim.x + threadIdx.x)", f"{U} * blockDim.x * {blocks}"
         if m is None or self.I != "int":
-            return _defer_index_errors(self._scatter_loop(nd, "threadIdx.x", "blockDim.x", target_ref, mode, W))
+            s0, st = (("threadIdx.x", "blockDim.x") if blocks == 1 else
+                      ("(blockIdx.x * blockDim.x + threadIdx.x)", f"(blockDim.x * {blocks})"))
+            return _defer_index_errors(self._scatter_loop(nd, s0, st, target_ref, mode, W))
         expr, rest = m.group(1), m.group(2)
         act = _sc.act(self, selft, reduce, lin, val, target_ref, mode, W)
-        n, U = numel(dom), BLOCK_BATCH
+        n = numel(dom)
         # (upper-case L0: the outer loop is not one of the unrolled block loops)
-        loop = (f"  for (int L0 = threadIdx.x; L0 < {n}; L0 += {U} * blockDim.x) {{\n"
+        loop = (f"  for (int L0 = {start}; L0 < {n}; L0 += {step}) {{\n"
                 f"    long long sf_ix[{U}];\n"
                 f"    #pragma unroll\n"
                 f"    for (int u = 0; u < {U}; ++u) {{ int l = L0 + u * blockDim.x; if (l < {n}) {{\n"
@@ -846,6 +853,7 @@ class SegmentCodegen:
 
     # ---- single-block mode -------------------------------------------------------------
     def _block_kernel(self, phases):
+        blocks = self._histogram_blocks(phases)
         lam, names = self._lambdas()
         parts = [lam]
         sort_off = self.smem_used
@@ -878,7 +886,7 @@ class SegmentCodegen:
                         parts.append(self._sort_body(nd, "0", "1", sort_off))
                         work = max(work, P // 2)
                 elif k is OpKind.scatter:
-                    body, extra = self._scatter_block(nd, sort_off)
+                    body, extra = self._scatter_block(nd, sort_off, blocks if nd is phases[0][1] else 1)
                     parts.append(body)
                     smem = max(smem, sort_off + extra)
                     dom = self._scatter_parts(nd)[0]
@@ -889,38 +897,75 @@ class SegmentCodegen:
         if smem > SMEM_BUDGET:
             raise Unsupported("single-block segment needs too much shared memory")
         threads = min(1024, max(32, -(-work // 32) * 32))
-        return (_unroll_block_loops("\n".join(parts), threads), 1, threads, _align(smem), None)
+        return (_unroll_block_loops("\n".join(parts), threads), blocks, threads, _align(smem), None)
 
-    def _scatter_block(self, nd, free_off: int) -> tuple[str, int]:
-        """(code, extra shared memory at free_off). Many sources per target: warp-group replicas
-        of the target in shared memory take the atomics (little contention), then one thread per
-        element combines them into the target."""
+    def _privatized(self, nd):
+        """(replica type, target accumulation type, replica bytes, replicas) when a single-block
+        scatter accumulates in warp-group replicas of its target in shared memory; else None."""
         dom, pre, lin, val, reduce, include_self, selft, cs = self._scatter_parts(nd)
-        o = nd.outputs[0]
-        staged = o in self.stage
-        tgt = self._dst(o)
-        out = []
         n_out, n_dom = numel(selft.shape), numel(dom)
         Wd = ct.WIDE[selft.dtype]
-        Wt = Wd  # the target's accumulation type
+        Wt = Wd
         if reduce == "add" and self._small_int_counts(nd, n_dom):
             Wd = "int"  # 32-bit shared atomics: 64-bit ones cost several times more on one SM
         wsz = 8 if Wd in ("long long", "double") else 4
         reps = 1
         while reps < 32 and n_out * wsz * reps * 2 <= 64 * 1024:
             reps *= 2
-        if reduce != "none" and include_self and n_dom >= 8 * n_out and reps >= 2 and staged:
+        if reduce != "none" and include_self and n_dom >= 8 * n_out and reps >= 2 and nd.outputs[0] in self.stage:
+            return Wd, Wt, wsz, reps
+        return None
+
+    def _histogram_blocks(self, phases) -> int:
+        """Blocks for a single-block segment that starts with a privatized scatter over many
+        sources: that phase is bound by one SM's loads (MoE histogram of 32768 ids: 7 us), so the
+        grid's blocks share it, each writing its partial histogram to scratch; the last block to
+        finish (a ticket counter) combines them and runs the rest of the segment alone."""
+        if not phases or phases[0][0] != "anchor" or phases[0][1].op.kind is not OpKind.scatter:
+            return 1
+        nd = phases[0][1]
+        if self._privatized(nd) is None:
+            return 1
+        blocks = min(self.sm, -(-numel(self._scatter_parts(nd)[0]) // HIST_BLOCK_SOURCES))
+        return blocks if blocks >= 4 else 1
+
+    def _scatter_block(self, nd, free_off: int, blocks: int = 1) -> tuple[str, int]:
+        """(code, extra shared memory at free_off). Many sources per target: warp-group replicas
+        of the target in shared memory take the atomics (little contention), then one thread per
+        element combines them into the target. With `blocks` > 1, see `_histogram_blocks`."""
+        dom, pre, lin, val, reduce, include_self, selft, cs = self._scatter_parts(nd)
+        o = nd.outputs[0]
+        staged = o in self.stage
+        tgt = self._dst(o)
+        out = []
+        n_out = numel(selft.shape)
+        priv = self._privatized(nd)
+        if priv is not None:
+            Wd, Wt, wsz, reps = priv
             op = _OPS[reduce]
-            out.append(self._init_target(nd, tgt, "threadIdx.x", "blockDim.x"))
-            out.append(f"  for (int j = threadIdx.x; j < {n_out * reps}; j += blockDim.x) "
-                       f"(({Wd}*)(sf_smem + {free_off}))[j] = {op}::id<{Wd}>();")
-            out.append("  __syncthreads();")
-            out.append(f"  {{ {Wd}* sf_rep = ({Wd}*)(sf_smem + {free_off}) + ((threadIdx.x >> 5) % {reps}) * {n_out};")
-            out.append(self._block_scatter_loop(nd, "sf_rep", "atomic", W=Wd) + " }")
-            out.append("  __syncthreads();")
             S = ct.storage(selft.dtype)
-            out.append(f"  for (int j = threadIdx.x; j < {n_out}; j += blockDim.x) {{ {Wd} hv = (({Wd}*)(sf_smem + {free_off}))[j];\n"
-                       f"    for (int r = 1; r < {reps}; ++r) hv = {op}::f<{Wd}>(hv, (({Wd}*)(sf_smem + {free_off}))[r * {n_out} + j]);\n"
+            rep = f"(({Wd}*)(sf_smem + {free_off}))"
+            if blocks == 1:
+                out.append(self._init_target(nd, tgt, "threadIdx.x", "blockDim.x"))
+            out.append(f"  for (int j = threadIdx.x; j < {n_out * reps}; j += blockDim.x) {rep}[j] = {op}::id<{Wd}>();")
+            out.append("  __syncthreads();")
+            out.append(f"  {{ {Wd}* sf_rep = {rep} + ((threadIdx.x >> 5) % {reps}) * {n_out};")
+            out.append(self._block_scatter_loop(nd, "sf_rep", "atomic", W=Wd, blocks=blocks) + " }")
+            out.append("  __syncthreads();")
+            fold = (f"{Wd} hv = {rep}[j];\n"
+                    f"    for (int r = 1; r < {reps}; ++r) hv = {op}::f<{Wd}>(hv, {rep}[r * {n_out} + j]);")
+            if blocks > 1:
+                part = self.scratch_used
+                self.scratch_used = _align(part + blocks * n_out * wsz)
+                P = f"(({Wd}*)(sf_scratch + {part}))"
+                out.append(f"  for (int j = threadIdx.x; j < {n_out}; j += blockDim.x) {{ {fold}\n"
+                           f"    {P}[blockIdx.x * {n_out} + j] = hv; }}")
+                out.append(_LAST_BLOCK)
+                out.append(self._init_target(nd, tgt, "threadIdx.x", "blockDim.x"))
+                out.append("  __syncthreads();")
+                fold = (f"{Wd} hv = {op}::id<{Wd}>();\n"
+                        f"    for (int b = 0; b < {blocks}; ++b) hv = {op}::f<{Wd}>(hv, __ldcg(&{P}[b * {n_out} + j]));")
+            out.append(f"  for (int j = threadIdx.x; j < {n_out}; j += blockDim.x) {{ {fold}\n"
                        f"    if (hv != {op}::id<{Wd}>()) {tgt}[j] = sf_cvt<{S}>({op}::f<{Wt}>(sf_cvt<{Wt}>({tgt}[j]), ({Wt})hv)); }}")
             t = self.types[o]
             out.append("  __syncthreads();")
@@ -945,6 +990,17 @@ _OPS = {"add": "sf_op_add", "mul": "sf_op_mul", "amax": "sf_op_amax", "amin": "s
 
 # Single-block scatter loops load this many indices per thread before applying them.
 BLOCK_BATCH = 8
+# Sources per block of a multi-block histogram (`_histogram_blocks`): one batch of its 1024
+# threads; at least 4 blocks.
+HIST_BLOCK_SOURCES = BLOCK_BATCH * 1024
+# The end of a multi-block histogram's shared phase: each block's partial is stored; the last block
+# to take a ticket (sf_ctr[0], zero between launches: that block zeroes it again) goes on alone.
+_LAST_BLOCK = """  { __shared__ int sf_last; __threadfence(); __syncthreads();
+    if (threadIdx.x == 0) sf_last = atomicAdd(sf_ctr, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!sf_last) return;
+    if (threadIdx.x == 0) *sf_ctr = 0u;
+    __threadfence(); }"""
 _PRE_INDEX = re.compile(r"long long ix = \(long long\)\((.*)\); (if \(ix < .*)$", re.S)
 _FAIL = re.compile(r"sf_fail\(sf_err, 1, (\d+), (\w+), (-?\d+), (\d+)\); continue;")
 

@@ -80,6 +80,11 @@ class _ThreadState:
         self.stream = cp.cuda.Stream(non_blocking=False)
         self._scratch = None
         self.params: dict = {}  # kernel step -> its parameter block on this thread
+        # counters kernels share on this stream (a multi-block histogram's ticket): zero between
+        # launches, because each kernel that takes one zeroes it again before it ends
+        with self.stream:
+            self.ctr = cp.zeros(16, dtype=np.uint32)
+        self.ctr_ptr = self.ctr.data.ptr
         self.buffers: dict = {}  # (kernel step, parameter) -> the buffer its last run allocated
         rt = cp.cuda.runtime
         self.mapped = False
@@ -414,18 +419,19 @@ class CupyRuntime:
             def call(ins: dict) -> dict:
                 st, ctx = context()
                 env = dict(ins)
-                if may_fail:
-                    st.reset()
+                if not may_fail:
                     for run in steps:
                         run(env, ctx)
-                    st.fetch()
-                    st.stream.synchronize()
-                    if st.host[0] != 0:
-                        raise _device_error(fusion, [int(x) for x in st.host])
-                else:
-                    for run in steps:
-                        run(env, ctx)
-                return commit(env, ins, st)
+                    return commit(env, ins, st)
+                st.reset()
+                for run in steps:
+                    run(env, ctx)
+                res = commit(env, ins, st)  # (no writes to inputs here: built while the GPU works)
+                st.fetch()
+                st.stream.synchronize()
+                if st.host[0] != 0:
+                    raise _device_error(fusion, [int(x) for x in st.host])
+                return res
 
             return call
 
@@ -601,7 +607,7 @@ def _kernel_step(rt, mod, kernels, types, alias_buf):
     launch = cp.cuda.driver.launchKernel
     params = tuple(mod.params)
     n_params = len(params)
-    n = n_params + 2  # tensors, then scratch, then the error word: all pointers
+    n = n_params + 3  # tensors, then scratch, the error word and the counters: all pointers
     scratch_bytes = mod.scratch_bytes
     vec_align = 32  # sf_v4<double> is 32-byte aligned; every other vector needs 16 or less
     seq = tuple((k.kernel.ptr, ln.grid, ln.block, ln.smem, ln.vector_of is not None) for k, ln in kernels)
@@ -652,6 +658,7 @@ def _kernel_step(rt, mod, kernels, types, alias_buf):
         if scratch_bytes:
             vals[n_params] = st.scratch_for(scratch_bytes).data.ptr
         vals[n_params + 1] = st.err_ptr
+        vals[n_params + 2] = st.ctr_ptr
         sp = ctx.stream.ptr
         skip_next = False
         for fptr, grid, block, smem, is_vector in seq:

@@ -215,3 +215,42 @@ def test_a_bad_index_after_async_runs_still_raises_and_the_next_run_is_fine():
             eng.run(fh, {k: cp.asarray(v) for k, v in bad.items()})
         got = eng.run(fh, {k: cp.asarray(v) for k, v in good.items()}).outputs["counts"]
         np.testing.assert_array_equal(cp.asnumpy(got), run_graph(fh, good)["counts"])
+
+
+@pytest.mark.parametrize("idt", ["int64", "int32"])
+def test_multi_block_histogram_repeats_and_reports_bad_ids(idt):
+    """MoE problem sizes at T=4096 run as a multi-block histogram whose last block (a ticket
+    counter, zeroed again by that block) writes the counts: repeated runs, runs after an error and
+    runs on two threads all count right."""
+    graph, mk = moe_graphs(idt=idt)[0]
+    f = Fusion.from_json(graph)
+    eng = Engine("cupy")
+    for seed in range(4):
+        host = mk(4096)(np.random.default_rng(seed))
+        got = eng.run(f, {k: cp.asarray(v) for k, v in host.items()}).outputs["counts"]
+        np.testing.assert_array_equal(cp.asnumpy(got), run_graph(f, host)["counts"])
+    for pos, bad_id in (((0, 0), 300), ((4095, 7), -1), ((2000, 3), 256)):
+        host = mk(4096)(np.random.default_rng(9))
+        host["topk_ids"][pos] = bad_id
+        with pytest.raises(RunError, match=f"index {bad_id} is out of bounds"):
+            eng.run(f, {k: cp.asarray(v) for k, v in host.items()})
+        host = mk(4096)(np.random.default_rng(10))
+        got = eng.run(f, {k: cp.asarray(v) for k, v in host.items()}).outputs["counts"]
+        np.testing.assert_array_equal(cp.asnumpy(got), run_graph(f, host)["counts"])
+    errors = []
+
+    def worker(seed):
+        try:
+            for i in range(20):
+                h = mk(4096)(np.random.default_rng(seed * 50 + i))
+                out = eng.run(f, {k: cp.asarray(v) for k, v in h.items()}).outputs["counts"]
+                np.testing.assert_array_equal(cp.asnumpy(out), run_graph(f, h)["counts"])
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(s,)) for s in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
