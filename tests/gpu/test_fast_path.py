@@ -105,21 +105,27 @@ def test_threads_share_an_engine_safely():
     f = Fusion.from_json(graph)
     eng = Engine("cupy")
     eng.run(f, {k: cp.asarray(v) for k, v in mk(128)(np.random.default_rng(0)).items()})
+    _count_in_threads(eng, f, mk, T=128, threads=8, calls=30)
+
+
+def _count_in_threads(eng, f, mk, T: int, threads: int, calls: int):
+    """`threads` threads each run the expert histogram `calls` times on one Engine, checking each
+    result against NumPy (an assertion in a thread is collected and raised here)."""
     errors = []
 
     def worker(seed):
         try:
-            for i in range(30):
-                host = mk(128)(np.random.default_rng(seed * 100 + i))
+            for i in range(calls):
+                host = mk(T)(np.random.default_rng(seed * 100 + i))
                 out = eng.run(f, {k: cp.asarray(v) for k, v in host.items()}).outputs["counts"]
                 np.testing.assert_array_equal(cp.asnumpy(out), run_graph(f, host)["counts"])
         except Exception as e:  # reported below: an assertion in a thread would be lost
             errors.append(e)
 
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(8)]
-    for t in threads:
+    pool = [threading.Thread(target=worker, args=(s,)) for s in range(threads)]
+    for t in pool:
         t.start()
-    for t in threads:
+    for t in pool:
         t.join()
     assert not errors, errors[0]
 
@@ -237,20 +243,4 @@ def test_multi_block_histogram_repeats_and_reports_bad_ids(idt):
         host = mk(4096)(np.random.default_rng(10))
         got = eng.run(f, {k: cp.asarray(v) for k, v in host.items()}).outputs["counts"]
         np.testing.assert_array_equal(cp.asnumpy(got), run_graph(f, host)["counts"])
-    errors = []
-
-    def worker(seed):
-        try:
-            for i in range(20):
-                h = mk(4096)(np.random.default_rng(seed * 50 + i))
-                out = eng.run(f, {k: cp.asarray(v) for k, v in h.items()}).outputs["counts"]
-                np.testing.assert_array_equal(cp.asnumpy(out), run_graph(f, h)["counts"])
-        except Exception as e:  # reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=worker, args=(s,)) for s in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    _count_in_threads(eng, f, mk, T=4096, threads=2, calls=20)
