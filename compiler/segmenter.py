@@ -249,6 +249,10 @@ class _Segmenter:
             seg.smem = smem
             segs.insert(0, seg)
         segs = self.merge_small(g, segs, must_follow)
+        if self.cap.fuse_sort_epilogues:  # a library argsort with its producers/consumers: one launch
+            from .codegen.sort_epilogue import fuse_plan
+
+            segs = fuse_plan(self.fusion, g, segs, self.checks)
         return self.build_plan(g, segs, decisions)
 
     def grid_launches(self, g: WorkGraph, decisions: dict, nodes: set) -> int:
@@ -408,7 +412,8 @@ class _Segmenter:
             return {"launch": False}
         if kind is SegmentKind.library:
             lib = next(s for s in steps if s.library)
-            return {"launch": True, "routine": self.cap.library_routine(lib.node.op.name), "index_bits": index_bits}
+            routine = getattr(seg, "routine", "") or self.cap.library_routine(lib.node.op.name)
+            return {"launch": True, "routine": routine, "index_bits": index_bits}
         if kind is SegmentKind.single_block:
             threads = self.cap.single_block_threads
             if isinstance(elems, int):

@@ -286,6 +286,26 @@ def moe_graphs(E=256, K=8, idt="int64"):
     return [(ps, ids_maker), (eo, counts_maker), (bs, counts_maker), (ar, ids_maker)]
 
 
+def sort_consumers_graph(idt="int64", K=8) -> dict:
+    """An argsort of ids [T, K] with every consumer kind the sort epilogue fuses (compiler/codegen/
+    sort_epilogue.py): `order` itself, pointwise position outputs (one narrowing cast), a scatter
+    of a pointwise of iota into full_like, and a literal scattered into a longer target (which
+    needs the fused kernel's phase-0 init)."""
+    return _graph("sort_consumers", [{"name": "ids", "dtype": idt, "shape": ["T", K]}], [
+        {"op": "reshape", "out": "flat", "inputs": ["ids"], "shape": [-1]},
+        {"op": "argsort", "out": "order", "inputs": ["flat"], "dim": 0, "descending": False, "stable": True},
+        {"op": "remainder", "out": "slot", "inputs": ["order", K]},
+        {"op": "cast", "out": "tok32", "inputs": ["order"], "dtype": "int32"},
+        {"op": "iota", "out": "ar", "inputs": [], "length": f"T*{K}"},
+        {"op": "mul", "out": "ar2", "inputs": ["ar", 2]},
+        {"op": "add", "out": "ar3", "inputs": ["ar2", 1]},
+        {"op": "full_like", "out": "z", "inputs": ["flat"], "value": 0, "dtype": "int64"},
+        {"op": "scatter", "out": "inv", "inputs": ["z", "order", "ar3"], "dim": 0},
+        {"op": "full", "out": "big", "inputs": [], "shape": [f"T*{K}+5"], "value": -1, "dtype": "int32"},
+        {"op": "scatter", "out": "mark", "inputs": ["big", "order", 7], "dim": 0}],
+        ["order", "slot", "tok32", "inv", "mark"])
+
+
 def all_cases():
     cases = pointwise_cases() + movement_cases() + reduction_cases() + scan_sort_cases() + radix_cases() + \
         gather_cases() + scatter_cases()

@@ -235,6 +235,9 @@ class CupyRuntime:
         kind = getattr(seg.kind, "value", seg.kind)
         if not seg.nodes:
             return Step("copy", seg, _copy_step(self, seg, types), "copy")
+        fused = _sort_epilogue_step(self, fusion, seg, types, prep)
+        if fused is not None:
+            return fused
         # A scatter writes straight into its self's buffer only when that buffer is materialized
         # before the segment (in place, ordered, or a staged alias_of input). Otherwise the kernel
         # initializes its own output from self (which is what a private copy means).
@@ -707,6 +710,22 @@ def _host_step(rt, fusion, seg, types):
             env[o] = cp.asarray(h)
 
     return run
+
+
+def _sort_epilogue_step(rt, fusion, seg, types, prep):
+    """A plan's argsort region with fused consumers (compiler/codegen/sort_epilogue.py): one
+    launch of the radix sort's fused variant, or None (then the general path runs it)."""
+    from ..codegen import sort_epilogue
+
+    if (seg.hints or {}).get("routine") != sort_epilogue.ROUTINE:
+        return None
+    made = sort_epilogue.runtime_step(rt, fusion, seg, types)
+    if made is None:
+        return None
+    run, may_fail = made
+    prep.kernels += 1
+    prep.may_fail = prep.may_fail or may_fail  # (a checked divisor writes the error word)
+    return Step("library", seg, run, sort_epilogue.ROUTINE)
 
 
 def _library_step(rt, fusion, seg, types):

@@ -1,0 +1,244 @@
+"""The argsort epilogue fusion (compiler/codegen/sort_epilogue.py) on the CPU: which regions it
+recognizes and which it leaves alone, the plans (the MoE argsort fusion at T = 4096 and 65536 is
+one library segment, one launch), the fused kernel's source compiling with NVRTC to sm_90 for
+int32/int64 ids, fused plans executed by the NumPy plan executor against the op-by-op reference,
+and the runtime hook's wiring with a stand-in for the GPU. Results on the GPU:
+tests/gpu/test_fused_sort_gpu.py."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from segfuse.compiler.codegen import sort_epilogue as se
+from segfuse.compiler.codegen.corpus import _graph, moe_graphs, sort_consumers_graph
+from segfuse.compiler.cuda import nvrtc, radix_sort
+from segfuse.compiler.engine import Engine
+from segfuse.compiler.ir import Fusion
+from segfuse.compiler.numpy_backend import run_graph
+from segfuse.compiler.segmenter import segment
+from segfuse.compiler.segmenter_capability import DEFAULT_CAPABILITY
+
+K = 8
+BASE = [{"op": "reshape", "out": "flat", "inputs": ["ids"], "shape": [-1]}]
+
+
+def argsort_op(desc, src="flat"):
+    return {"op": "argsort", "out": "order", "inputs": [src], "dim": 0, "descending": desc, "stable": True}
+
+
+def graph(name, ops, outs, idt="int64"):
+    return Fusion.from_json(_graph(name, [{"name": "ids", "dtype": idt, "shape": ["T", K]}], ops, outs))
+
+
+def moe(idt="int64", desc=True):
+    """nvFuser's MoE argsort fusion (compiler/codegen/corpus.py) with either sort order."""
+    g, _ = moe_graphs(idt=idt)[-1]
+    ops = [dict(op, descending=desc) if op["op"] == "argsort" else op for op in g["ops"]]
+    return Fusion.from_json({**g, "ops": ops})
+
+
+def wide(idt="int64"):
+    return Fusion.from_json(sort_consumers_graph(idt, K))
+
+
+def scatter_tail(index="order", reduce="none", extra=()):
+    ops = BASE + [argsort_op(True),
+                  {"op": "full", "out": "z", "inputs": [], "shape": [f"T*{K}"], "value": 0, "dtype": "int64"},
+                  {"op": "iota", "out": "ar", "inputs": [], "length": f"T*{K}"}]
+    if index != "order":
+        ops.append({"op": "floor_divide", "out": index, "inputs": ["order", K]})
+    ops.append({"op": "scatter", "out": "o", "inputs": ["z", index, "ar"], "dim": 0, "reduce": reduce})
+    return ops + list(extra)
+
+
+def shapes(f, T):
+    return {f.inputs[0][0]: (T, K)}
+
+
+def plan(f, T, cap=DEFAULT_CAPABILITY):
+    return segment(f, f.bind(shapes(f, T)), cap)
+
+
+def fused(p):
+    return [s for s in p.segments if s.hints.get("routine") == se.ROUTINE]
+
+
+def matched(f, T):
+    (seg,) = fused(plan(f, T))
+    types = f.bind(shapes(f, T)).types
+    return seg, se.match(f, seg.nodes, seg.inputs, seg.outputs, types), types
+
+
+# ---- plans --------------------------------------------------------------------------------
+@pytest.mark.parametrize("idt", ["int32", "int64"])
+@pytest.mark.parametrize("T", [4096, 65536])
+def test_moe_argsort_is_one_library_segment(idt, T):
+    f = moe(idt)
+    p = plan(f, T)
+    (seg,) = p.segments
+    assert seg.kind.value == "library" and seg.hints["routine"] == se.ROUTINE and p.kernel_count == 1
+    assert seg.nodes == list(range(len(f.nodes))) and seg.inputs == ["topk_ids"]
+    assert set(seg.outputs) == {"input_permutation", "output_permutation"}
+    assert "one launch" in seg.reason and "fit shared memory" in seg.reason
+    (alias,) = seg.aliases  # the scatter still writes into its self's (the output's) buffer
+    assert (alias.tensor, alias.mode) == ("output_permutation", "inplace")
+    # the flag restores the old plan: key copy, library sort, consumers
+    old = plan(f, T, dataclasses.replace(DEFAULT_CAPABILITY, fuse_sort_epilogues=False))
+    assert [s.kind.value for s in old.segments] == ["pointwise", "library", "scatter"]
+
+
+def test_small_rows_keep_their_single_block_plan():
+    p = plan(moe(), 128)
+    assert [s.kind.value for s in p.segments] == ["single_block"] and not fused(p)
+
+
+def test_plan_is_size_free_within_its_class():
+    f = moe()
+    assert plan(f, 8192).to_json() == plan(f, 65536).to_json()
+
+
+# ---- recognition ---------------------------------------------------------------------------
+@pytest.mark.parametrize("desc", [True, False])
+def test_match_of_the_moe_fusion(desc):
+    f = moe(desc=desc)
+    seg, m, _ = matched(f, 4096)
+    assert (m.key, m.n, m.descending, m.order) == ("topk_ids", 4096 * K, desc, "order")
+    assert m.stores == ("input_permutation",)
+    assert [(f.nodes[p].outputs[0], init) for p, init in m.scatters] == [("output_permutation", False)]
+
+
+def test_match_of_every_consumer_kind():
+    f = wide()
+    seg, m, types = matched(f, 4096)
+    assert seg.nodes == list(range(len(f.nodes)))
+    assert m.stores == ("order", "slot", "tok32")
+    assert {f.nodes[p].outputs[0]: init for p, init in m.scatters} == {"inv": False, "mark": True}
+    epi, params = se.render(f, m, types)
+    assert params == ["order", "slot", "tok32", "inv", "mark"]
+    assert epi.params == ("long long", "long long", "int", "long long", "int")
+    assert f"sf_i < {4096 * K + 5}LL" in epi.init  # only the longer target is filled first
+    assert "e3[idx]" in epi.scatter and "e4[idx]" in epi.scatter and "e0[pos]" in epi.store
+    assert "[idx]" not in epi.store and "[pos]" not in epi.scatter
+
+
+@pytest.mark.parametrize("ops,outs", [
+    (scatter_tail(reduce="add"), ["o"]),  # accumulation: not a permutation store
+    (scatter_tail(index="q"), ["o"]),  # index is not argsort's output
+    (scatter_tail(extra=[{"op": "add", "out": "o1", "inputs": ["o", 1]}]), ["o1"]),  # reads the scatter
+])
+def test_scatters_that_do_not_fit_stay_outside(ops, outs):
+    f = graph("nofit", ops, outs)
+    p = plan(f, 4096)
+    (seg,) = fused(p)  # the sort still takes what it can (z is written at every position)
+    assert not any(f.nodes[n].op.kind.value == "scatter" for n in seg.nodes)
+    assert len(p.segments) == 2
+    check_numpy(f, 4096)
+
+
+def test_keys_made_by_a_pointwise_op_are_a_segment_input():
+    f = graph("pwkey", BASE + [{"op": "neg", "out": "nf", "inputs": ["flat"]}, argsort_op(False, "nf"),
+                               {"op": "floor_divide", "out": "q", "inputs": ["order", K]}], ["q"])
+    p = plan(f, 4096)
+    assert [s.kind.value for s in p.segments] == ["pointwise", "library"]
+    seg, m, _ = matched(f, 4096)
+    assert m.key == "nf" and m.stores == ("q",)
+    check_numpy(f, 4096)
+
+
+def test_no_match_returns_none():
+    f = moe()
+    types = f.bind({"topk_ids": (4096, K)}).types
+    nodes = list(range(len(f.nodes)))
+    outs = ["input_permutation", "output_permutation"]
+    assert se.match(f, nodes, ["topk_ids"], outs, types) is not None
+    assert se.match(f, nodes, ["topk_ids"], outs + ["flat"], types) is None  # the view is needed outside
+    assert se.match(f, nodes, [], outs, types) is None  # keys are not a segment input
+    assert se.match(f, nodes[:1] + nodes[2:], ["topk_ids"], outs, types) is None  # no argsort
+    assert se.match(f, nodes, ["topk_ids"], outs, types, copies=[object()]) is None
+
+
+# ---- the kernel's source --------------------------------------------------------------------
+@pytest.mark.skipif(not nvrtc.available(), reason="needs cuda-bindings (NVRTC)")
+@pytest.mark.parametrize("idt", ["int32", "int64"])
+@pytest.mark.parametrize("make", [moe, wide])
+def test_fused_source_compiles_for_sm90(idt, make):
+    f = make(idt)
+    _, m, types = matched(f, 4096)
+    epi, params = se.render(f, m, types)
+    src, name = radix_sort.source(np.dtype(idt), epi)
+    cubin, _ = nvrtc.compile_cubin(src, nvrtc.default_options("sm_90"))
+    assert cubin and name.encode() in cubin
+    sig = src[src.index(f" {name}("):]
+    sig = sig[:sig.index(")")]
+    assert sig.count(",") == 6 + len(params)  # x, n, desc, out, scratch, ctr, err, e0..
+    assert "out[pos]" not in src  # the fused kernel stores only what the graph needs
+    assert name != radix_sort.source(np.dtype(idt))[1]
+
+
+def test_plain_source_is_the_plain_kernel():
+    src, name = radix_sort.source("int64")
+    assert "out[pos] = idx;" in src and "sf_err" not in src and "sf_cvt" not in src
+
+
+# ---- the NumPy plan executor runs fused plans ---------------------------------------------
+def check_numpy(f, T, seed=0, high=256):
+    ids = np.random.default_rng(seed).integers(0, high, (T, K)).astype(f.inputs[0][1].dtype.np)
+    name = f.inputs[0][0]
+    want = run_graph(f, {name: ids.copy()})
+    got = Engine().run(f, {name: ids}).outputs
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
+@pytest.mark.parametrize("make", [moe, wide])
+def test_fused_plans_run_on_numpy(make):
+    check_numpy(make("int32"), 4096, seed=1)
+    check_numpy(make("int64"), 4096, seed=2, high=3)
+
+
+# ---- the runtime hook, with a stand-in for the GPU ------------------------------------------
+def test_runtime_step_launches_once_with_the_epilogue(monkeypatch):
+    from segfuse.compiler.cuda import runtime
+
+    calls, prepared = [], []
+    monkeypatch.setattr(radix_sort, "prepare", lambda dt, epi: prepared.append((dt, epi)))
+    monkeypatch.setattr(radix_sort, "argsort", lambda *a, **k: calls.append((a, k)))
+
+    class FakeRt:
+        cp = np
+
+    class State:
+        pass
+
+    class Ctx:
+        state = State()
+
+    f = moe("int32")
+    T = 4096
+    p = plan(f, T)
+    types = f.bind({"topk_ids": (T, K)}).types
+    prep = runtime.Prepared(p, types, [])
+    step = runtime._sort_epilogue_step(FakeRt(), f, p.segments[0], types, prep)
+    assert step.kind == "library" and prep.kernels == 1 and not prep.fallbacks
+    assert not prep.may_fail  # `order // 8` cannot fail: the run need not synchronize
+    assert prepared and prepared[0][0] == np.dtype(np.int32)
+    ids = np.zeros((T, K), np.int32)
+    env = {"topk_ids": ids}
+    step.run(env, Ctx())
+    (args, kw), = calls
+    assert args[1].shape == (T * K,) and np.shares_memory(args[1], ids)  # the input itself, no copy
+    assert args[2:5] == (0, True, Ctx.state) and kw["epilogue"] is prepared[0][1]
+    assert [a.shape for a in kw["outputs"]] == [(T * K,), (T * K,)]
+    assert env["input_permutation"] is kw["outputs"][0] and env["output_permutation"] is kw["outputs"][1]
+    # a checked divisor makes the plan one that may fail
+    div0 = graph("div0", BASE + [argsort_op(False), {"op": "floor_divide", "out": "q", "inputs": ["order", 0]}],
+                 ["q"])
+    p0 = plan(div0, T)
+    prep0 = runtime.Prepared(p0, div0.bind(shapes(div0, T)).types, [])
+    assert runtime._sort_epilogue_step(FakeRt(), div0, p0.segments[0], prep0.types, prep0) is not None
+    assert prep0.may_fail and prep0.kernels == 1
+    # a segment without the routine hint is not taken
+    other = dataclasses.replace(p.segments[0], hints={})
+    assert runtime._sort_epilogue_step(FakeRt(), f, other, types, prep) is None
