@@ -7,6 +7,7 @@ tests/gpu/test_fused_sort_gpu.py."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import numpy as np
@@ -210,10 +211,11 @@ def test_runtime_step_launches_once_with_the_epilogue(monkeypatch):
         cp = np
 
     class State:
-        pass
+        buffers: dict = {}
 
     class Ctx:
         state = State()
+        stream = contextlib.nullcontext()
 
     f = moe("int32")
     T = 4096
@@ -232,6 +234,14 @@ def test_runtime_step_launches_once_with_the_epilogue(monkeypatch):
     assert args[2:5] == (0, True, Ctx.state) and kw["epilogue"] is prepared[0][1]
     assert [a.shape for a in kw["outputs"]] == [(T * K,), (T * K,)]
     assert env["input_permutation"] is kw["outputs"][0] and env["output_permutation"] is kw["outputs"][1]
+    # outputs are this thread's buffers: reused once the caller dropped them, fresh while it keeps them
+    kept = env["input_permutation"]
+    ptrs = [a.ctypes.data for a in kw["outputs"]]
+    calls.clear()
+    del args, kw
+    env = {"topk_ids": ids}
+    step.run(env, Ctx())
+    assert env["input_permutation"] is not kept and env["output_permutation"].ctypes.data == ptrs[1]
     # a checked divisor makes the plan one that may fail
     div0 = graph("div0", BASE + [argsort_op(False), {"op": "floor_divide", "out": "q", "inputs": ["order", 0]}],
                  ["q"])

@@ -332,16 +332,18 @@ def runtime_step(rt, fusion, seg, types):
     epi, params = render(fusion, m, types)
     key_dt = np.dtype(cp_dtype(kt.dtype))
     radix_sort.prepare(key_dt, epi)
+    from ..cuda.runtime import reusable_buffer
+
     cp = rt.cp
     specs = tuple((p, tuple(types[p].shape), cp_dtype(types[p].dtype)) for p in params)
     key, desc = m.key, m.descending
-    empty = cp.empty
+    token = object()  # this step's reusable outputs in each thread's state
 
     def run(env, ctx):
         x = env[key]
         if x.ndim != 1:
             x = x.reshape(-1)  # a view of a contiguous input (CuPy copies a strided one)
-        outs = [empty(shape, dt) for _, shape, dt in specs]
+        outs = [reusable_buffer(cp, ctx, (token, i), shape, dt) for i, (_, shape, dt) in enumerate(specs)]
         radix_sort.argsort(cp, x, 0, desc, ctx.state, epilogue=epi, outputs=outs)
         for (name, _, _), a in zip(specs, outs):
             env[name] = a

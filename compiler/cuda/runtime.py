@@ -602,6 +602,21 @@ _FREE_REFS = 3
 _REUSE_BYTES = 1 << 20
 
 
+def reusable_buffer(cp, ctx, key, shape, dt):
+    """An output buffer for a step of a run on this thread: small ones (up to 1 MiB) are this
+    thread's buffer from an earlier run once nobody else holds it (the caller dropped that result;
+    runs on one thread are serialized), larger ones come from the pool."""
+    if math.prod(shape) * np.dtype(dt).itemsize > _REUSE_BYTES:
+        with ctx.stream:
+            return cp.empty(shape, dt)
+    buffers = ctx.state.buffers
+    a = buffers.get(key)
+    if a is None or getrefcount(a) > _FREE_REFS:
+        with ctx.stream:  # the pool hands out memory ordered on this stream
+            a = buffers[key] = cp.empty(shape, dt)
+    return a
+
+
 def _kernel_step(rt, mod, kernels, types, alias_buf):
     """Launches through the driver (`cuLaunchKernel` via CuPy's thin binding) with a parameter
     block prepared once per thread: a run only writes the pointers that changed (3-4 us less per
