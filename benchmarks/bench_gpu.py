@@ -3,13 +3,14 @@
     python benchmarks/bench_gpu.py            # writes benchmarks/out/bench_gpu.{json,md}, prints the table
 
 Times are CUDA-event means of 20 calls (100 for the MoE rows) after 3 warm-ups around the whole call (host work
-included), like /work/shared/reference/h200-baselines.md.
+included), like /work/shared/reference/h200-baselines.md; the garbage collector is paused while calls are timed.
 """
 # ruff: noqa: B023  (benchmark lambdas are timed inside the loop iteration that defines them)
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -25,6 +26,10 @@ MOE_REPS = 100  # small calls: more repetitions, same for every implementation
 
 
 def timeit(fn, reps=REPS, warm=WARM):
+    """Mean CUDA-event time of `fn` over `reps` calls. Python's garbage collector is paused during
+    the timed calls, for every implementation alike (as the standard library's timeit does): one
+    collection of the benchmark's heap costs about a millisecond, which would land on whichever
+    call it interrupts."""
     import cupy as cp
     import torch
 
@@ -34,12 +39,19 @@ def timeit(fn, reps=REPS, warm=WARM):
     cp.cuda.Device().synchronize()
     a, b = cp.cuda.Event(), cp.cuda.Event()
     ts = []
-    for _ in range(reps):
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        ts.append(cp.cuda.get_elapsed_time(a, b) * 1000.0)
+    was_enabled = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(reps):
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            ts.append(cp.cuda.get_elapsed_time(a, b) * 1000.0)
+    finally:
+        if was_enabled:
+            gc.enable()
     torch.cuda.synchronize()
     return float(np.mean(ts))
 
