@@ -332,20 +332,23 @@ def runtime_step(rt, fusion, seg, types):
     epi, params = render(fusion, m, types)
     key_dt = np.dtype(cp_dtype(kt.dtype))
     radix_sort.prepare(key_dt, epi)
-    from ..cuda.runtime import reusable_buffer
+    from ..cuda.runtime import is_small, output_buffer
 
     cp = rt.cp
     specs = tuple((p, tuple(types[p].shape), cp_dtype(types[p].dtype)) for p in params)
+    specs = tuple((p, shape, dt, is_small(shape, dt)) for p, shape, dt in specs)
     key, desc = m.key, m.descending
     token = object()  # this step's reusable outputs in each thread's state
+    empty = cp.empty
 
     def run(env, ctx):
         x = env[key]
         if x.ndim != 1:
             x = x.reshape(-1)  # a view of a contiguous input (CuPy copies a strided one)
-        outs = [reusable_buffer(cp, ctx, (token, i), shape, dt) for i, (_, shape, dt) in enumerate(specs)]
+        outs = [output_buffer(ctx, (token, i), shape, dt, small, empty)
+                for i, (_, shape, dt, small) in enumerate(specs)]
         radix_sort.argsort(cp, x, 0, desc, ctx.state, epilogue=epi, outputs=outs)
-        for (name, _, _), a in zip(specs, outs):
+        for (name, _, _, _), a in zip(specs, outs):
             env[name] = a
 
     return run, "sf_err" in epi.store + epi.scatter + epi.init

@@ -602,18 +602,24 @@ _FREE_REFS = 3
 _REUSE_BYTES = 1 << 20
 
 
-def reusable_buffer(cp, ctx, key, shape, dt):
-    """An output buffer for a step of a run on this thread: small ones (up to 1 MiB) are this
-    thread's buffer from an earlier run once nobody else holds it (the caller dropped that result;
-    runs on one thread are serialized), larger ones come from the pool."""
-    if math.prod(shape) * np.dtype(dt).itemsize > _REUSE_BYTES:
-        with ctx.stream:
-            return cp.empty(shape, dt)
+def is_small(shape, dt) -> bool:
+    """Whether an output buffer of this shape and dtype is kept per thread for reuse (up to 1 MiB;
+    larger ones go back to the pool, where the allocation cost is noise next to their kernels')."""
+    return math.prod(shape) * np.dtype(dt).itemsize <= _REUSE_BYTES
+
+
+def output_buffer(ctx, key, shape, dt, small: bool, empty):
+    """An output buffer for a step of a run on this thread. A small one is this thread's buffer
+    `key` from an earlier run once nobody else holds it (the caller dropped that result; runs on
+    one thread are serialized): a per-signature free list, ~2 us less than the memory pool."""
+    if not small:
+        with ctx.stream:  # the pool hands out memory ordered on this stream
+            return empty(shape, dt)
     buffers = ctx.state.buffers
     a = buffers.get(key)
     if a is None or getrefcount(a) > _FREE_REFS:
-        with ctx.stream:  # the pool hands out memory ordered on this stream
-            a = buffers[key] = cp.empty(shape, dt)
+        with ctx.stream:
+            a = buffers[key] = empty(shape, dt)
     return a
 
 
@@ -632,9 +638,7 @@ def _kernel_step(rt, mod, kernels, types, alias_buf):
     token = object()  # this step's parameter block in each thread's state
     empty = cp.empty
     spec = {p: (tuple(types[p].shape), cp_dtype(types[p].dtype)) for p in params if p in types}
-    # buffers kept per thread for reuse: small ones only (large ones go back to the pool, where
-    # the allocation cost is noise next to their kernels' time)
-    small = {p for p, (shape, dt) in spec.items() if math.prod(shape) * dt.itemsize <= _REUSE_BYTES}
+    small = {p for p, (shape, dt) in spec.items() if is_small(shape, dt)}
 
     def param_block(st):
         blk = st.params.get(token)
@@ -655,19 +659,9 @@ def _kernel_step(rt, mod, kernels, types, alias_buf):
                 src = alias_buf.get(p)
                 if src is not None:
                     a = env[src]
-                elif p in small:
-                    # Reuse this thread's buffer from an earlier run once nobody else holds it
-                    # (the caller dropped that result): a per-signature free list, ~2 us less
-                    # than the memory pool per buffer. Runs on one thread are serialized.
-                    a = st.buffers.get((token, i))
-                    if a is None or getrefcount(a) > _FREE_REFS:
-                        shape, dt = spec[p]
-                        with ctx.stream:  # the pool hands out memory ordered on this stream
-                            a = st.buffers[(token, i)] = empty(shape, dt)
                 else:
                     shape, dt = spec[p]
-                    with ctx.stream:
-                        a = empty(shape, dt)
+                    a = output_buffer(ctx, (token, i), shape, dt, p in small, empty)
                 env[p] = a
             ptr = a.data.ptr
             vals[i] = ptr
