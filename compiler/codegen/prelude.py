@@ -268,15 +268,10 @@ template <typename T, typename F> __device__ __forceinline__ T sf_block_scan(T v
   return v;
 }
 template <typename T> struct alignas(sizeof(T) * 4) sf_v4 { T v[4]; };
-// 16-byte vectors stream through L2 with evict-first hints (read once, written once)
-template <typename T> __device__ __forceinline__ sf_v4<T> sf_vload(const sf_v4<T>* p) {
-  if (sizeof(sf_v4<T>) == 16) { union { float4 f; sf_v4<T> v; } u; u.f = __ldcs((const float4*)p); return u.v; }
-  return *p;
-}
-template <typename T> __device__ __forceinline__ void sf_vstore(sf_v4<T>* p, sf_v4<T> v) {
-  if (sizeof(sf_v4<T>) == 16) { union { float4 f; sf_v4<T> v; } u; u.v = v; __stcs((float4*)p, u.f); return; }
-  *p = v;
-}
+// Plain 16-byte vector accesses: on an H200, evict-first hints (__ldcs/__stcs) made the 2^28-float
+// chain 7% slower (1030 vs 964 us back to back; benchmarks/README.md, 2026-11-29 23:40 probe)
+template <typename T> __device__ __forceinline__ sf_v4<T> sf_vload(const sf_v4<T>* p) { return *p; }
+template <typename T> __device__ __forceinline__ void sf_vstore(sf_v4<T>* p, sf_v4<T> v) { *p = v; }
 template <typename V> struct sf_argpair { V v; long long i; };
 // ---- end of prelude -------------------------------------------------------------------------
 """
