@@ -7,6 +7,12 @@ executes the plan segment by segment on the backend.
 Contract: `Engine(backend).run(fusion, inputs) -> RunResult`; an input array is never written
 unless an output declares `alias_of` it, and those are updated only when the whole run
 succeeded (a RunError leaves every input untouched).
+
+Errors found on the device (a bad index, an integer division by zero) are raised by the run that
+hit them: it waits for its kernels first. `Engine("cupy", errors="deferred")` trades that for
+latency, as CUDA and PyTorch do: such a run returns once launched and its failure is raised by a
+later run on the same thread or by `Engine.synchronize()` (a `DeferredRunError` naming the graph,
+op and index). Runs that update an input in place are always checked before they return.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ class RunResult:
     cache_misses: int = 0
 
 
-def _run_numpy(plan: Plan, fusion: Fusion, bound, inputs: dict) -> tuple[dict, dict]:
+def _run_numpy(plan: Plan, fusion: Fusion, bound, inputs: dict, deferred: bool = False) -> tuple[dict, dict]:
     from .plan_executor import run_plan
 
     return run_plan(plan, fusion, bound.types, inputs), {}
@@ -39,22 +45,27 @@ def _run_numpy(plan: Plan, fusion: Fusion, bound, inputs: dict) -> tuple[dict, d
 
 SHARED_PLANS = PlanCache()
 
-# Backend name -> runner(plan, fusion, bound, inputs) -> (outputs, extra timings). The GPU backend
-# registers itself here (register_backend) instead of editing Engine.
+# Backend name -> runner(plan, fusion, bound, inputs, deferred) -> (outputs, extra timings). The GPU
+# backend registers itself here (register_backend) instead of editing Engine.
 BACKENDS: dict[str, Callable] = {"numpy": _run_numpy}
 DEVICES: dict[str, str] = {"numpy": "cpu"}
 # Backend name -> warmup(fusion, shapes): compiles a graph's kernels without running it.
 WARMUPS: dict[str, Callable] = {}
-# Backend name -> (signature(fusion, inputs) -> hashable | None, make(plan, fusion, inputs) ->
-# call(inputs) -> outputs | None): the per-signature fast path of a warm graph.
+# Backend name -> (signature(fusion, inputs) -> hashable | None, make(plan, fusion, inputs, deferred)
+# -> call(inputs) -> outputs | None): the per-signature fast path of a warm graph.
 FAST_PATHS: dict[str, tuple[Callable, Callable]] = {}
+# Backend name -> synchronize(): waits for the calling thread's runs, raises a deferred error.
+SYNCS: dict[str, Callable] = {}
+ERROR_MODES = ("raise", "deferred")
 MAX_FAST_SIGNATURES = 4096  # per Engine; past that the table starts over (bounded memory)
 
 
 def register_backend(name: str, runner: Callable, device: str = "cuda", warmup: Callable | None = None,
-                     fast: tuple[Callable, Callable] | None = None) -> None:
+                     fast: tuple[Callable, Callable] | None = None, synchronize: Callable | None = None) -> None:
     BACKENDS[name] = runner
     DEVICES[name] = device
+    if synchronize is not None:
+        SYNCS[name] = synchronize
     if warmup is not None:
         WARMUPS[name] = warmup
     if fast is not None:
@@ -66,14 +77,18 @@ class Engine:
 
     _defaults: dict[str, Engine] = {}
 
-    def __init__(self, backend: str = "numpy", plan_cache: PlanCache | None = None):
+    def __init__(self, backend: str = "numpy", plan_cache: PlanCache | None = None, errors: str = "raise"):
         if backend == "cupy" and backend not in BACKENDS:
             from .cuda.runtime import register  # imports CuPy only when it runs
 
             register()
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend '{backend}' (available: {', '.join(sorted(BACKENDS))})")
+        if errors not in ERROR_MODES:
+            raise ValueError(f"errors must be one of {', '.join(ERROR_MODES)}, not {errors!r}")
         self.backend = backend
+        self.errors = errors
+        self._deferred = errors == "deferred"
         # One cache per process unless given: plans depend on the graph and the shape class only.
         self.plans = plan_cache if plan_cache is not None else SHARED_PLANS
         # input signature -> prepared call: a warm graph skips binding, planning and lookups
@@ -94,6 +109,13 @@ class Engine:
     def compiles(self) -> bool:
         """Whether this backend compiles kernels (and so whether warmup does more than plan)."""
         return self.backend in WARMUPS
+
+    def synchronize(self) -> None:
+        """Wait for this thread's runs on this backend; with `errors="deferred"`, raise the first
+        failure among them (`DeferredRunError`). A no-op on the NumPy backend."""
+        sync = SYNCS.get(self.backend)
+        if sync is not None:
+            sync()
 
     def warmup(self, fusion: Fusion, shapes: dict[str, tuple]) -> Plan:
         """Plan for these input shapes and compile every kernel of the plan, without running it."""
@@ -127,12 +149,12 @@ class Engine:
         bound = fusion.bind(shapes, dtypes)
         plan, hit = self.plans.get(fusion, bound)
         t1 = time.perf_counter()
-        outputs, extra = BACKENDS[self.backend](plan, fusion, bound, inputs)
+        outputs, extra = BACKENDS[self.backend](plan, fusion, bound, inputs, self._deferred)
         t2 = time.perf_counter()
         if key is not None:  # it ran, so the signature is valid: later calls take the fast path
             if len(self._calls) >= MAX_FAST_SIGNATURES:
                 self._calls.clear()
-            call = fast[1](plan, fusion, inputs)
+            call = fast[1](plan, fusion, inputs, self._deferred)
             if call is not None:
                 self._calls[key] = call
         timings = {"plan": (t1 - t0) * 1e6, "compile": 0.0, "run": (t2 - t1) * 1e6}

@@ -58,6 +58,18 @@ class RunError(SegfuseError):
     """
 
 
+class DeferredRunError(RunError):
+    """An earlier run with deferred errors (`Engine(errors="deferred")`) failed; raised by a later
+    call on the same thread or by `Engine.synchronize()`, as CUDA reports asynchronous errors.
+
+    The failed run's outputs hold unspecified values (the bad writes were skipped); no input was
+    changed, because runs that update inputs in place are always checked before they return.
+    `later_failures` counts other pending runs that failed too.
+    """
+
+    later_failures: int = 0
+
+
 class OpError(Exception):
     """Raised by an op's shape/dtype rule; the validator adds the op's location.
 

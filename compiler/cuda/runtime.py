@@ -24,11 +24,14 @@ import numpy as np
 from ..codegen.lazy import Unsupported
 from ..codegen.segment import generate
 from ..dtypes import DType, from_numpy
-from ..errors import BindError, Issue, RunError
+from ..errors import BindError, DeferredRunError, Issue, RunError
 from ..numpy_backend import eval_node
 from .cache import KernelCache
 
 _ERR_WORDS = 5
+# deferred runs in flight per thread before a run waits for the oldest ones (see _ThreadState)
+DEFERRED_SLOTS = 64
+_ZERO_RING = bytes(DEFERRED_SLOTS * _ERR_WORDS * 8)
 
 
 def _cp():
@@ -68,9 +71,12 @@ class Prepared:
 
 
 class _ThreadState:
-    """Per thread: its own stream, and an error word in mapped pinned host memory. Kernels write the
+    """Per thread: its own stream, and error words in mapped pinned host memory. Kernels write a
     word directly (UVA), so a run needs no memset and no copy-back: the host clears it before
-    launching and reads it after the stream synchronizes."""
+    launching and reads it after the stream synchronizes.
+
+    Block 0 serves synchronous runs. Runs with deferred errors (`Engine(errors="deferred")`) each
+    take their own block of a ring, so a failure names its run when a later call finds it."""
 
     def __init__(self, cp):
         self.cp = cp
@@ -86,19 +92,27 @@ class _ThreadState:
             self.ctr = cp.zeros(16, dtype=np.uint32)
         self.ctr_ptr = self.ctr.data.ptr
         self.buffers: dict = {}  # (kernel step, parameter) -> the buffer its last run allocated
+        # deferred runs launched since the stream last drained without an error: their graphs,
+        # in launch order; run i owns ring block i
+        self.pending: list = []
         rt = cp.cuda.runtime
         self.mapped = False
         self.fallback_reason = ""
+        words = _ERR_WORDS * (1 + DEFERRED_SLOTS)
         try:
-            self._host_ptr = rt.hostAlloc(_ERR_WORDS * 8, rt.hostAllocMapped | rt.hostAllocPortable)
+            self._host_ptr = rt.hostAlloc(words * 8, rt.hostAllocMapped | rt.hostAllocPortable)
             try:
                 dev = rt.hostGetDevicePointer(self._host_ptr, 0)
             except AttributeError:  # with unified addressing the host pointer is the device pointer
                 dev = self._host_ptr
-            buf = (ctypes.c_int64 * _ERR_WORDS).from_address(self._host_ptr)
-            self.host = np.frombuffer(buf, dtype=np.int64, count=_ERR_WORDS)
-            self.host[:] = 0
-            self.err_ptr = int(dev)
+            buf = (ctypes.c_int64 * words).from_address(self._host_ptr)
+            every = np.frombuffer(buf, dtype=np.int64, count=words)
+            every[:] = 0
+            self.host = every[:_ERR_WORDS]
+            self.ring = every[_ERR_WORDS:].reshape(DEFERRED_SLOTS, _ERR_WORDS)
+            self.ring_host = self._host_ptr + _ERR_WORDS * 8
+            self.ring_dev = int(dev) + _ERR_WORDS * 8
+            self.err_ptr = self.sync_err_ptr = int(dev)
             self.mapped = True
         except Exception as e:  # fall back to a device word copied back after each run
             self.fallback_reason = f"{type(e).__name__}: {e}"
@@ -107,7 +121,60 @@ class _ThreadState:
             pinned = cp.cuda.alloc_pinned_memory(_ERR_WORDS * 8)
             self._pinned = pinned
             self.host = np.frombuffer(pinned, np.int64, _ERR_WORDS)
-            self.err_ptr = self.dev.data.ptr
+            self.err_ptr = self.sync_err_ptr = self.dev.data.ptr
+
+    # ---- deferred errors -------------------------------------------------------------------
+    def claim_slot(self, fusion) -> int:
+        """The error block (device pointer) for a new deferred run of `fusion`. A full ring first
+        drains the stream, which reports any failure among the runs it holds."""
+        if len(self.pending) >= DEFERRED_SLOTS:
+            self.stream.synchronize()
+            self.settle(drained=True)
+        i = len(self.pending)
+        self.pending.append(fusion)
+        return self.ring_dev + i * (_ERR_WORDS * 8)
+
+    def settle(self, drained: bool = False):
+        """Raise the first failure among pending deferred runs, if one is visible already (or, with
+        `drained`, forget them all once none failed). Costs one host-memory read while none did."""
+        n = len(self.pending) * _ERR_WORDS * 8
+        if ctypes.string_at(self.ring_host, n) == _ZERO_RING[:n]:  # (two memcpys and a memcmp)
+            if drained:
+                self.pending.clear()
+            return
+        if not drained:
+            self.stream.synchronize()  # the failing kernel may still be filling in its words
+        failed = [i for i in range(len(self.pending)) if self.ring[i, 0] != 0]
+        i = failed[0]
+        err = _device_error(self.pending[i], [int(x) for x in self.ring[i]], cls=DeferredRunError)
+        err.later_failures = len(failed) - 1
+        self.ring[: len(self.pending)] = 0
+        self.pending.clear()
+        raise err
+
+    def synchronize(self):
+        self.stream.synchronize()
+        if self.pending:
+            self.settle(drained=True)
+
+    def launch_deferred(self, fusion, runs, env, ctx):
+        """Launch a run's steps with their failures going to a block of the ring of its own."""
+        self.err_ptr = self.claim_slot(fusion)
+        try:
+            for run in runs:
+                run(env, ctx)
+        finally:
+            self.err_ptr = self.sync_err_ptr
+
+    def outcome(self, fusion):
+        """After a checked run was launched: wait for it, then raise an earlier deferred run's
+        failure first (it happened first), then this run's."""
+        self.fetch()
+        self.stream.synchronize()
+        if self.pending:
+            self.settle(drained=True)
+        if self.host[0] != 0:
+            raise _device_error(fusion, [int(x) for x in self.host])
 
     def scratch_for(self, nbytes: int):
         """One scratch buffer per thread, grown on demand: steps of a run use it one after another
@@ -341,10 +408,15 @@ class CupyRuntime:
             raise BindError(issues)
         return shapes, dtypes, strides, arrays
 
-    def run(self, fusion, inputs: dict, plan=None) -> tuple[dict, dict]:
+    def run(self, fusion, inputs: dict, plan=None, deferred: bool = False) -> tuple[dict, dict]:
+        """Run `fusion` on `inputs` (the general path). With `deferred`, a plan whose kernels
+        check data returns once launched, unless it updates an input in place; its failure is
+        raised by a later call on this thread (`DeferredRunError`) or by `synchronize()`."""
         st = self._thread_state()
         stream = st.stream
         t0 = time.perf_counter()
+        if st.pending:
+            st.settle()
         with stream:
             shapes, dtypes, strides, arrays = self.to_device(fusion, inputs)
             prep = self.prepare(fusion, shapes, dtypes, strides, plan)
@@ -355,15 +427,16 @@ class CupyRuntime:
             # caller's array changes only after the whole run succeeded
             for name in prep.staged:
                 env[name] = arrays[name].copy()
-            if prep.may_fail:
+            if prep.may_fail and deferred and _defers(fusion, st):
+                st.launch_deferred(fusion, [step.run for step in prep.steps], env, ctx)
+            elif prep.may_fail:
                 st.reset()
-            for step in prep.steps:
-                step.run(env, ctx)
-            if prep.may_fail:
-                st.fetch()
-                stream.synchronize()
-                if st.host[0] != 0:
-                    raise _device_error(fusion, [int(x) for x in st.host])
+                for step in prep.steps:
+                    step.run(env, ctx)
+                st.outcome(fusion)
+            else:
+                for step in prep.steps:
+                    step.run(env, ctx)
             outs = self._commit(fusion, env, inputs, arrays)
             if prep.staged:
                 stream.synchronize()
@@ -371,14 +444,19 @@ class CupyRuntime:
         return outs, {"prepare_us": (t1 - t0) * 1e6, "run_us": (t2 - t1) * 1e6,
                       "compile_us": prep.compile_s * 1e6, "fallbacks": prep.fallbacks}
 
-    def prepared_call(self, fusion, inputs: dict, plan):
+    def synchronize(self):
+        """Wait for the calling thread's runs; raise the first failure among its deferred ones."""
+        self._thread_state().synchronize()
+
+    def prepared_call(self, fusion, inputs: dict, plan, deferred: bool = False):
         """The per-signature fast path: a callable that runs `fusion` on inputs with exactly the
         shapes, strides and dtypes of `inputs` (CuPy arrays), skipping binding, planning and the
         prepared-plan lookup. The same checks and commit rules as `run`: a plan whose kernels check
         indices or divisors synchronizes once and raises on a bad one before anything is returned
-        or committed; a plan that cannot fail returns as soon as it is launched (results are
-        ordered on the GPU before later work on the caller's default stream). Safe from several
-        threads (each uses its own stream, error word and buffers)."""
+        or committed (with `deferred`, it returns once launched, as in `run`); a plan that cannot
+        fail returns as soon as it is launched (results are ordered on the GPU before later work
+        on the caller's default stream). Safe from several threads (each uses its own stream,
+        error words and buffers)."""
         st0 = self._thread_state()
         with st0.stream:
             shapes, dtypes, strides, arrays = self.to_device(fusion, inputs)
@@ -390,14 +468,18 @@ class CupyRuntime:
         steps = tuple(s.run for s in prep.steps)
         staged = tuple(prep.staged)
         may_fail = prep.may_fail
+        defer = may_fail and deferred and _defers(fusion, st0)
         token = object()  # this call's run context in each thread's state
+
+        def new_ctx(st):
+            ctx = st.params[token] = _RunCtx(rt, st, prep)
+            return ctx
 
         def context():
             st = getattr(tls, "st", None) or new_state()
-            ctx = st.params.get(token)
-            if ctx is None:
-                ctx = st.params[token] = _RunCtx(rt, st, prep)
-            return st, ctx
+            if st.pending:
+                st.settle()  # an earlier deferred run's failure, once visible, fails this call
+            return st, st.params.get(token) or new_ctx(st)
 
         def commit(env, ins, st):
             res = {}
@@ -420,20 +502,23 @@ class CupyRuntime:
             # kernels only: their steps allocate on the thread's stream themselves, so the call
             # needs no stream context (a few microseconds per call at decode sizes)
             def call(ins: dict) -> dict:
-                st, ctx = context()
+                st = getattr(tls, "st", None) or new_state()  # (context(), inlined: ~0.3 us a call)
+                if st.pending:
+                    st.settle()
+                ctx = st.params.get(token) or new_ctx(st)
                 env = dict(ins)
                 if not may_fail:
                     for run in steps:
                         run(env, ctx)
                     return commit(env, ins, st)
+                if defer:
+                    st.launch_deferred(fusion, steps, env, ctx)
+                    return commit(env, ins, st)
                 st.reset()
                 for run in steps:
                     run(env, ctx)
                 res = commit(env, ins, st)  # (no writes to inputs here: built while the GPU works)
-                st.fetch()
-                st.stream.synchronize()
-                if st.host[0] != 0:
-                    raise _device_error(fusion, [int(x) for x in st.host])
+                st.outcome(fusion)
                 return res
 
             return call
@@ -445,15 +530,16 @@ class CupyRuntime:
                 env = dict(ins)
                 for name in staged:
                     env[name] = ins[name].copy()
-                if may_fail:
+                if defer:
+                    st.launch_deferred(fusion, steps, env, ctx)
+                elif may_fail:
                     st.reset()
-                for run in steps:
-                    run(env, ctx)
-                if may_fail:
-                    st.fetch()
-                    stream.synchronize()
-                    if st.host[0] != 0:
-                        raise _device_error(fusion, [int(x) for x in st.host])
+                    for run in steps:
+                        run(env, ctx)
+                    st.outcome(fusion)
+                else:
+                    for run in steps:
+                        run(env, ctx)
                 res = commit(env, ins, st)
                 if staged:
                     stream.synchronize()
@@ -589,11 +675,13 @@ _ERROR_TEXT = {
 }
 
 
-def _device_error(fusion, w):
+def _device_error(fusion, w, cls=RunError):
     code, op_index, value, dim, size = w
     name = next((nd.op.name for nd in fusion.nodes if nd.index == op_index), "op")
     text = _ERROR_TEXT.get(code, lambda *a: f"device error code {code}")(name, value, dim, size)
-    return RunError([Issue(("ops", op_index, "inputs", 1), text)])
+    if cls is DeferredRunError:
+        text = f"an earlier run of graph '{fusion.name}' failed: {text}"
+    return cls([Issue(("ops", op_index, "inputs", 1), text)])
 
 
 getrefcount = sys.getrefcount
@@ -639,29 +727,27 @@ def _kernel_step(rt, mod, kernels, types, alias_buf):
     empty = cp.empty
     spec = {p: (tuple(types[p].shape), cp_dtype(types[p].dtype)) for p in params if p in types}
     small = {p for p, (shape, dt) in spec.items() if is_small(shape, dt)}
+    # per parameter, what a run needs when the env lacks it (an output): decided once here
+    slots = tuple((i, p, alias_buf.get(p), (token, i)) + (spec.get(p, (None, None))) + (p in small,)
+                  for i, p in enumerate(params))
 
     def param_block(st):
-        blk = st.params.get(token)
-        if blk is None:
-            vals = (ctypes.c_uint64 * n)()
-            ptrs = (ctypes.c_void_p * n)(*[ctypes.addressof(vals) + 8 * i for i in range(n)])
-            blk = st.params[token] = (vals, ptrs, ctypes.addressof(ptrs))
+        vals = (ctypes.c_uint64 * n)()
+        ptrs = (ctypes.c_void_p * n)(*[ctypes.addressof(vals) + 8 * i for i in range(n)])
+        blk = st.params[token] = (vals, ptrs, ctypes.addressof(ptrs))
         return blk
 
     def run(env, ctx):
         st = ctx.state
-        vals, _keep, addr = param_block(st)
+        vals, _keep, addr = st.params.get(token) or param_block(st)
         aligned = True
-        for i in range(n_params):
-            p = params[i]
+        for i, p, src, key, shape, dt, is_small_ in slots:
             a = env.get(p)
             if a is None:
-                src = alias_buf.get(p)
                 if src is not None:
                     a = env[src]
                 else:
-                    shape, dt = spec[p]
-                    a = output_buffer(ctx, (token, i), shape, dt, p in small, empty)
+                    a = output_buffer(ctx, key, shape, dt, is_small_, empty)
                 env[p] = a
             ptr = a.data.ptr
             vals[i] = ptr
@@ -837,10 +923,16 @@ def shape_proxies(fusion, inputs: dict) -> dict:
     return out
 
 
-def _engine_runner(plan, fusion, bound, inputs):
+def _defers(fusion, st) -> bool:
+    """Whether a run of `fusion` may return before its checks finished: not when it updates an
+    input in place (that commit waits for the outcome), nor without mapped error words."""
+    return st.mapped and all(o.alias_of is None for o in fusion.outputs)
+
+
+def _engine_runner(plan, fusion, bound, inputs, deferred: bool = False):
     rt = get_runtime()
     misses, spent = rt.cache.stats.misses, rt.cache.stats.compile_s
-    outs, info = rt.run(fusion, inputs, plan)
+    outs, info = rt.run(fusion, inputs, plan, deferred)
     # compile time of this call only (a warm run reports 0, not its preparation's)
     return outs, {"compile": (rt.cache.stats.compile_s - spent) * 1e6,
                   "kernel_cache_misses": rt.cache.stats.misses - misses}
@@ -852,7 +944,9 @@ def register() -> None:
 
     register_backend("cupy", _engine_runner, device="cuda",
                      warmup=lambda fusion, shapes: get_runtime().warmup(fusion, shapes),
-                     fast=(signature, lambda plan, fusion, inputs: get_runtime().prepared_call(fusion, inputs, plan)))
+                     fast=(signature, lambda plan, fusion, inputs, deferred=False:
+                           get_runtime().prepared_call(fusion, inputs, plan, deferred)),
+                     synchronize=lambda: get_runtime().synchronize())
 
 
 def get_runtime() -> CupyRuntime:

@@ -151,17 +151,8 @@ def test_results_the_caller_keeps_are_never_reused():
         np.testing.assert_array_equal(cp.asnumpy(got), want)
 
 
-def _spin(ms: float):
-    """Hold the legacy default stream (which the runtime's blocking streams wait for) for `ms`."""
-    k = cp.RawKernel('extern "C" __global__ void sf_test_spin(unsigned long long ns) { unsigned long long t0, t;'
-                     ' asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));'
-                     ' do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns); }',
-                     "sf_test_spin")
-    k((1,), (1,), (np.uint64(int(ms * 1e6)),), stream=cp.cuda.Stream.null)
-
-
 @pytest.mark.parametrize("fast", [False, True])
-def test_runs_that_cannot_fail_return_before_the_gpu_finishes(fast):
+def test_runs_that_cannot_fail_return_before_the_gpu_finishes(fast, spin):
     """A plan without checks (expert offsets) returns once launched; one that checks indices
     (the expert histogram) waits for its kernel to learn the outcome. Either way the results are
     ordered before later work on the default stream."""
@@ -176,7 +167,7 @@ def test_runs_that_cannot_fail_return_before_the_gpu_finishes(fast):
         else:  # compile first (loading a module may wait for the GPU); the run takes the general path
             eng.warmup(f, {k: v.shape for k, v in ins.items()})
         cp.cuda.Device().synchronize()
-        _spin(300)
+        spin(300)
         out = eng.run(f, ins).outputs
         waited = cp.cuda.Stream.null.done
         assert waited is (g["name"] == "moe_problem_sizes"), g["name"]
