@@ -26,7 +26,12 @@ MOE_REPS = 100  # small calls: more repetitions, same for every implementation
 
 
 def timeit(fn, reps=REPS, warm=WARM):
-    """Mean CUDA-event time of `fn` over `reps` calls. Python's garbage collector is paused during
+    """Mean CUDA-event time of `fn` over `reps` calls (see timeit_stats)."""
+    return timeit_stats(fn, reps, warm)[0]
+
+
+def timeit_stats(fn, reps=REPS, warm=WARM):
+    """Mean and median CUDA-event time of `fn` over `reps` calls. Python's garbage collector is paused during
     the timed calls, for every implementation alike (as the standard library's timeit does): one
     collection of the benchmark's heap costs about a millisecond, which would land on whichever
     call it interrupts."""
@@ -53,7 +58,7 @@ def timeit(fn, reps=REPS, warm=WARM):
         if was_enabled:
             gc.enable()
     torch.cuda.synchronize()
-    return float(np.mean(ts))
+    return float(np.mean(ts)), float(np.median(ts))
 
 
 def graph(name, inputs, ops, outputs):
@@ -196,6 +201,7 @@ def bench_moe(rows, E=256, K=8):
     from segfuse.compiler.ir import Fusion
 
     eng = Engine("cupy")
+    lazy = Engine("cupy", errors="deferred")  # device errors raised by a later call, as torch's
     ratios = {}
     for idt in ("int64", "int32"):
         for g, mk in moe_graphs(E=E, K=K, idt=idt):
@@ -205,15 +211,16 @@ def bench_moe(rows, E=256, K=8):
                 tins = {k: torch.as_tensor(v, device="cuda") for k, v in ins.items()}
                 res = eng.run(f, ins)
                 eng.run(f, ins)  # the second call with this signature sets up the fast path
-                t_seg = timeit(lambda: eng.run(f, ins), reps=MOE_REPS)
+                t_seg, p50_seg = timeit_stats(lambda: eng.run(f, ins), reps=MOE_REPS)
                 ids = tins.get("topk_ids")
                 counts = tins.get("tokens_per_expert")
-                t_eager = timeit(lambda: _torch_moe(g["name"], ids, counts, E, K), reps=MOE_REPS)
+                t_eager, p50_eager = timeit_stats(lambda: _torch_moe(g["name"], ids, counts, E, K), reps=MOE_REPS)
                 rt = get_runtime()
                 prep = _prep_of(rt, f, ins)
                 k_us = rt.kernel_time_us(f, ins)
                 rows.append({"bench": f"{g['name']} T={T} {idt}", "impl": "segfuse Engine.run", "us": t_seg,
-                             "torch eager us": t_eager, "speedup": t_eager / t_seg, "launches": prep.kernels,
+                             "torch eager us": t_eager, "speedup": t_eager / t_seg, "p50 us": p50_seg,
+                             "torch eager p50 us": p50_eager, "p50 speedup": p50_eager / p50_seg, "launches": prep.kernels,
                              "kernel us": k_us, "host overhead us": t_seg - k_us,
                              "plan": _plan_desc(prep), "fallbacks": "; ".join(prep.fallbacks)})
                 if T in (128, 4096):  # the multi-launch lowering, for comparison
@@ -222,6 +229,18 @@ def bench_moe(rows, E=256, K=8):
                     rows.append({"bench": f"{g['name']} T={T} {idt}", "impl": "segfuse, one launch per anchor",
                                  "us": timeit(lambda: split.run(f, ins)), "torch eager us": t_eager})
                 ratios[f"{g['name']}_T{T}_{idt}"] = t_eager / t_seg
+                ratios[f"{g['name']}_T{T}_{idt}_p50"] = p50_eager / p50_seg
+                if prep.may_fail:  # a plan that checks data: also with errors="deferred"
+                    lazy.run(f, ins)
+                    lazy.run(f, ins)
+                    t_lazy, p50_lazy = timeit_stats(lambda: lazy.run(f, ins), reps=MOE_REPS)
+                    lazy.synchronize()
+                    rows.append({"bench": f"{g['name']} T={T} {idt}", "impl": "segfuse Engine.run, errors='deferred'",
+                                 "us": t_lazy, "torch eager us": t_eager, "speedup": t_eager / t_lazy,
+                                 "p50 us": p50_lazy, "torch eager p50 us": p50_eager, "p50 speedup": p50_eager / p50_lazy,
+                                 "launches": prep.kernels, "kernel us": k_us, "host overhead us": t_lazy - k_us})
+                    ratios[f"{g['name']}_T{T}_{idt}_deferred"] = t_eager / t_lazy
+                    ratios[f"{g['name']}_T{T}_{idt}_deferred_p50"] = p50_eager / p50_lazy
                 _ = res
     return ratios
 
@@ -290,15 +309,15 @@ def bench_compile_and_overhead(rows):
 
 
 def table(rows) -> str:
-    keys = ["bench", "impl", "us", "TB/s", "torch eager us", "speedup", "launches", "kernel us", "host overhead us",
-            "plan", "fallbacks"]
+    keys = ["bench", "impl", "us", "TB/s", "torch eager us", "speedup", "p50 us", "torch eager p50 us", "p50 speedup",
+            "launches", "kernel us", "host overhead us", "plan", "fallbacks"]
     used = [k for k in keys if any(k in r for r in rows)]
     out = ["| " + " | ".join(used) + " |", "|" + " --- |" * len(used)]
     for r in rows:
         cells = []
         for k in used:
             v = r.get(k, "")
-            cells.append(f"{v:.1f}" if isinstance(v, float) and k != "speedup" else
+            cells.append(f"{v:.1f}" if isinstance(v, float) and "speedup" not in k else
                          (f"{v:.2f}x" if isinstance(v, float) else str(v)))
         out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
