@@ -4,6 +4,7 @@
 
 Times are CUDA-event means of 20 calls (100 for the MoE rows) after 3 warm-ups around the whole call (host work
 included), like /work/shared/reference/h200-baselines.md; the garbage collector is paused while calls are timed.
+The chain's and the MoE rows' implementations are timed in alternating rounds (see `interleaved`).
 """
 # ruff: noqa: B023  (benchmark lambdas are timed inside the loop iteration that defines them)
 
@@ -23,18 +24,21 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 REPS, WARM = 20, 3
 MOE_REPS = 100  # small calls: more repetitions, same for every implementation
+MOE_ROUNDS = 5  # ... taken in alternating rounds (see interleaved)
+CHAIN_ROUNDS = 4  # the chain's implementations alternate too (5 calls a round)
 
 
 def timeit(fn, reps=REPS, warm=WARM):
-    """Mean CUDA-event time of `fn` over `reps` calls (see timeit_stats)."""
-    return timeit_stats(fn, reps, warm)[0]
+    """Mean CUDA-event time of `fn` over `reps` calls (see samples)."""
+    return float(np.mean(samples(fn, reps, warm)))
 
 
-def timeit_stats(fn, reps=REPS, warm=WARM):
-    """Mean and median CUDA-event time of `fn` over `reps` calls. Python's garbage collector is paused during
-    the timed calls, for every implementation alike (as the standard library's timeit does): one
-    collection of the benchmark's heap costs about a millisecond, which would land on whichever
-    call it interrupts."""
+def samples(fn, reps=REPS, warm=WARM) -> list:
+    """CUDA-event times (us) of `reps` calls of `fn`, each from an event recorded before the call to
+    one recorded after it returned (host work included). Python's garbage collector is paused
+    during the timed calls, for every implementation alike (as the standard library's timeit
+    does): one collection of the benchmark's heap costs about a millisecond, which would land on
+    whichever call it interrupts."""
     import cupy as cp
     import torch
 
@@ -58,7 +62,19 @@ def timeit_stats(fn, reps=REPS, warm=WARM):
         if was_enabled:
             gc.enable()
     torch.cuda.synchronize()
-    return float(np.mean(ts)), float(np.median(ts))
+    return ts
+
+
+def interleaved(fns: dict, reps=MOE_REPS, rounds=MOE_ROUNDS) -> dict:
+    """{name: (mean, median)} over `reps` calls of each function, taken in `rounds` alternating
+    rounds (A B C, A B C, ...), so that the host's drift over seconds (these calls last 10-200 us
+    and this machine's Python speed moves by a third between minutes) lands on every implementation
+    alike instead of on whichever was timed during a slow stretch."""
+    got = {k: [] for k in fns}
+    for _ in range(rounds):
+        for k, fn in fns.items():
+            got[k] += samples(fn, reps // rounds)
+    return {k: (float(np.mean(v)), float(np.median(v))) for k, v in got.items()}
 
 
 def graph(name, inputs, ops, outputs):
@@ -85,7 +101,6 @@ def bench_chain(rows, n=2**28):
     out = eng.run(f, {"a": a, "b": b, "c": c}).outputs["o"]
     ref = torch.where(ta > 0, ta * tb + tc, torch.exp(tc) * 0.5)
     assert torch.allclose(torch.as_tensor(out, device="cuda"), ref, rtol=1e-5, atol=1e-6)
-    t_seg = timeit(lambda: eng.run(f, {"a": a, "b": b, "c": c}))
     from segfuse.compiler.cuda.runtime import get_runtime
 
     rt = get_runtime()
@@ -108,17 +123,17 @@ def bench_chain(rows, n=2**28):
     def te():
         return torch.where(ta > 0, ta * tb + tc, torch.exp(tc) * 0.5)
 
-    t_eager = timeit(te)
     tcomp = torch.compile(te)
     t0 = time.perf_counter()
     tcomp()
     torch.cuda.synchronize()
     first = time.perf_counter() - t0
-    t_comp = timeit(tcomp)
-    t_cupy = timeit(lambda: cp.where(a > 0, a * b + c, cp.exp(c) * 0.5))
     ek = cp.ElementwiseKernel("float32 a, float32 b, float32 c", "float32 o",
                               "o = a > 0 ? a * b + c : expf(c) * 0.5f", "chain_ek")
-    t_ek = timeit(lambda: ek(a, b, c))
+    st = interleaved({"seg": lambda: eng.run(f, {"a": a, "b": b, "c": c}), "eager": te, "comp": tcomp,
+                      "cupy": lambda: cp.where(a > 0, a * b + c, cp.exp(c) * 0.5), "ek": lambda: ek(a, b, c)},
+                     reps=REPS, rounds=CHAIN_ROUNDS)
+    t_seg, t_eager, t_comp, t_cupy, t_ek = (st[k][0] for k in ("seg", "eager", "comp", "cupy", "ek"))
     gb = 4 * n * 4 / 1e9
     for impl, t in (("segfuse", t_seg), ("torch eager", t_eager), ("torch.compile", t_comp), ("CuPy eager", t_cupy),
                     ("CuPy ElementwiseKernel", t_ek)):
@@ -211,36 +226,37 @@ def bench_moe(rows, E=256, K=8):
                 tins = {k: torch.as_tensor(v, device="cuda") for k, v in ins.items()}
                 res = eng.run(f, ins)
                 eng.run(f, ins)  # the second call with this signature sets up the fast path
-                t_seg, p50_seg = timeit_stats(lambda: eng.run(f, ins), reps=MOE_REPS)
                 ids = tins.get("topk_ids")
                 counts = tins.get("tokens_per_expert")
-                t_eager, p50_eager = timeit_stats(lambda: _torch_moe(g["name"], ids, counts, E, K), reps=MOE_REPS)
                 rt = get_runtime()
                 prep = _prep_of(rt, f, ins)
-                k_us = rt.kernel_time_us(f, ins)
-                rows.append({"bench": f"{g['name']} T={T} {idt}", "impl": "segfuse Engine.run", "us": t_seg,
-                             "torch eager us": t_eager, "speedup": t_eager / t_seg, "p50 us": p50_seg,
-                             "torch eager p50 us": p50_eager, "p50 speedup": p50_eager / p50_seg, "launches": prep.kernels,
-                             "kernel us": k_us, "host overhead us": t_seg - k_us,
-                             "plan": _plan_desc(prep), "fallbacks": "; ".join(prep.fallbacks)})
-                if T in (128, 4096):  # the multi-launch lowering, for comparison
-                    split = _split_runtime()
-                    split.run(f, ins)
-                    rows.append({"bench": f"{g['name']} T={T} {idt}", "impl": "segfuse, one launch per anchor",
-                                 "us": timeit(lambda: split.run(f, ins)), "torch eager us": t_eager})
-                ratios[f"{g['name']}_T{T}_{idt}"] = t_eager / t_seg
-                ratios[f"{g['name']}_T{T}_{idt}_p50"] = p50_eager / p50_seg
+                fns = {"seg": lambda: eng.run(f, ins), "eager": lambda: _torch_moe(g["name"], ids, counts, E, K)}
                 if prep.may_fail:  # a plan that checks data: also with errors="deferred"
                     lazy.run(f, ins)
                     lazy.run(f, ins)
-                    t_lazy, p50_lazy = timeit_stats(lambda: lazy.run(f, ins), reps=MOE_REPS)
-                    lazy.synchronize()
-                    rows.append({"bench": f"{g['name']} T={T} {idt}", "impl": "segfuse Engine.run, errors='deferred'",
-                                 "us": t_lazy, "torch eager us": t_eager, "speedup": t_eager / t_lazy,
-                                 "p50 us": p50_lazy, "torch eager p50 us": p50_eager, "p50 speedup": p50_eager / p50_lazy,
-                                 "launches": prep.kernels, "kernel us": k_us, "host overhead us": t_lazy - k_us})
-                    ratios[f"{g['name']}_T{T}_{idt}_deferred"] = t_eager / t_lazy
-                    ratios[f"{g['name']}_T{T}_{idt}_deferred_p50"] = p50_eager / p50_lazy
+                    fns["lazy"] = lambda: lazy.run(f, ins)
+                stats = interleaved(fns)
+                lazy.synchronize()
+                (t_eager, p50_eager) = stats["eager"]
+                k_us = rt.kernel_time_us(f, ins)
+                name = f"{g['name']} T={T} {idt}"
+                for key, impl in (("seg", "segfuse Engine.run"), ("lazy", "segfuse Engine.run, errors='deferred'")):
+                    if key not in stats:
+                        continue
+                    t, p50 = stats[key]
+                    rows.append({"bench": name, "impl": impl, "us": t, "torch eager us": t_eager,
+                                 "speedup": t_eager / t, "p50 us": p50, "torch eager p50 us": p50_eager,
+                                 "p50 speedup": p50_eager / p50, "launches": prep.kernels, "kernel us": k_us,
+                                 "host overhead us": t - k_us, "plan": _plan_desc(prep),
+                                 "fallbacks": "; ".join(prep.fallbacks)})
+                    tag = f"{g['name']}_T{T}_{idt}" + ("_deferred" if key == "lazy" else "")
+                    ratios[tag] = t_eager / t
+                    ratios[tag + "_p50"] = p50_eager / p50
+                if T in (128, 4096):  # the multi-launch lowering, for comparison
+                    split = _split_runtime()
+                    split.run(f, ins)
+                    rows.append({"bench": name, "impl": "segfuse, one launch per anchor",
+                                 "us": timeit(lambda: split.run(f, ins)), "torch eager us": t_eager})
                 _ = res
     return ratios
 

@@ -165,3 +165,18 @@ def test_bench_speedup_series_follow_the_summary():
     assert series["Engine.run (int64 ids)"] == [0.8, 36.0, 0.9, 0.5]
     assert series["Engine.run (int32 ids)"][2] == 7.0 and math.isnan(series["Engine.run (int32 ids)"][3])
     assert targets == [0.95, 40.0, 3.0, 1.0]
+
+
+def test_bench_speedups_show_deferred_runs_and_skip_medians():
+    from segfuse.compiler.cli.client_cmds import bench_speedups
+
+    summary = {"chain_vs_compile": 1.1, "moe_problem_sizes_T1_int64": 2.0, "moe_problem_sizes_T1_int64_p50": 2.2,
+               "moe_problem_sizes_T1_int64_deferred": 2.6, "moe_problem_sizes_T1_int64_deferred_p50": 2.9,
+               "moe_problem_sizes_T1_int32": 2.5, "moe_problem_sizes_T1_int32_deferred": 3.1,
+               "moe_problem_sizes_T65536_int64_deferred": 4.0}
+    labels, series, targets = bench_speedups(summary)
+    assert labels == ["chain 2^28 f32 (vs torch.compile)", "problem_sizes T=1", "problem_sizes T=1, errors='deferred'",
+                      "problem_sizes T=65536, errors='deferred'"]
+    assert series["Engine.run (int64 ids)"] == [1.1, 2.0, 2.6, 4.0]
+    assert series["Engine.run (int32 ids)"][1:3] == [2.5, 3.1] and math.isnan(series["Engine.run (int32 ids)"][3])
+    assert targets == [0.95, 3.0, 3.0, 1.0]

@@ -378,12 +378,13 @@ def bench_speedups(summary: dict) -> tuple[list[str], dict[str, list[float]], li
             narrow.append(nan)
             targets.append(target)
     for k, v in summary.items():
-        if k.startswith("moe_") and k.endswith("int64"):
-            name, t = k[4:].rsplit("_T", 1)
-            labels.append(f"{name} T={t.split('_')[0]}")
-            wide.append(v)
-            narrow.append(summary.get(k[: -len("int64")] + "int32", nan))
-            targets.append(1.0 if t.startswith("65536") else 3.0)
+        for suffix, note in (("_int64", ""), ("_int64_deferred", ", errors='deferred'")):
+            if k.startswith("moe_") and k.endswith(suffix):
+                name, t = k[4: -len(suffix)].rsplit("_T", 1)
+                labels.append(f"{name} T={t}{note}")
+                wide.append(v)
+                narrow.append(summary.get(k.replace("_int64", "_int32"), nan))
+                targets.append(1.0 if t == "65536" else 3.0)
     return labels, {"Engine.run (int64 ids)": wide, "Engine.run (int32 ids)": narrow}, targets
 
 
