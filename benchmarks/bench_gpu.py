@@ -26,6 +26,7 @@ REPS, WARM = 20, 3
 MOE_REPS = 100  # small calls: more repetitions, same for every implementation
 MOE_ROUNDS = 5  # ... taken in alternating rounds (see interleaved)
 CHAIN_ROUNDS = 4  # the chain's implementations alternate too (5 calls a round)
+ROUND_WARM = 10  # warm-up calls at the start of each round: the first calls after a switch run slow
 
 
 def timeit(fn, reps=REPS, warm=WARM):
@@ -69,11 +70,13 @@ def interleaved(fns: dict, reps=MOE_REPS, rounds=MOE_ROUNDS) -> dict:
     """{name: (mean, median)} over `reps` calls of each function, taken in `rounds` alternating
     rounds (A B C, A B C, ...), so that the host's drift over seconds (these calls last 10-200 us
     and this machine's Python speed moves by a third between minutes) lands on every implementation
-    alike instead of on whichever was timed during a slow stretch."""
+    alike instead of on whichever was timed during a slow stretch. Each round starts with
+    ROUND_WARM untimed calls: with 3, the 23:35 run's means were 30-40% above its medians for
+    every implementation (15-20% in runs without rounds), the mark of slow calls after a switch."""
     got = {k: [] for k in fns}
     for _ in range(rounds):
         for k, fn in fns.items():
-            got[k] += samples(fn, reps // rounds)
+            got[k] += samples(fn, reps // rounds, warm=ROUND_WARM)
     return {k: (float(np.mean(v)), float(np.median(v))) for k, v in got.items()}
 
 
