@@ -26,7 +26,7 @@ REPS, WARM = 20, 3
 MOE_REPS = 100  # small calls: more repetitions, same for every implementation
 MOE_ROUNDS = 5  # ... taken in alternating rounds (see interleaved)
 CHAIN_ROUNDS = 4  # the chain's implementations alternate too (5 calls a round)
-ROUND_WARM = 10  # warm-up calls at the start of each round: the first calls after a switch run slow
+ROUND_WARM = 10  # untimed calls at the start of each round
 
 
 def timeit(fn, reps=REPS, warm=WARM):
@@ -71,8 +71,8 @@ def interleaved(fns: dict, reps=MOE_REPS, rounds=MOE_ROUNDS) -> dict:
     rounds (A B C, A B C, ...), so that the host's drift over seconds (these calls last 10-200 us
     and this machine's Python speed moves by a third between minutes) lands on every implementation
     alike instead of on whichever was timed during a slow stretch. Each round starts with
-    ROUND_WARM untimed calls: with 3, the 23:35 run's means were 30-40% above its medians for
-    every implementation (15-20% in runs without rounds), the mark of slow calls after a switch."""
+    ROUND_WARM untimed calls. (Means sit 30-50% above medians for every implementation with 3 or
+    10 of them, 15-20% in runs without rounds: occasional slow calls, not the first ones.)"""
     got = {k: [] for k in fns}
     for _ in range(rounds):
         for k, fn in fns.items():
