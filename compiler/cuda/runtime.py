@@ -111,6 +111,8 @@ class _ThreadState:
             self.host = every[:_ERR_WORDS]
             self.ring = every[_ERR_WORDS:].reshape(DEFERRED_SLOTS, _ERR_WORDS)
             self.ring_host = self._host_ptr + _ERR_WORDS * 8
+            self._ring_bytes = (ctypes.c_char * len(_ZERO_RING)).from_address(self.ring_host)
+            self.word0 = ctypes.c_int64.from_address(self._host_ptr)
             self.ring_dev = int(dev) + _ERR_WORDS * 8
             self.err_ptr = self.sync_err_ptr = int(dev)
             self.mapped = True
@@ -121,6 +123,7 @@ class _ThreadState:
             pinned = cp.cuda.alloc_pinned_memory(_ERR_WORDS * 8)
             self._pinned = pinned
             self.host = np.frombuffer(pinned, np.int64, _ERR_WORDS)
+            self.word0 = ctypes.c_int64.from_address(self.host.ctypes.data)
             self.err_ptr = self.sync_err_ptr = self.dev.data.ptr
 
     # ---- deferred errors -------------------------------------------------------------------
@@ -137,8 +140,9 @@ class _ThreadState:
     def settle(self, drained: bool = False):
         """Raise the first failure among pending deferred runs, if one is visible already (or, with
         `drained`, forget them all once none failed). Costs one host-memory read while none did."""
-        n = len(self.pending) * _ERR_WORDS * 8
-        if ctypes.string_at(self.ring_host, n) == _ZERO_RING[:n]:  # (two memcpys and a memcmp)
+        # only pending runs' blocks can be non-zero: compare the whole ring (one copy of 2.5 KiB
+        # and a memcmp; cheaper than working out the pending part in Python)
+        if self._ring_bytes.raw == _ZERO_RING:
             if drained:
                 self.pending.clear()
             return
@@ -173,7 +177,7 @@ class _ThreadState:
         self.stream.synchronize()
         if self.pending:
             self.settle(drained=True)
-        if self.host[0] != 0:
+        if self.word0.value != 0:
             raise _device_error(fusion, [int(x) for x in self.host])
 
     def scratch_for(self, nbytes: int):
@@ -187,7 +191,7 @@ class _ThreadState:
 
     def reset(self):
         if self.mapped:
-            self.host[0] = 0  # kernels claim word 0 first (atomicCAS), then fill the rest
+            self.word0.value = 0  # kernels claim word 0 first (atomicCAS), then fill the rest
         else:
             self.cp.cuda.runtime.memsetAsync(self.dev.data.ptr, 0, _ERR_WORDS * 8, self.stream.ptr)
 
@@ -202,10 +206,11 @@ class _RunCtx:
     """One run's context: the runtime, the prepared plan and the calling thread's state (its
     stream, error word, scratch, parameter blocks and reusable buffers)."""
 
-    __slots__ = ("rt", "stream", "prepared", "state")
+    __slots__ = ("rt", "stream", "sp", "prepared", "state")
 
     def __init__(self, rt, state, prepared):
         self.rt, self.stream, self.prepared, self.state = rt, state.stream, prepared, state
+        self.sp = state.stream.ptr
 
 
 class CupyRuntime:
@@ -502,24 +507,27 @@ class CupyRuntime:
             # kernels only: their steps allocate on the thread's stream themselves, so the call
             # needs no stream context (a few microseconds per call at decode sizes)
             def call(ins: dict) -> dict:
-                st = getattr(tls, "st", None) or new_state()  # (context(), inlined: one call less per run)
-                if st.pending:
-                    st.settle()
+                st = getattr(tls, "st", None) or new_state()
                 ctx = st.params.get(token) or new_ctx(st)
                 env = dict(ins)
-                if not may_fail:
+                if may_fail and not defer:
+                    st.reset()
                     for run in steps:
                         run(env, ctx)
-                    return commit(env, ins, st)
+                    res = commit(env, ins, st)  # (no writes to inputs here: built while the GPU works)
+                    st.outcome(fusion)  # (raises an earlier deferred run's failure first)
+                    return res
                 if defer:
                     st.launch_deferred(fusion, steps, env, ctx)
-                    return commit(env, ins, st)
-                st.reset()
-                for run in steps:
-                    run(env, ctx)
-                res = commit(env, ins, st)  # (no writes to inputs here: built while the GPU works)
-                st.outcome(fusion)
-                return res
+                else:
+                    for run in steps:
+                        run(env, ctx)
+                if st.pending:
+                    # an earlier deferred run's failure, once visible, fails this call. Checked
+                    # after the launch, while the GPU works: this run's outputs are then dropped
+                    # (its own failure, if any, is counted among the later ones)
+                    st.settle()
+                return commit(env, ins, st)
 
             return call
 
@@ -733,6 +741,7 @@ def _kernel_step(rt, mod, kernels, types, alias_buf):
 
     def param_block(st):
         vals = (ctypes.c_uint64 * n)()
+        vals[n_params + 2] = st.ctr_ptr  # the thread's counters: the same for every run
         ptrs = (ctypes.c_void_p * n)(*[ctypes.addressof(vals) + 8 * i for i in range(n)])
         blk = st.params[token] = (vals, ptrs, ctypes.addressof(ptrs))
         return blk
@@ -756,8 +765,7 @@ def _kernel_step(rt, mod, kernels, types, alias_buf):
         if scratch_bytes:
             vals[n_params] = st.scratch_for(scratch_bytes).data.ptr
         vals[n_params + 1] = st.err_ptr
-        vals[n_params + 2] = st.ctr_ptr
-        sp = ctx.stream.ptr
+        sp = ctx.sp
         skip_next = False
         for fptr, grid, block, smem, is_vector in seq:
             if skip_next:
