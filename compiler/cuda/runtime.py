@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import os
 import re
 import sys
 import threading
@@ -31,7 +32,10 @@ from .cache import KernelCache
 _ERR_WORDS = 5
 # deferred runs in flight per thread before a run waits for the oldest ones (see _ThreadState)
 DEFERRED_SLOTS = 64
-_ZERO_RING = bytes(DEFERRED_SLOTS * _ERR_WORDS * 8)
+# error blocks of replayed CUDA graphs with deferred errors, per thread (see prepared_call)
+GRAPH_BLOCKS = 64
+GRAPHS_PER_CALL = 4  # graphs kept per prepared signature and thread (distinct parameter sets)
+_ZERO_RING = bytes((DEFERRED_SLOTS + GRAPH_BLOCKS) * _ERR_WORDS * 8)
 
 
 def _cp():
@@ -76,7 +80,9 @@ class _ThreadState:
     launching and reads it after the stream synchronizes.
 
     Block 0 serves synchronous runs. Runs with deferred errors (`Engine(errors="deferred")`) each
-    take their own block of a ring, so a failure names its run when a later call finds it."""
+    take their own block of a ring, so a failure names its run when a later call finds it. A
+    captured CUDA graph of a deferred plan has a block of its own (its kernels' parameters are
+    fixed), shared by its replays: a failure names the graph's fusion."""
 
     def __init__(self, cp):
         self.cp = cp
@@ -95,10 +101,16 @@ class _ThreadState:
         # deferred runs launched since the stream last drained without an error: their graphs,
         # in launch order; run i owns ring block i
         self.pending: list = []
+        # graph blocks: the fusion of the deferred graph owning each, the free ones, and how many
+        # deferred graph replays were launched since the stream last drained without an error
+        self.graph_owner: list = [None] * GRAPH_BLOCKS
+        self.graph_free: list = []
+        self.graph_runs = 0
+        self.capture_stream = None  # created at the first capture (see CupyRuntime._graphed_call)
         rt = cp.cuda.runtime
         self.mapped = False
         self.fallback_reason = ""
-        words = _ERR_WORDS * (1 + DEFERRED_SLOTS)
+        words = _ERR_WORDS * (1 + DEFERRED_SLOTS + GRAPH_BLOCKS)
         try:
             self._host_ptr = rt.hostAlloc(words * 8, rt.hostAllocMapped | rt.hostAllocPortable)
             try:
@@ -109,11 +121,14 @@ class _ThreadState:
             every = np.frombuffer(buf, dtype=np.int64, count=words)
             every[:] = 0
             self.host = every[:_ERR_WORDS]
-            self.ring = every[_ERR_WORDS:].reshape(DEFERRED_SLOTS, _ERR_WORDS)
+            blocks = every[_ERR_WORDS:].reshape(DEFERRED_SLOTS + GRAPH_BLOCKS, _ERR_WORDS)
+            self.ring, self.gblocks = blocks[:DEFERRED_SLOTS], blocks[DEFERRED_SLOTS:]
             self.ring_host = self._host_ptr + _ERR_WORDS * 8
             self._ring_bytes = (ctypes.c_char * len(_ZERO_RING)).from_address(self.ring_host)
             self.word0 = ctypes.c_int64.from_address(self._host_ptr)
             self.ring_dev = int(dev) + _ERR_WORDS * 8
+            self.gblock_dev = self.ring_dev + DEFERRED_SLOTS * _ERR_WORDS * 8
+            self.graph_free = list(range(GRAPH_BLOCKS - 1, -1, -1))
             self.err_ptr = self.sync_err_ptr = int(dev)
             self.mapped = True
         except Exception as e:  # fall back to a device word copied back after each run
@@ -140,25 +155,29 @@ class _ThreadState:
     def settle(self, drained: bool = False):
         """Raise the first failure among pending deferred runs, if one is visible already (or, with
         `drained`, forget them all once none failed). Costs one host-memory read while none did."""
-        # only pending runs' blocks can be non-zero: compare the whole ring (one copy of 2.5 KiB
-        # and a memcmp; cheaper than working out the pending part in Python)
+        # only pending runs' and deferred graphs' blocks can be non-zero: compare them all (one
+        # copy of 5 KiB and a memcmp; cheaper than working out the pending part in Python)
         if self._ring_bytes.raw == _ZERO_RING:
             if drained:
                 self.pending.clear()
+                self.graph_runs = 0
             return
         if not drained:
             self.stream.synchronize()  # the failing kernel may still be filling in its words
-        failed = [i for i in range(len(self.pending)) if self.ring[i, 0] != 0]
-        i = failed[0]
-        err = _device_error(self.pending[i], [int(x) for x in self.ring[i]], cls=DeferredRunError)
+        failed = [(self.pending[i], self.ring[i]) for i in range(len(self.pending)) if self.ring[i, 0] != 0]
+        failed += [(self.graph_owner[b], self.gblocks[b]) for b in range(GRAPH_BLOCKS) if self.gblocks[b, 0] != 0]
+        fusion, words = failed[0]
+        err = _device_error(fusion, [int(x) for x in words], cls=DeferredRunError)
         err.later_failures = len(failed) - 1
-        self.ring[: len(self.pending)] = 0
+        self.ring[:] = 0
+        self.gblocks[:] = 0
         self.pending.clear()
+        self.graph_runs = 0
         raise err
 
     def synchronize(self):
         self.stream.synchronize()
-        if self.pending:
+        if self.pending or self.graph_runs:
             self.settle(drained=True)
 
     def launch_deferred(self, fusion, runs, env, ctx):
@@ -175,7 +194,7 @@ class _ThreadState:
         failure first (it happened first), then this run's."""
         self.fetch()
         self.stream.synchronize()
-        if self.pending:
+        if self.pending or self.graph_runs:
             self.settle(drained=True)
         if self.word0.value != 0:
             raise _device_error(fusion, [int(x) for x in self.host])
@@ -206,11 +225,15 @@ class _RunCtx:
     """One run's context: the runtime, the prepared plan and the calling thread's state (its
     stream, error word, scratch, parameter blocks and reusable buffers)."""
 
-    __slots__ = ("rt", "stream", "sp", "prepared", "state")
+    __slots__ = ("rt", "stream", "sp", "prepared", "state", "graphs", "last_key")
 
     def __init__(self, rt, state, prepared):
         self.rt, self.stream, self.prepared, self.state = rt, state.stream, prepared, state
         self.sp = state.stream.ptr
+        # the fast path's CUDA graphs of this plan on this thread: parameter bytes -> (graph,
+        # error block or None); and the parameters of the last run that launched directly
+        self.graphs: dict = {}
+        self.last_key = None
 
 
 class CupyRuntime:
@@ -223,6 +246,11 @@ class CupyRuntime:
         self.cache = KernelCache(cache_dir, arch=self.arch, loader=self._load_module)
         self.cache.warm_compiler()
         self.planner = planner
+        # CUDA graphs for repeated kernels-only runs (SEGFUSE_CUDA_GRAPHS=0 turns them off); off
+        # for good, with the reason kept, if a capture ever fails
+        self.use_graphs = os.environ.get("SEGFUSE_CUDA_GRAPHS", "1") != "0"
+        self.graph_fallback_reason = ""
+        self.graph_captures = 0  # graphs captured so far (all threads)
         self._prepared: dict = {}
         self._plock = threading.Lock()
         self._tls = threading.local()
@@ -503,6 +531,9 @@ class CupyRuntime:
                 res[name] = v
             return res
 
+        if all(s.kind == "kernel" for s in prep.steps) and not staged and self.use_graphs and st0.mapped:
+            return self._graphed_call(fusion, prep, defer, tls, new_state, token, new_ctx, commit)
+
         if all(s.kind == "kernel" for s in prep.steps) and not staged:
             # kernels only: their steps allocate on the thread's stream themselves, so the call
             # needs no stream context (a few microseconds per call at decode sizes)
@@ -554,6 +585,106 @@ class CupyRuntime:
             return res
 
         return call_general
+
+    def _graphed_call(self, fusion, prep, defer, tls, new_state, token, new_ctx, commit):
+        """The kernels-only fast path with CUDA graphs. A run binds every kernel's parameter block
+        first (tensor pointers, outputs allocated); when those bytes equal the last run's, the
+        launches are captured once into a graph, and later runs with the same parameters replay
+        it: one `cuGraphLaunch` instead of a `cuLaunchKernel` per kernel (on the H200 host 1.6 us
+        against 5.8 us for one kernel; benchmarks/README.md). Parameters seen for the first time
+        launch directly, so runs on ever new buffers never pay for a capture. Errors: a checked
+        plan's graph writes the thread's synchronous error block like a direct run; a deferred
+        plan's graph has an error block of its own (`_ThreadState.graph_owner`)."""
+        rt = self
+        binds = tuple(s.run.bind for s in prep.steps)
+        fires = tuple(s.run.fire for s in prep.steps)
+        may_fail = prep.may_fail
+        checked = may_fail and not defer  # waits for the outcome before returning
+        block_bytes = _ERR_WORDS * 8
+
+        def release(st, blk):
+            st.graph_owner[blk] = None
+            st.graph_free.append(blk)
+
+        def capture(st, ctx, key, recs):
+            if not rt.use_graphs:
+                return None
+            graphs = ctx.graphs
+            full = len(graphs) >= GRAPHS_PER_CALL
+            if defer and not full and not st.graph_free:
+                return None  # every graph block is taken (by other plans' graphs)
+            if full:  # the oldest goes (a deferred plan's frees its block)
+                _graph, old = graphs.pop(next(iter(graphs)))
+                if old is not None:
+                    try:
+                        st.synchronize()  # its replays may still write its block (raises their failure)
+                    finally:
+                        release(st, old)
+            blk, err = None, st.sync_err_ptr
+            if defer:
+                if not st.graph_free:
+                    return None
+                blk = st.graph_free.pop()
+                st.graph_owner[blk] = fusion
+                err = st.gblock_dev + blk * block_bytes
+            # captured on a non-blocking stream of the thread's own: capturing a blocking stream
+            # makes other threads' work on the legacy stream fail (cudaErrorStreamCaptureImplicit)
+            # while it lasts. Replays run on the thread's blocking stream, ordered as direct runs.
+            stream = st.capture_stream
+            if stream is None:
+                stream = st.capture_stream = rt.cp.cuda.Stream(non_blocking=True)
+            try:
+                stream.begin_capture()
+                try:
+                    for rec, fire in zip(recs, fires):
+                        fire(rec, err, stream.ptr)
+                finally:
+                    graph = stream.end_capture()
+            except Exception as e:  # no graphs on this runtime from now on; this run launches directly
+                rt.use_graphs = False
+                rt.graph_fallback_reason = f"{type(e).__name__}: {e}"
+                if blk is not None:
+                    release(st, blk)
+                return None
+            g = graphs[key] = (graph, blk)
+            rt.graph_captures += 1
+            return g
+
+        def call(ins: dict) -> dict:
+            st = getattr(tls, "st", None) or new_state()
+            ctx = st.params.get(token) or new_ctx(st)
+            env = dict(ins)
+            recs = [bind(env, ctx) for bind in binds]
+            key = b"".join([bytes(r[0]) for r in recs])  # every parameter but the error block's
+            g = ctx.graphs.get(key)
+            if g is None:
+                if key == ctx.last_key:  # the same parameters twice in a row: capture them
+                    g = capture(st, ctx, key, recs)
+                else:
+                    ctx.last_key = key
+            if checked:
+                st.reset()
+                if g is None:
+                    for rec, fire in zip(recs, fires):
+                        fire(rec, st.sync_err_ptr, ctx.sp)
+                else:
+                    g[0].launch(st.stream)
+                res = commit(env, ins, st)  # (no writes to inputs here: built while the GPU works)
+                st.outcome(fusion)  # (raises an earlier deferred run's failure first)
+                return res
+            if g is None:
+                err = st.claim_slot(fusion) if defer else st.sync_err_ptr
+                for rec, fire in zip(recs, fires):
+                    fire(rec, err, ctx.sp)
+            else:
+                g[0].launch(st.stream)
+                if g[1] is not None:
+                    st.graph_runs += 1
+            if st.pending or st.graph_runs:
+                st.settle()  # after the launch, as in prepared_call's other kernels-only path
+            return commit(env, ins, st)
+
+        return call
 
     def runner(self, fusion, inputs: dict, plan=None):
         """A lean callable for one input signature (shapes/dtypes/strides of `inputs`): the
@@ -722,12 +853,18 @@ def output_buffer(ctx, key, shape, dt, small: bool, empty):
 def _kernel_step(rt, mod, kernels, types, alias_buf):
     """Launches through the driver (`cuLaunchKernel` via CuPy's thin binding) with a parameter
     block prepared once per thread: a run only writes the pointers that changed (3-4 us less per
-    launch than a RawKernel call, which converts every argument each time)."""
+    launch than a RawKernel call, which converts every argument each time).
+
+    The returned `run(env, ctx)` is `fire(bind(env, ctx), error block, stream)`: `bind` fills the
+    block's tensor pointers (allocating outputs) and zeroes its error-block entry, so the block's
+    bytes identify a launch for the fast path's CUDA graphs; `fire` sets the error block and
+    launches."""
     cp = rt.cp
     launch = cp.cuda.driver.launchKernel
     params = tuple(mod.params)
     n_params = len(params)
     n = n_params + 3  # tensors, then scratch, the error word and the counters: all pointers
+    err_i = n_params + 1
     scratch_bytes = mod.scratch_bytes
     vec_align = 32  # sf_v4<double> is 32-byte aligned; every other vector needs 16 or less
     seq = tuple((k.kernel.ptr, ln.grid, ln.block, ln.smem, ln.vector_of is not None) for k, ln in kernels)
@@ -743,12 +880,13 @@ def _kernel_step(rt, mod, kernels, types, alias_buf):
         vals = (ctypes.c_uint64 * n)()
         vals[n_params + 2] = st.ctr_ptr  # the thread's counters: the same for every run
         ptrs = (ctypes.c_void_p * n)(*[ctypes.addressof(vals) + 8 * i for i in range(n)])
-        blk = st.params[token] = (vals, ptrs, ctypes.addressof(ptrs))
-        return blk
+        rec = st.params[token] = [vals, ptrs, ctypes.addressof(ptrs), True]  # (+ all aligned)
+        return rec
 
-    def run(env, ctx):
+    def bind(env, ctx):
         st = ctx.state
-        vals, _keep, addr = st.params.get(token) or param_block(st)
+        rec = st.params.get(token) or param_block(st)
+        vals = rec[0]
         aligned = True
         for i, p, src, key, shape, dt, is_small_ in slots:
             a = env.get(p)
@@ -764,8 +902,13 @@ def _kernel_step(rt, mod, kernels, types, alias_buf):
                 aligned = False
         if scratch_bytes:
             vals[n_params] = st.scratch_for(scratch_bytes).data.ptr
-        vals[n_params + 1] = st.err_ptr
-        sp = ctx.sp
+        vals[err_i] = 0
+        rec[3] = aligned
+        return rec
+
+    def fire(rec, err_ptr, sp):
+        vals, _keep, addr, aligned = rec
+        vals[err_i] = err_ptr
         skip_next = False
         for fptr, grid, block, smem, is_vector in seq:
             if skip_next:
@@ -778,6 +921,10 @@ def _kernel_step(rt, mod, kernels, types, alias_buf):
                 continue
             launch(fptr, grid, 1, 1, block, 1, 1, smem, sp, addr, 0)
 
+    def run(env, ctx):
+        fire(bind(env, ctx), ctx.state.err_ptr, ctx.sp)
+
+    run.bind, run.fire = bind, fire
     return run
 
 
