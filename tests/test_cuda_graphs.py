@@ -15,6 +15,7 @@ import weakref
 
 import numpy as np
 import pytest
+from cupy_standin import Array, fake_cupy
 from segfuse.compiler.cuda import runtime as rtmod
 from segfuse.compiler.errors import DeferredRunError, RunError
 from segfuse.compiler.ir import Fusion
@@ -72,24 +73,8 @@ class _Graph:
             w()
 
 
-class _Array(np.ndarray):
-    @property
-    def data(self):
-        return types.SimpleNamespace(ptr=self.ctypes.data)
-
-
 def _fake_cupy():
-    keep = []
-
-    def host_alloc(nbytes, flags):
-        buf = ctypes.create_string_buffer(nbytes)
-        keep.append(buf)
-        return ctypes.addressof(buf)
-
-    runtime = types.SimpleNamespace(hostAlloc=host_alloc, hostGetDevicePointer=lambda p, flags: p,
-                                    hostAllocMapped=2, hostAllocPortable=1)
-    return types.SimpleNamespace(cuda=types.SimpleNamespace(Stream=_Stream, runtime=runtime),
-                                 zeros=lambda n, dtype: np.zeros(n, dtype).view(_Array), _keep=keep)
+    return fake_cupy(_Stream)
 
 
 _LIVE: dict = {}  # address -> weak reference to the array there (what a pointer reaches)
@@ -109,7 +94,7 @@ def _hist_step(launches: list):
             rec = st.params[token] = [(ctypes.c_uint64 * 3)(), None, 0, True]
         out = st.buffers.get(token)
         if out is None or rtmod.getrefcount(out) > rtmod._FREE_REFS:
-            out = st.buffers[token] = np.zeros(BINS, np.int64).view(_Array)
+            out = st.buffers[token] = np.zeros(BINS, np.int64).view(Array)
         env["c"] = out
         for a in (env["i"], out):
             _LIVE[a.data.ptr] = weakref.ref(a)
@@ -189,7 +174,7 @@ class _Setup:
 
 
 def _ids(*v):
-    return np.array(v, np.int64).view(_Array)
+    return np.array(v, np.int64).view(Array)
 
 
 @pytest.mark.parametrize("defer", [False, True])

@@ -7,10 +7,10 @@ later call raises is checked against what was written. The GPU suite runs the sa
 from __future__ import annotations
 
 import ctypes
-import types
 
 import numpy as np
 import pytest
+from cupy_standin import fake_cupy
 from segfuse.compiler.cuda import runtime as rtmod
 from segfuse.compiler.engine import Engine
 from segfuse.compiler.errors import DeferredRunError, RunError
@@ -39,24 +39,8 @@ class _Stream:
         return False
 
 
-class _Array(np.ndarray):
-    @property
-    def data(self):
-        return types.SimpleNamespace(ptr=self.ctypes.data)
-
-
 def _fake_cupy():
-    keep = []
-
-    def host_alloc(nbytes, flags):
-        buf = ctypes.create_string_buffer(nbytes)
-        keep.append(buf)
-        return ctypes.addressof(buf)
-
-    runtime = types.SimpleNamespace(hostAlloc=host_alloc, hostGetDevicePointer=lambda p, flags: p,
-                                    hostAllocMapped=2, hostAllocPortable=1)
-    return types.SimpleNamespace(cuda=types.SimpleNamespace(Stream=_Stream, runtime=runtime),
-                                 zeros=lambda n, dtype: np.zeros(n, dtype).view(_Array), _keep=keep)
+    return fake_cupy(_Stream)
 
 
 def _fail(state, slot_ptr: int, op_index: int, value: int):

@@ -1,0 +1,30 @@
+"""A stand-in for the parts of CuPy that the runtime's per-thread state uses (`_ThreadState`):
+mapped host memory is ordinary host memory (its device pointer is its address), arrays are NumPy
+arrays with a `.data.ptr`. Tests pass their own stream class."""
+
+from __future__ import annotations
+
+import ctypes
+import types
+
+import numpy as np
+
+
+class Array(np.ndarray):
+    @property
+    def data(self):
+        return types.SimpleNamespace(ptr=self.ctypes.data)
+
+
+def fake_cupy(stream_cls):
+    keep = []
+
+    def host_alloc(nbytes, flags):
+        buf = ctypes.create_string_buffer(nbytes)
+        keep.append(buf)
+        return ctypes.addressof(buf)
+
+    runtime = types.SimpleNamespace(hostAlloc=host_alloc, hostGetDevicePointer=lambda p, flags: p,
+                                    hostAllocMapped=2, hostAllocPortable=1)
+    return types.SimpleNamespace(cuda=types.SimpleNamespace(Stream=stream_cls, runtime=runtime),
+                                 zeros=lambda n, dtype: np.zeros(n, dtype).view(Array), _keep=keep)
