@@ -56,13 +56,19 @@ WARMUPS: dict[str, Callable] = {}
 FAST_PATHS: dict[str, tuple[Callable, Callable]] = {}
 # Backend name -> synchronize(): waits for the calling thread's runs, raises a deferred error.
 SYNCS: dict[str, Callable] = {}
+# Backend name -> (begin(), owner(key), end() -> {key: RunError}, most runs per batch): the calling
+# thread's runs between begin and end defer their errors, each to a block of its own (run_batch).
+BATCHES: dict[str, tuple] = {}
 ERROR_MODES = ("raise", "deferred")
 MAX_FAST_SIGNATURES = 4096  # per Engine; past that the table starts over (bounded memory)
 
 
 def register_backend(name: str, runner: Callable, device: str = "cuda", warmup: Callable | None = None,
-                     fast: tuple[Callable, Callable] | None = None, synchronize: Callable | None = None) -> None:
+                     fast: tuple[Callable, Callable] | None = None, synchronize: Callable | None = None,
+                     batch: tuple | None = None) -> None:
     BACKENDS[name] = runner
+    if batch is not None:
+        BATCHES[name] = batch
     DEVICES[name] = device
     if synchronize is not None:
         SYNCS[name] = synchronize
@@ -94,6 +100,8 @@ class Engine:
         # input signature -> prepared call: a warm graph skips binding, planning and lookups
         self._fast = FAST_PATHS.get(backend)
         self._calls: dict = {}
+        # run_batch defers every run's errors: its prepared calls are made in that mode
+        self._deferred_calls: dict = self._calls if self._deferred else {}
 
     @classmethod
     def default(cls, backend: str = "numpy") -> Engine:
@@ -129,11 +137,50 @@ class Engine:
         return self.plans.get(fusion, fusion.bind(shapes))[0]
 
     def run(self, fusion: Fusion, inputs: dict[str, np.ndarray]) -> RunResult:
+        return self._run(fusion, inputs, self._deferred, self._calls)
+
+    def is_warm(self, fusion: Fusion, inputs: dict) -> bool:
+        """Whether a run of `fusion` on inputs like these takes the prepared fast path in a batch:
+        no binding, planning or compiling, only launches (a server runs those inline)."""
+        fast = self._fast
+        if fast is None:
+            return False
+        key = fast[0](fusion, inputs)
+        return key is not None and key in self._deferred_calls
+
+    def run_batch(self, calls: list[tuple[Fusion, dict]]) -> list[RunResult | Exception]:
+        """Run `(fusion, inputs)` pairs back to back and wait for the device once, as a server
+        does with the runs waiting in its queue. Each pair gets its own outcome, in order: a
+        RunResult, or the exception that run alone failed with (a bad index fails its run with the
+        RunError a lone run raises; the other runs' outputs are complete). Runs that update an
+        input in place wait for their own outcome, as in `run`. On the GPU every run of a batch
+        uses the calling thread's stream, so a later run sees an earlier one's outputs."""
+        hooks = BATCHES.get(self.backend)
+        results: list = []
+        step = hooks[3] if hooks else len(calls) or 1
+        for start in range(0, len(calls), step):
+            if hooks:
+                hooks[0]()
+            try:
+                for k, (fusion, inputs) in enumerate(calls[start:start + step]):
+                    if hooks:
+                        hooks[1](k)
+                    try:
+                        results.append(self._run(fusion, inputs, True, self._deferred_calls))
+                    except Exception as e:  # this run's failure; the batch goes on
+                        results.append(e)
+            finally:
+                failures = hooks[2]() if hooks else {}
+            for k, err in failures.items():
+                results[start + k] = err
+        return results
+
+    def _run(self, fusion: Fusion, inputs: dict, deferred: bool, calls: dict) -> RunResult:
         fast = self._fast
         key = None
         if fast is not None:
             key = fast[0](fusion, inputs)
-            call = self._calls.get(key) if key is not None else None
+            call = calls.get(key) if key is not None else None
             if call is not None:
                 t0 = time.perf_counter()
                 outputs = call(inputs)
@@ -149,14 +196,14 @@ class Engine:
         bound = fusion.bind(shapes, dtypes)
         plan, hit = self.plans.get(fusion, bound)
         t1 = time.perf_counter()
-        outputs, extra = BACKENDS[self.backend](plan, fusion, bound, inputs, self._deferred)
+        outputs, extra = BACKENDS[self.backend](plan, fusion, bound, inputs, deferred)
         t2 = time.perf_counter()
         if key is not None:  # it ran, so the signature is valid: later calls take the fast path
-            if len(self._calls) >= MAX_FAST_SIGNATURES:
-                self._calls.clear()
-            call = fast[1](plan, fusion, inputs, self._deferred)
+            if len(calls) >= MAX_FAST_SIGNATURES:
+                calls.clear()
+            call = fast[1](plan, fusion, inputs, deferred)
             if call is not None:
-                self._calls[key] = call
+                calls[key] = call
         timings = {"plan": (t1 - t0) * 1e6, "compile": 0.0, "run": (t2 - t1) * 1e6}
         timings.update(extra)
         return RunResult(outputs=outputs, timings_us=timings, cache_hits=int(hit), cache_misses=int(not hit))

@@ -107,6 +107,10 @@ class _ThreadState:
         self.graph_free: list = []
         self.graph_runs = 0
         self.capture_stream = None  # created at the first capture (see CupyRuntime._graphed_call)
+        # a batch in progress (Engine.run_batch): the error blocks its runs claimed, as (owner,
+        # "slot" | "graph", index); None outside a batch. `owner` names the run launching now.
+        self.batch: list | None = None
+        self.owner = None
         rt = cp.cuda.runtime
         self.mapped = False
         self.fallback_reason = ""
@@ -146,15 +150,53 @@ class _ThreadState:
         """The error block (device pointer) for a new deferred run of `fusion`. A full ring first
         drains the stream, which reports any failure among the runs it holds."""
         if len(self.pending) >= DEFERRED_SLOTS:
+            if self.batch is not None:
+                raise RuntimeError(f"a batch holds at most {DEFERRED_SLOTS} runs with deferred errors")
             self.stream.synchronize()
             self.settle(drained=True)
         i = len(self.pending)
         self.pending.append(fusion)
+        if self.batch is not None:
+            self.batch.append((self.owner, "slot", i))
         return self.ring_dev + i * (_ERR_WORDS * 8)
+
+    def graph_replayed(self, blk: int) -> None:
+        """A deferred graph with error block `blk` was replayed."""
+        self.graph_runs += 1
+        if self.batch is not None:
+            self.batch.append((self.owner, "graph", blk))
+
+    # ---- batches (Engine.run_batch) ----------------------------------------------------------
+    def begin_batch(self) -> None:
+        """Runs from now until `end_batch` launch with deferred errors, each in a block of its
+        own, and nothing raises between them: `end_batch` waits once and names each failed run.
+        An earlier deferred run's failure is raised here, before the batch starts."""
+        if self.pending or self.graph_runs:
+            self.synchronize()
+        self.batch, self.owner = [], None
+
+    def end_batch(self) -> dict:
+        """Wait for the batch's runs; {owner: RunError} for each run whose block holds a failure."""
+        claimed, self.batch, self.owner = self.batch or [], None, None
+        self.stream.synchronize()
+        failures: dict = {}
+        if self.mapped and self._ring_bytes.raw != _ZERO_RING:
+            for owner, kind, i in claimed:
+                words = self.ring[i] if kind == "slot" else self.gblocks[i]
+                if words[0] != 0 and owner not in failures:
+                    fusion = self.pending[i] if kind == "slot" else self.graph_owner[i]
+                    failures[owner] = _device_error(fusion, [int(x) for x in words])
+            self.ring[:] = 0
+            self.gblocks[:] = 0
+        self.pending.clear()
+        self.graph_runs = 0
+        return failures
 
     def settle(self, drained: bool = False):
         """Raise the first failure among pending deferred runs, if one is visible already (or, with
         `drained`, forget them all once none failed). Costs one host-memory read while none did."""
+        if self.batch is not None:
+            return  # a batch reports its failures per run when it ends
         # only pending runs' and deferred graphs' blocks can be non-zero: compare them all (one
         # copy of 5 KiB and a memcmp; cheaper than working out the pending part in Python)
         if self._ring_bytes.raw == _ZERO_RING:
@@ -481,6 +523,15 @@ class CupyRuntime:
         """Wait for the calling thread's runs; raise the first failure among its deferred ones."""
         self._thread_state().synchronize()
 
+    def begin_batch(self):
+        self._thread_state().begin_batch()
+
+    def batch_owner(self, owner):
+        self._thread_state().owner = owner
+
+    def end_batch(self) -> dict:
+        return self._thread_state().end_batch()
+
     def prepared_call(self, fusion, inputs: dict, plan, deferred: bool = False):
         """The per-signature fast path: a callable that runs `fusion` on inputs with exactly the
         shapes, strides and dtypes of `inputs` (CuPy arrays), skipping binding, planning and the
@@ -611,6 +662,8 @@ class CupyRuntime:
                 return None
             graphs = ctx.graphs
             full = len(graphs) >= GRAPHS_PER_CALL
+            if full and st.batch is not None:
+                return None  # no eviction inside a batch: a dropped graph's block may hold a failure
             if defer and not full and not st.graph_free:
                 return None  # every graph block is taken (by other plans' graphs)
             if full:  # the oldest goes (a deferred plan's frees its block)
@@ -679,7 +732,7 @@ class CupyRuntime:
             else:
                 g[0].launch(st.stream)
                 if g[1] is not None:
-                    st.graph_runs += 1
+                    st.graph_replayed(g[1])
             if st.pending or st.graph_runs:
                 st.settle()  # after the launch, as in prepared_call's other kernels-only path
             return commit(env, ins, st)
@@ -1101,7 +1154,9 @@ def register() -> None:
                      warmup=lambda fusion, shapes: get_runtime().warmup(fusion, shapes),
                      fast=(signature, lambda plan, fusion, inputs, deferred=False:
                            get_runtime().prepared_call(fusion, inputs, plan, deferred)),
-                     synchronize=lambda: get_runtime().synchronize())
+                     synchronize=lambda: get_runtime().synchronize(),
+                     batch=(lambda: get_runtime().begin_batch(), lambda owner: get_runtime().batch_owner(owner),
+                            lambda: get_runtime().end_batch(), DEFERRED_SLOTS))
 
 
 def get_runtime() -> CupyRuntime:
