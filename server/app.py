@@ -10,6 +10,7 @@ from fastapi.openapi.utils import get_openapi
 from segfuse.compiler.schema import GraphSpec
 
 from . import __version__, errors
+from .fastlane import FastLane
 from .middleware import GuardMiddleware
 from .models import BufferJson, BufferJsonOut, ErrorBody, ExecuteRequest, InferRequest
 from .routers import buffers, fusions, health, infer
@@ -24,7 +25,17 @@ data extension). Errors: `{"error": "...", "details": [{"loc": [...], "msg": "..
 EXTRA_SCHEMAS = (InferRequest, ExecuteRequest, BufferJson, BufferJsonOut, ErrorBody, GraphSpec)
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+class SegfuseApp(FastAPI):
+    """FastAPI with the fast lane in front: the hot routes (server/fastlane.py) are answered before
+    FastAPI's own middleware stack and router, inside the same GuardMiddleware."""
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and self.state.fast_lane and self.fast_lane.match(scope):
+            return await self.fast_guarded(scope, receive, send)
+        return await super().__call__(scope, receive, send)
+
+
+def create_app(settings: Settings | None = None) -> SegfuseApp:
     settings = settings or Settings.from_env()
     settings.check()
     runtime = Runtime(settings)
@@ -40,9 +51,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await starting
             await runtime.stop()
 
-    app = FastAPI(title="segfuse", version=__version__, description=DESCRIPTION, lifespan=lifespan)
+    app = SegfuseApp(title="segfuse", version=__version__, description=DESCRIPTION, lifespan=lifespan)
     app.state.runtime = runtime
     app.state.settings = settings
+    app.state.fast_lane = True
+    app.fast_lane = FastLane(runtime)
+    app.fast_guarded = GuardMiddleware(app.fast_lane, runtime=runtime)
     errors.install(app)
     app.add_middleware(GuardMiddleware, runtime=runtime)
     for r in (health.router, buffers.router, fusions.router, infer.router):

@@ -7,16 +7,18 @@ binary tensor carries `parameters.binary_data_size`.
 
 from __future__ import annotations
 
-import json
+import pydantic
+from fastapi.exceptions import RequestValidationError
 
 from .errors import bad_request
+from .jsonio import dumps
 
 HEADER = "inference-header-content-length"
 CONTENT_TYPE = "application/octet-stream"
 
 
-def split_body(body: bytes, header_length: str | None) -> tuple[dict, memoryview]:
-    """(JSON header as a dict, the binary tail). Without the header, the whole body is JSON."""
+def split_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
+    """(the JSON header's bytes, the binary tail). Without the header, the whole body is JSON."""
     if header_length is None:
         n = len(body)
     else:
@@ -28,13 +30,27 @@ def split_body(body: bytes, header_length: str | None) -> tuple[dict, memoryview
         if not 0 < n <= len(body):
             raise bad_request(f"Inference-Header-Content-Length {n} is outside the body's "
                               f"{len(body)} bytes", ["headers", "Inference-Header-Content-Length"])
+    if n == len(body):
+        return body, memoryview(b"")
+    view = memoryview(body)
+    return bytes(view[:n]), view[n:]
+
+
+def decode_request(model: type[pydantic.BaseModel], body: bytes, header_length: str | None):
+    """(the validated request model, a BinaryReader of the tail or None): parsed and validated in
+    one pass (pydantic's own JSON parser), errors located under "body"."""
+    head, tail = split_body(body, header_length)
     try:
-        header = json.loads(body[:n])
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise bad_request(f"the request body is not valid JSON: {e}", ["body"]) from None
-    if not isinstance(header, dict):
-        raise bad_request("the request body must be a JSON object", ["body"])
-    return header, memoryview(body)[n:]
+        req = model.model_validate_json(head)
+    except pydantic.ValidationError as e:
+        errors = e.errors()
+        first = errors[0] if errors else {}
+        if first.get("type") == "json_invalid":
+            raise bad_request(f"the request body is not valid JSON: {first.get('msg', '')}", ["body"]) from None
+        if first.get("type") == "model_type" and not first.get("loc"):
+            raise bad_request("the request body must be a JSON object", ["body"]) from None
+        raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in errors]) from None
+    return req, (BinaryReader(tail) if header_length is not None else None)
 
 
 class BinaryReader:
@@ -60,5 +76,5 @@ class BinaryReader:
 
 def join_body(header: dict, chunks: list[bytes]) -> tuple[bytes, int]:
     """(body, header length) for a response with binary outputs."""
-    head = json.dumps(header, separators=(",", ":")).encode()
+    head = dumps(header)
     return b"".join([head, *chunks]), len(head)

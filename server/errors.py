@@ -66,34 +66,33 @@ def segfuse_message(e: SegfuseError) -> str:
     return f"{title}: {e}"
 
 
-def install(app: FastAPI) -> None:
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, e: ApiError):
-        return error_response(e.status, e.message, e.details, e.headers)
-
-    @app.exception_handler(SegfuseError)
-    async def _segfuse_error(request: Request, e: SegfuseError):
-        return error_response(422, segfuse_message(e), e.details())
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(request: Request, e: RequestValidationError):
-        errors = e.errors()
+def error_parts(e: BaseException, where: str = "") -> tuple[int, dict, dict | None]:
+    """(status, body, headers) for any exception a request raised: the one mapping both the
+    FastAPI exception handlers and the fast lane (server/fastlane.py) answer with."""
+    if isinstance(e, ApiError):
+        return e.status, error_body(e.message, e.details), e.headers
+    if isinstance(e, SegfuseError):
+        return 422, error_body(segfuse_message(e), e.details()), None
+    if isinstance(e, RequestValidationError):
         # The request does not have the documented structure (bad JSON, a field of the wrong type,
         # a malformed path or query parameter): malformed, 400. 422 is kept for requests that are
         # well formed but disagree with the graph or the data.
-        status = 400
-        details = [{"loc": list(err.get("loc", ())), "msg": err.get("msg", "")} for err in errors]
+        details = [{"loc": list(err.get("loc", ())), "msg": err.get("msg", "")} for err in e.errors()]
         first = details[0] if details else {"loc": [], "msg": "invalid request"}
-        where = ".".join(str(p) for p in first["loc"])
-        return error_response(status, f"invalid request: {where}: {first['msg']}" if where else
-                              f"invalid request: {first['msg']}", details)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, e: StarletteHTTPException):
+        loc = ".".join(str(p) for p in first["loc"])
+        msg = f"invalid request: {loc}: {first['msg']}" if loc else f"invalid request: {first['msg']}"
+        return 400, error_body(msg, details), None
+    if isinstance(e, StarletteHTTPException):
         msg = e.detail if isinstance(e.detail, str) else "error"
-        return error_response(e.status_code, msg, [], getattr(e, "headers", None))
+        return e.status_code, error_body(msg, []), getattr(e, "headers", None)
+    log.error("internal error on %s", where, exc_info=e)
+    return 500, error_body(f"internal error: {type(e).__name__}: {e}"), None
 
-    @app.exception_handler(Exception)
-    async def _internal(request: Request, e: Exception):
-        log.exception("internal error on %s %s", request.method, request.url.path)
-        return error_response(500, f"internal error: {type(e).__name__}: {e}")
+
+def install(app: FastAPI) -> None:
+    async def handle(request: Request, e: Exception):
+        status, body, headers = error_parts(e, f"{request.method} {request.url.path}")
+        return JSONResponse(body, status_code=status, headers=headers)
+
+    for cls in (ApiError, SegfuseError, RequestValidationError, StarletteHTTPException, Exception):
+        app.add_exception_handler(cls, handle)

@@ -22,11 +22,15 @@ class Metrics:
         self.buffer_bytes = Gauge("segfuse_buffer_bytes", "Bytes held by stored buffers", registry=r)
         self.buffers = Gauge("segfuse_buffers", "Number of stored buffers", registry=r)
         self.runs_admitted = Gauge("segfuse_runs_admitted", "Runs queued or running", registry=r)
+        self.run_batch_size = Histogram("segfuse_run_batch_size", "Runs a worker launched together (one wait)",
+                                        buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
+        self.run_queue_seconds = Histogram("segfuse_run_queue_seconds", "Time a run waited in the queue for a worker",
+                                           buckets=LATENCY_BUCKETS, registry=r)
         self.fusions = Gauge("segfuse_fusions", "Registered fusions", registry=r)
 
     def buffers_changed(self, store) -> None:
         self.buffer_bytes.set(store.used_bytes)
-        self.buffers.set(len(store.all()))
+        self.buffers.set(len(store))
 
     def observe_run(self, seconds: float, hits: int, misses: int, compiled: int, compile_us: float) -> None:
         self.runs.labels("ok").inc()

@@ -8,9 +8,11 @@ run on a worker thread -> only then bind outputs to buffer names.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 from segfuse.compiler import Fusion
@@ -18,8 +20,8 @@ from segfuse.compiler.dtypes import DType
 
 from .binary import BinaryReader
 from .errors import bad_request, conflict, not_found, too_large, unprocessable
+from .jsonio import json_array
 from .models import InferRequest
-from .runtime import Runtime
 from .tensors import (
     NAME_PATTERN,
     check_shape,
@@ -28,9 +30,11 @@ from .tensors import (
     kserve_name,
     nbytes_of,
     parse_dtype,
-    to_json_data,
     to_raw,
 )
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
 
 _NAME = re.compile(NAME_PATTERN)
 
@@ -206,62 +210,72 @@ class RunOutcome:
     params: dict  # the response's parameters: fusion_id, timings_us, cache hits and misses
 
 
+class Job:
+    """One admitted run between the event loop and a run worker (server/worker.py)."""
+
+    __slots__ = ("plan", "future", "pins", "reserved", "bound", "sizes", "device_inputs", "t_admit", "t_queued",
+                 "t_start", "t_end", "batch_size", "result", "stored", "host", "error")
+
+    def __init__(self, plan: RunPlan, future, t_admit: float):
+        self.plan, self.future, self.t_admit = plan, future, t_admit
+        self.pins = None
+        self.reserved = 0
+        self.error: BaseException | None = None
+        self.result = self.stored = self.host = None
+
+
 async def run(rt: Runtime, plan: RunPlan) -> RunOutcome:
-    """Run and, only on success, bind stored outputs to their buffer names."""
+    """Admit, pin, check, queue for a run worker; outputs are bound to buffer names only when the
+    whole run succeeded. The job releases its pins itself once finished (`finish_batch`), so a
+    client that goes away cannot release them while a worker still uses the buffers."""
     t_admit = time.perf_counter()
-    rt.executor.admit()  # 429 when the queue is full
+    executor, store = rt.executor, rt.store
+    executor.admit()  # 429 when the queue is full
+    job = Job(plan, asyncio.get_running_loop().create_future(), t_admit)
     try:
-        return await rt.executor.detached(_admitted(rt, plan, t_admit))
-    except Exception:
+        job.pins = store.try_pin(plan.reads, plan.writes) or await store.acquire(plan.reads, plan.writes)
+        _prepare(rt, job)
+    except BaseException:
+        _release(rt, job)
         rt.metrics.runs.labels("error").inc()
         raise
+    if _runs_inline(rt, job):
+        executor.stage(job)
+    else:
+        executor.workers.submit([job])
+    return await job.future
 
 
-async def _admitted(rt: Runtime, plan: RunPlan, t_admit: float) -> RunOutcome:
-    try:
-        return await _run_pinned(rt, plan, t_admit)
-    finally:
-        rt.executor.release()  # when the work is done, even if the client went away
+INLINE_INPUT_BYTES = 1 << 20  # a run inline on the loop reads at most this much (its kernels are short)
 
 
-async def _run_pinned(rt: Runtime, plan: RunPlan, t_admit: float):
-    store, fusion = rt.store, plan.fusion
-    async with store.pin(reads=plan.reads, writes=plan.writes):
-        shapes, dtypes = _check_pinned(rt, plan)
-        bound = fusion.bind(shapes, dtypes)  # BindError -> 422 before any work
-        _check_tensor_sizes(rt, bound)
-        sizes = {}
-        for o in plan.outputs:
-            if o.buffer is not None:
-                t = bound.types[o.name]
-                sizes[o.buffer] = nbytes_of(tuple(t.shape), t.dtype)
+def _runs_inline(rt: Runtime, job: Job) -> bool:
+    plan = job.plan
+    if any(i.host is not None for i in plan.inputs) or plan.alias_buffers:
+        return False  # uploads and in-place updates go to a worker
+    inputs = job.device_inputs
+    if sum(a.nbytes for a in inputs.values()) > INLINE_INPUT_BYTES:
+        return False
+    is_warm = getattr(rt.engine, "is_warm", None)
+    return is_warm is not None and is_warm(plan.fusion, inputs)
+
+
+def _prepare(rt: Runtime, job: Job) -> None:
+    """With the pins held: check the buffers, bind shapes (BindError -> 422 before any work),
+    check sizes, reserve the stored outputs' bytes."""
+    plan, store = job.plan, rt.store
+    shapes, dtypes = _check_pinned(rt, plan)
+    bound = job.bound = plan.fusion.bind(shapes, dtypes)
+    _check_tensor_sizes(rt, bound)
+    sizes = job.sizes = {}
+    for o in plan.outputs:
+        if o.buffer is not None:
+            t = bound.types[o.name]
+            sizes[o.buffer] = nbytes_of(tuple(t.shape), t.dtype)
+    if sizes:
         loc_of = {o.buffer: o.loc + ["parameters", "buffer"] for o in plan.outputs if o.buffer}
-        async with store.reserve(sizes, lambda b: loc_of.get(b, [])):
-            device_inputs = {i.name: store.get(i.buffer).array for i in plan.inputs if i.buffer is not None}
-            t_start = time.perf_counter()
-            result, stored, host = await rt.executor.call(_execute, rt, plan, device_inputs, t_start)
-            # Reached only when the whole run succeeded: bind outputs to their names now.
-            for o in plan.outputs:
-                if o.buffer is not None:
-                    t = bound.types[o.name]
-                    store.commit(o.buffer, stored[o.name], t.dtype, tuple(t.shape), sizes[o.buffer])
-    t_end = time.perf_counter()
-    raw = dict(result.timings_us or {})
-    # The CuPy backend reports how many kernels it compiled next to its timings.
-    compiled = int(raw.pop("kernel_cache_misses", 0) or 0)
-    timings = {k: float(v) for k, v in raw.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    if not compiled and not result.cache_misses:
-        # A warm run compiled nothing; the CuPy runner repeats the compile time of the cached
-        # preparation on every run, which would inflate the metrics and mislead the caller.
-        timings["compile"] = 0.0
-    timings["queue"] = (t_start - t_admit) * 1e6
-    timings["total"] = (t_end - t_admit) * 1e6
-    rt.metrics.observe_run(t_end - t_admit, result.cache_hits, result.cache_misses, compiled,
-                           timings.get("compile", 0.0))
-    params = {"fusion_id": fusion.id, "timings_us": timings, "cache_hits": int(result.cache_hits),
-              "cache_misses": int(result.cache_misses), "kernels_compiled": compiled}
-    shapes = {o.name: [int(d) for d in bound.types[o.name].shape] for o in plan.outputs}
-    return RunOutcome(host, shapes, params)
+        job.reserved = store.reserve_bytes(sizes, lambda b: loc_of.get(b, []))
+    job.device_inputs = {i.name: store.get(i.buffer).array for i in plan.inputs if i.buffer is not None}
 
 
 def _check_tensor_sizes(rt: Runtime, bound) -> None:
@@ -275,22 +289,65 @@ def _check_tensor_sizes(rt: Runtime, bound) -> None:
                             f"of {limit} bytes per tensor", ["graph", name])
 
 
-def _execute(rt: Runtime, plan: RunPlan, device_inputs: dict, t_start: float):
-    """On a worker thread, with the pins held."""
+def _release(rt: Runtime, job: Job) -> None:
+    store = rt.store
+    if job.reserved:
+        store.unreserve(job.reserved)
+        job.reserved = 0
+    if job.pins is not None:
+        store.release(job.pins)
+        job.pins = None
+    rt.executor.release()
+
+
+def execute_batch(rt: Runtime, jobs: list[Job]) -> None:
+    """On a run worker thread, with every job's pins held: launch the runs back to back, wait for
+    the device once, and leave each job its outputs or its own error."""
     arrays = rt.arrays
-    inputs = dict(device_inputs)
+    t_start = time.perf_counter()
+    calls, live = [], []
+    for job in jobs:
+        job.t_start = t_start
+        try:
+            calls.append((job.plan.fusion, _inputs(arrays, job)))
+            live.append(job)
+        except BaseException as e:
+            job.error = _device_failure(arrays, e)
+    results = rt.engine.run_batch(calls) if calls else []
+    for job, (_fusion, inputs), res in zip(live, calls, results):
+        if isinstance(res, BaseException):
+            job.error = _device_failure(arrays, res)
+            continue
+        try:
+            job.result = res
+            job.stored, job.host = _outputs(arrays, job.plan, res, list(inputs.values()))
+        except BaseException as e:
+            job.error = _device_failure(arrays, e)
+    try:
+        if any(job.stored for job in jobs):
+            arrays.synchronize()  # copies of stored outputs (the runs' own work ended with the batch)
+    except BaseException as e:  # the device failed under the batch: no run of it may commit
+        for job in jobs:
+            job.error = job.error or _device_failure(arrays, e)
+    t_end = time.perf_counter()
+    for job in jobs:
+        job.t_end, job.batch_size = t_end, len(jobs)
+
+
+def _inputs(arrays, job: Job) -> dict:
+    plan = job.plan
+    inputs = dict(job.device_inputs)
     for i in plan.inputs:
         if i.host is not None:
             inputs[i.name] = arrays.from_host(i.host)
         elif i.name not in plan.alias_buffers and i.buffer in plan.alias_buffers.values():
             # This input reads the buffer another input updates in place: give it the old contents.
             inputs[i.name] = arrays.copy(inputs[i.name])
-    try:
-        result = rt.engine.run(plan.fusion, inputs)
-    except MemoryError as e:  # NumPy's and CuPy's out-of-memory errors both derive from it
-        raise too_large(f"the run ran out of memory on {arrays.device}: {e}") from None
+    return inputs
+
+
+def _outputs(arrays, plan: RunPlan, result, taken: list) -> tuple[dict, dict]:
     stored, host = {}, {}
-    taken = list(inputs.values())
     for o in plan.outputs:
         a = result.outputs[o.name]
         if o.buffer is not None:
@@ -302,8 +359,67 @@ def _execute(rt: Runtime, plan: RunPlan, device_inputs: dict, t_start: float):
             taken.append(a)
         if o.inline:
             host[o.name] = arrays.to_host(result.outputs[o.name])
-    arrays.synchronize()
-    return result, stored, host
+    return stored, host
+
+
+def _device_failure(arrays, e: BaseException) -> BaseException:
+    if isinstance(e, MemoryError):  # NumPy's and CuPy's out-of-memory errors both derive from it
+        return too_large(f"the run ran out of memory on {arrays.device}: {e}")
+    return e
+
+
+def finish_batch(rt: Runtime, jobs: list[Job]) -> None:
+    """On the event loop, for a batch a worker finished: commit each successful run's stored
+    outputs (all of a run's at once: nothing else runs on the loop in between), release its pins
+    and answer its request."""
+    store, metrics = rt.store, rt.metrics
+    metrics.run_batch_size.observe(len(jobs))
+    for job in jobs:
+        try:
+            if job.error is None:
+                bound = job.bound
+                for o in job.plan.outputs:
+                    if o.buffer is not None:
+                        t = bound.types[o.name]
+                        store.commit(o.buffer, job.stored[o.name], t.dtype, tuple(t.shape), job.sizes[o.buffer])
+                outcome = _outcome(rt, job)
+        except BaseException as e:
+            job.error = e
+        finally:
+            _release(rt, job)
+        metrics.run_queue_seconds.observe(job.t_start - job.t_queued)
+        fut = job.future
+        if fut.cancelled():
+            continue
+        if job.error is None:
+            fut.set_result(outcome)
+        else:
+            metrics.runs.labels("error").inc()
+            fut.set_exception(job.error)
+
+
+def _outcome(rt: Runtime, job: Job) -> RunOutcome:
+    result, plan = job.result, job.plan
+    t_end = time.perf_counter()
+    raw = dict(result.timings_us or {})
+    # The CuPy backend reports how many kernels it compiled next to its timings.
+    compiled = int(raw.pop("kernel_cache_misses", 0) or 0)
+    timings = {k: float(v) for k, v in raw.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    if not compiled and not result.cache_misses:
+        # A warm run compiled nothing; the CuPy runner repeats the compile time of the cached
+        # preparation on every run, which would inflate the metrics and mislead the caller.
+        timings["compile"] = 0.0
+    timings["queue"] = (job.t_start - job.t_admit) * 1e6
+    timings["batch"] = (job.t_end - job.t_start) * 1e6
+    timings["total"] = (t_end - job.t_admit) * 1e6
+    rt.metrics.observe_run(t_end - job.t_admit, result.cache_hits, result.cache_misses, compiled,
+                           timings.get("compile", 0.0))
+    params = {"fusion_id": plan.fusion.id, "timings_us": timings, "cache_hits": int(result.cache_hits),
+              "cache_misses": int(result.cache_misses), "kernels_compiled": compiled,
+              "batch_size": job.batch_size}
+    bound = job.bound
+    shapes = {o.name: [int(d) for d in bound.types[o.name].shape] for o in plan.outputs}
+    return RunOutcome(job.host, shapes, params)
 
 
 def response(model_name: str, req_id: str | None, plan: RunPlan, outcome: RunOutcome):
@@ -326,7 +442,7 @@ def response(model_name: str, req_id: str | None, plan: RunPlan, outcome: RunOut
                 p["binary_data_size"] = len(raw)
                 chunks.append(raw)
             else:
-                entry["data"] = to_json_data(a)
+                entry["data"] = json_array(a)
         if p:
             entry["parameters"] = p
         outs.append(entry)

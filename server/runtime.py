@@ -4,6 +4,7 @@ bounded run executor that keeps compilation and GPU work off the event loop."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -15,24 +16,28 @@ from .buffers import BufferStore
 from .errors import ApiError
 from .fusions import FusionRegistry
 from .metrics import Metrics
+from .runs import execute_batch, finish_batch
 from .settings import Settings
+from .worker import RunWorkers
 
 log = logging.getLogger("segfuse.server")
 
 
 class RunExecutor:
-    """Worker threads for runs, with a bound on runs admitted (queued or running).
+    """Run workers (server/worker.py) for runs, a thread pool for other work off the loop (plans),
+    and a bound on runs admitted (queued or running).
 
     Beyond the bound a run is refused with 429 and Retry-After (the server is healthy, only busy;
-    503 stays reserved for "not ready"). Work is submitted as detached tasks so a client that
-    disconnects cannot release a run's pins while a worker thread still uses its buffers.
-    """
+    503 stays reserved for "not ready")."""
 
-    def __init__(self, workers: int, max_admitted: int, initializer=None):
-        self.pool = ThreadPoolExecutor(workers, thread_name_prefix="segfuse-run", initializer=initializer)
+    def __init__(self, workers: RunWorkers, max_admitted: int, run_here, initializer=None):
+        self.workers = workers
+        self._run_here = run_here  # execute and finish a batch on the event loop
+        self._staged: list = []
+        self.pool = ThreadPoolExecutor(2, thread_name_prefix="segfuse-aux", initializer=initializer)
         self.max_admitted = max_admitted
         self.admitted = 0
-        self._tasks: set[asyncio.Task] = set()
+        self._idle: asyncio.Event | None = None
 
     def admit(self) -> None:
         """Count a run in, or refuse it (429); `release` counts it out when its work is done."""
@@ -41,30 +46,41 @@ class RunExecutor:
                                 "retry later", [{"loc": [], "msg": "run queue full"}], {"Retry-After": "1"})
         self.admitted += 1
 
+    def stage(self, job) -> None:
+        """A warm run on small inputs (it only launches prepared kernels): it runs on the event
+        loop, with the other such runs of the same turn of the loop, as one batch when the turn
+        ends. Measured on the H200 host (benchmarks/README.md): handing these to a worker thread
+        costs more in thread hand-offs and GIL contention than their launches take."""
+        self._staged.append(job)
+        if len(self._staged) == 1:
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        jobs, self._staged = self._staged, []
+        now = time.perf_counter()
+        for job in jobs:
+            job.t_queued = now
+        for k in range(0, len(jobs), self.workers.max_batch):
+            self._run_here(jobs[k:k + self.workers.max_batch])
+
     def release(self) -> None:
         self.admitted -= 1
+        if self._idle is not None and not self.admitted:
+            self._idle.set()
 
     async def call(self, fn, *args):
-        """Run fn(*args) on a worker thread."""
+        """Run fn(*args) on a helper thread (planning; not runs)."""
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
-    async def detached(self, coro):
-        """Await `coro` as its own task: cancelling the caller does not cancel it."""
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._finished)
-        return await asyncio.shield(task)
-
-    def _finished(self, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled():
-            task.exception()  # retrieved: a caller that went away must not leave a warning
-
     async def drain(self) -> None:
-        if self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        """Wait until every admitted run has finished."""
+        while self.admitted:
+            self._idle = asyncio.Event()
+            await self._idle.wait()
+        self._idle = None
 
     def shutdown(self) -> None:
+        self.workers.stop()
         self.pool.shutdown(wait=True, cancel_futures=True)
 
 
@@ -96,13 +112,25 @@ class Runtime:
         try:
             self.engine, self.arrays = await asyncio.to_thread(resolve, s.backend, s.device, s.cache_dir)
             await asyncio.to_thread(self.arrays.activate)
+            self.arrays.activate()  # warm runs may run on the event loop's thread (server/runs.py)
         except Exception as e:  # stays not ready (503) with the reason
             self.init_error = str(e) if isinstance(e, BackendUnavailable) else f"{type(e).__name__}: {e}"
             log.error("backend not available: %s", self.init_error)
             return
         self.store = BufferStore(s.max_buffer_bytes, s.max_total_bytes, self.arrays.device,
                                  on_change=self.metrics.buffers_changed)
-        self.executor = RunExecutor(s.run_workers, s.max_queued_runs, initializer=self.arrays.activate)
+        workers = RunWorkers(s.run_workers, s.max_batch, lambda batch: execute_batch(self, batch),
+                             lambda batch: finish_batch(self, batch), asyncio.get_running_loop(),
+                             initializer=self.arrays.activate)
+        def run_here(batch):
+            execute_batch(self, batch)
+            finish_batch(self, batch)
+
+        self.executor = RunExecutor(workers, s.max_queued_runs, run_here, initializer=self.arrays.activate)
+        # Startup objects (CuPy, FastAPI, the op registry) will never be garbage: keep them out
+        # of the collector's full passes, which otherwise pause every request for milliseconds.
+        gc.collect()
+        gc.freeze()
         self.ready = True
         log.info("segfuse ready: backend %s on %s", self.arrays.name, self.arrays.device)
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import pydantic
 from fastapi import APIRouter, Request, Response
-from fastapi.exceptions import RequestValidationError
 from segfuse.compiler.errors import GraphError, Issue
 
-from ..binary import CONTENT_TYPE, HEADER, BinaryReader, join_body, split_body
+from ..binary import CONTENT_TYPE, HEADER, decode_request, join_body
 from ..deps import AnyRuntime, ReadyRuntime, errors
 from ..fusions import tensor_meta
+from ..jsonio import dumps
 from ..models import ExecuteRequest, InferRequest, InferResponse, ModelMetadata
 from ..runs import parse_request, response, run
 from ..runtime import Runtime
@@ -31,33 +30,38 @@ INFER_RESPONSES = {200: {"content": {CONTENT_TYPE: {"schema": {"type": "string",
                    **errors(400, 401, 404, 409, 413, 422, 429, 503)}
 
 
-async def _read(request: Request, model):
-    body = await request.body()
-    header, tail = split_body(body, request.headers.get(HEADER))
-    try:
-        req = model.model_validate(header)
-    except pydantic.ValidationError as e:
-        raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors()]) from None
-    return req, (BinaryReader(tail) if request.headers.get(HEADER) is not None else None)
-
-
-async def _infer(rt: Runtime, fusion, req, tail, model_name: str) -> Response:
+async def run_infer(rt: Runtime, fusion, req, tail, model_name: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    """One inference, from a validated request to the response's bytes and headers. The FastAPI
+    routes below and the fast lane (server/fastlane.py) both answer through it."""
     plan = parse_request(rt, fusion, req, tail)
     outcome = await run(rt, plan)
     body, chunks = response(model_name, req.id, plan, outcome)
     if not chunks:
-        return Response(InferResponse.model_validate(body).model_dump_json(exclude_none=True),
-                        media_type="application/json")
+        return dumps(body), [(b"content-type", b"application/json")]
     raw, n = join_body(body, chunks)
-    return Response(raw, media_type=CONTENT_TYPE, headers={"Inference-Header-Content-Length": str(n)})
+    return raw, [(b"content-type", CONTENT_TYPE.encode()), (b"inference-header-content-length", str(n).encode())]
+
+
+async def infer_bytes(rt: Runtime, model: str, body: bytes, header_length: str | None):
+    """POST /v2/models/{model}/infer on a request body."""
+    rt.require_ready()
+    fusion = rt.fusions.resolve(model)
+    req, tail = decode_request(InferRequest, body, header_length)
+    return await run_infer(rt, fusion, req, tail, fusion.name)
+
+
+def _response(payload: bytes, headers: list[tuple[bytes, bytes]]) -> Response:
+    media = dict(headers).pop(b"content-type").decode()
+    return Response(payload, media_type=media, headers={k.decode(): v.decode() for k, v in headers
+                                                        if k != b"content-type"})
 
 
 @router.post("/v2/models/{model}/infer", summary="Run a registered fusion (KServe v2 infer)",
              response_model=InferResponse, responses=INFER_RESPONSES, openapi_extra=_body_doc("InferRequest"))
-async def infer(rt: ReadyRuntime, model: str, request: Request) -> Response:
-    fusion = rt.fusions.resolve(model)
-    req, tail = await _read(request, InferRequest)
-    return await _infer(rt, fusion, req, tail, fusion.name)
+async def infer(rt: AnyRuntime, model: str, request: Request) -> Response:
+    # Served by the fast lane (server/fastlane.py); this route documents it and answers when the
+    # fast lane is off (app.state.fast_lane = False).
+    return _response(*await infer_bytes(rt, model, await request.body(), request.headers.get(HEADER)))
 
 
 @router.get("/v2/models/{model}", response_model=ModelMetadata, summary="KServe model metadata (-1: symbolic)",
@@ -77,9 +81,9 @@ async def model_ready(rt: ReadyRuntime, model: str) -> Response:
 @router.post("/v2/execute", summary="Register an inline graph and run it in one call",
              response_model=InferResponse, responses=INFER_RESPONSES, openapi_extra=_body_doc("ExecuteRequest"))
 async def execute(rt: ReadyRuntime, request: Request) -> Response:
-    req, tail = await _read(request, ExecuteRequest)
+    req, tail = decode_request(ExecuteRequest, await request.body(), request.headers.get(HEADER))
     try:
         fusion, _ = await register(rt, req.graph, req.replace)
     except GraphError as e:  # locations inside the request: under "graph"
         raise GraphError([Issue(("graph", *i.loc), i.msg) for i in e.issues]) from None
-    return await _infer(rt, fusion, req, tail, fusion.name)
+    return _response(*await run_infer(rt, fusion, req, tail, fusion.name))
