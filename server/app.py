@@ -10,9 +10,10 @@ from fastapi.openapi.utils import get_openapi
 from segfuse.compiler.schema import GraphSpec
 
 from . import __version__, errors
+from .compression import CompressionMiddleware
 from .middleware import GuardMiddleware
 from .models import BufferJson, BufferJsonOut, ErrorBody, ExecuteRequest, InferRequest
-from .routers import buffers, fusions, health, infer
+from .routers import PROTOCOL_ROUTERS, buffers, fusions, health, infer
 from .runtime import Runtime
 from .settings import Settings
 
@@ -44,8 +45,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.runtime = runtime
     app.state.settings = settings
     errors.install(app)
+    app.add_middleware(CompressionMiddleware, settings=settings)  # inside the guard: auth and limits first
     app.add_middleware(GuardMiddleware, runtime=runtime)
-    for r in (health.router, buffers.router, fusions.router, infer.router):
+    # Fixed /v2/models/ routes (stats, ...) before infer's /v2/models/{model}.
+    for r in (health.router, *PROTOCOL_ROUTERS, buffers.router, fusions.router, infer.router):
         app.include_router(r)
 
     @app.get("/metrics", tags=["health"], summary="Prometheus metrics", response_class=Response,

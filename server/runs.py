@@ -19,6 +19,7 @@ from segfuse.compiler.dtypes import DType
 from .binary import BinaryReader
 from .errors import bad_request, conflict, not_found, too_large, unprocessable
 from .models import InferRequest
+from .protocol import check_started_in_time
 from .runtime import Runtime
 from .tensors import (
     NAME_PATTERN,
@@ -68,6 +69,7 @@ class RunPlan:
     inputs: list[InputSpec]
     outputs: list[OutputSpec]  # the outputs the response mentions
     alias_buffers: dict[str, str] = field(default_factory=dict)  # graph input -> buffer updated in place
+    deadline: float | None = None  # parameters.timeout: perf_counter time by which the run must start
 
     @property
     def reads(self) -> set[str]:
@@ -219,7 +221,10 @@ async def run(rt: Runtime, plan: RunPlan) -> RunOutcome:
 
 async def _admitted(rt: Runtime, plan: RunPlan, t_admit: float) -> RunOutcome:
     try:
-        return await _run_pinned(rt, plan, t_admit)
+        return rt.stats.record_ok(plan.fusion, await _run_pinned(rt, plan, t_admit))
+    except Exception:
+        rt.stats.record_fail(plan.fusion, t_admit)
+        raise
     finally:
         rt.executor.release()  # when the work is done, even if the client went away
 
@@ -277,6 +282,7 @@ def _check_tensor_sizes(rt: Runtime, bound) -> None:
 
 def _execute(rt: Runtime, plan: RunPlan, device_inputs: dict, t_start: float):
     """On a worker thread, with the pins held."""
+    check_started_in_time(plan.deadline)  # 429 when the run starts after parameters.timeout
     arrays = rt.arrays
     inputs = dict(device_inputs)
     for i in plan.inputs:

@@ -16,6 +16,7 @@ from .errors import ApiError
 from .fusions import FusionRegistry
 from .metrics import Metrics
 from .settings import Settings
+from .stats import StatsRecorder
 
 log = logging.getLogger("segfuse.server")
 
@@ -74,6 +75,7 @@ class Runtime:
         self.metrics = Metrics()
         self.limits = Limits(max_ops=settings.max_ops, max_rank=settings.max_rank)
         self.fusions = FusionRegistry(self.limits)
+        self.stats = StatsRecorder(self.fusions)  # Triton-style per-fusion statistics
         self.engine = None
         self.arrays: ArrayBackend | None = None
         self.store: BufferStore | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
+from fastapi.responses import JSONResponse
 
 from ..deps import AnyRuntime, errors
 from ..errors import error_response
@@ -10,19 +11,23 @@ from ..models import ServerMetadata
 
 router = APIRouter(tags=["health"])
 
-EXTENSIONS = ["binary_tensor_data", "segfuse_buffers", "segfuse_fusions", "segfuse_plan", "segfuse_execute"]
+# Triton's extension names for what exists here, then segfuse's own.
+EXTENSIONS = ["binary_tensor_data", "parameters", "model_repository", "model_repository(unload_dependents)",
+              "model_configuration", "statistics", "trace", "logging",
+              "segfuse_buffers", "segfuse_fusions", "segfuse_plan", "segfuse_execute"]
 
 
-@router.get("/v2/health/live", summary="The process is up", responses={200: {"description": "live"}})
-async def live() -> Response:
-    return Response(status_code=200)
+@router.get("/v2/health/live", summary="The process is up",
+            responses={200: {"description": "live", "content": {"application/json": {"example": {"live": True}}}}})
+async def live() -> dict:
+    return {"live": True}  # KServe's REST client reads the body; Triton's reads the status
 
 
 @router.get("/v2/health/ready", summary="The backend is initialised", responses={
-    200: {"description": "ready"}, **errors(503)})
+    200: {"description": "ready", "content": {"application/json": {"example": {"ready": True}}}}, **errors(503)})
 async def ready(rt: AnyRuntime) -> Response:
     if rt.ready:
-        return Response(status_code=200)
+        return JSONResponse({"ready": True})
     why = rt.init_error or "the backend is starting"
     return error_response(503, f"not ready: {why}", [{"loc": [], "msg": why}])
 

@@ -11,6 +11,7 @@ from ..binary import CONTENT_TYPE, HEADER, BinaryReader, join_body, split_body
 from ..deps import AnyRuntime, ReadyRuntime, errors
 from ..fusions import tensor_meta
 from ..models import ExecuteRequest, InferRequest, InferResponse, ModelMetadata
+from ..protocol import MODEL_VERSION, check_request
 from ..runs import parse_request, response, run
 from ..runtime import Runtime
 from .fusions import register
@@ -42,9 +43,12 @@ async def _read(request: Request, model):
 
 
 async def _infer(rt: Runtime, fusion, req, tail, model_name: str) -> Response:
+    deadline = check_request(fusion, req)  # KServe fields, Triton parameters (server/protocol.py)
     plan = parse_request(rt, fusion, req, tail)
+    plan.deadline = deadline
     outcome = await run(rt, plan)
     body, chunks = response(model_name, req.id, plan, outcome)
+    body["model_version"] = MODEL_VERSION
     if not chunks:
         return Response(InferResponse.model_validate(body).model_dump_json(exclude_none=True),
                         media_type="application/json")
