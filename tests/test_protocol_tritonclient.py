@@ -466,3 +466,20 @@ def test_timeout_honoured(live_server, moe):
     assert e.status() == "429" and "parameters.timeout" in e.message()
     after = rt.stats.model_stats(rt.fusions.resolve(moe), "1")["inference_stats"]["fail"]["count"]
     assert after == before + 1
+
+
+def test_auth_covers_the_protocol_routes_before_decompression(live_server_factory):
+    server = live_server_factory(backend="numpy", token="t0k")
+    c = httpclient.InferenceServerClient(server.url.removeprefix("http://"))
+    try:
+        assert c.is_server_live() and c.is_server_ready()  # health stays open
+        for call in (c.get_model_repository_index, c.get_inference_statistics, c.get_trace_settings,
+                     c.get_log_settings):
+            refused("401", call)
+        auth = {"Authorization": "Bearer t0k"}
+        assert c.get_model_repository_index(headers=auth) == []
+        assert c.get_log_settings(headers=auth)["log_format"] == "default"
+    finally:
+        c.close()
+    r = httpx.post(server.url + "/v2/models/x/infer", content=b"{}", headers={"Content-Encoding": "br"})
+    assert r.status_code == 401  # refused before the body is looked at
