@@ -10,10 +10,11 @@ from fastapi.openapi.utils import get_openapi
 from segfuse.compiler.schema import GraphSpec
 
 from . import __version__, errors
+from .compression import CompressionMiddleware
 from .fastlane import FastLane
 from .middleware import GuardMiddleware
 from .models import BufferJson, BufferJsonOut, ErrorBody, ExecuteRequest, InferRequest
-from .routers import buffers, fusions, health, infer
+from .routers import PROTOCOL_ROUTERS, buffers, fusions, health, infer
 from .runtime import Runtime
 from .settings import Settings
 
@@ -56,10 +57,12 @@ def create_app(settings: Settings | None = None) -> SegfuseApp:
     app.state.settings = settings
     app.state.fast_lane = True
     app.fast_lane = FastLane(runtime)
-    app.fast_guarded = GuardMiddleware(app.fast_lane, runtime=runtime)
+    app.fast_guarded = GuardMiddleware(CompressionMiddleware(app.fast_lane, settings=settings), runtime=runtime)
     errors.install(app)
+    app.add_middleware(CompressionMiddleware, settings=settings)  # inside the guard: auth and limits first
     app.add_middleware(GuardMiddleware, runtime=runtime)
-    for r in (health.router, buffers.router, fusions.router, infer.router):
+    # Fixed /v2/models/ routes (stats, ...) before infer's /v2/models/{model}.
+    for r in (health.router, *PROTOCOL_ROUTERS, buffers.router, fusions.router, infer.router):
         app.include_router(r)
 
     @app.get("/metrics", tags=["health"], summary="Prometheus metrics", response_class=Response,

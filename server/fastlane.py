@@ -18,7 +18,7 @@ from .jsonio import dumps
 from .routers.health import live_status, ready_status
 from .routers.infer import infer_bytes
 
-_INFER = re.compile(r"/v2/models/([^/]+)/infer")
+_INFER = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
 _JSON = [(b"content-type", b"application/json")]
 
 
@@ -33,6 +33,7 @@ class Route:
 
 INFER_ROUTE, LIVE_ROUTE, READY_ROUTE = Route("/v2/models/{model}/infer"), Route("/v2/health/live"), \
     Route("/v2/health/ready")
+VERSIONED_INFER_ROUTE = Route("/v2/models/{model}/versions/{version}/infer")
 
 
 class FastLane:
@@ -45,7 +46,8 @@ class FastLane:
         if method == "POST":
             m = _INFER.fullmatch(path)
             if m is not None:
-                scope["route"], scope["path_params"] = INFER_ROUTE, {"model": m.group(1)}
+                scope["route"] = INFER_ROUTE if m.group(2) is None else VERSIONED_INFER_ROUTE
+                scope["path_params"] = {"model": m.group(1), "version": m.group(2)}
                 return True
         elif method == "GET":
             if path == "/v2/health/live":
@@ -59,17 +61,18 @@ class FastLane:
     async def __call__(self, scope, receive, send):
         route = scope["route"]
         try:
-            if route is INFER_ROUTE:
+            if route is INFER_ROUTE or route is VERSIONED_INFER_ROUTE:
                 body = await _body(receive)
                 header_length = None
                 for k, v in scope["headers"]:
                     if k == b"inference-header-content-length":
                         header_length = v.decode("latin-1")
-                payload, headers = await infer_bytes(self.runtime, scope["path_params"]["model"], body,
-                                                     header_length)
+                params = scope["path_params"]
+                payload, headers = await infer_bytes(self.runtime, params["model"], body, header_length,
+                                                     params["version"])
                 return await _send(send, 200, headers, payload)
             status, body = live_status() if route is LIVE_ROUTE else ready_status(self.runtime)
-            return await _send(send, status, _JSON if body else [], dumps(body) if body else b"")
+            return await _send(send, status, _JSON, dumps(body))
         except Exception as e:
             status, body, headers = error_parts(e, f"{scope['method']} {scope['path']}")
             extra = [(k.lower().encode(), str(v).encode()) for k, v in (headers or {}).items()]

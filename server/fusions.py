@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from segfuse.compiler import Fusion, Limits
 
 from .errors import conflict, not_found, too_large
+from .protocol import check_name
 from .tensors import kserve_name
 
 
@@ -21,6 +22,9 @@ class FusionRegistry:
         self.limits = limits
         self._by_id: dict[str, Fusion] = {}
         self._by_name: dict[str, str] = {}
+        # Fusions unloaded through the model repository API (POST .../unload): kept by name so that
+        # a plain POST .../load registers them again; listed by the repository index as unloaded.
+        self.unloaded: dict[str, Fusion] = {}
 
     def parse(self, graph: dict) -> Fusion:
         """Validate a graph (GraphError -> 422); 413 when it is over the op or rank limit."""
@@ -38,6 +42,8 @@ class FusionRegistry:
     def register(self, fusion: Fusion, replace: bool = False) -> Registered:
         if fusion.id in self._by_id:
             return Registered(created=False)
+        check_name(fusion.name)  # 422 for names that routes under /v2/models/ use
+        self.unloaded.pop(fusion.name, None)
         old = self._by_name.get(fusion.name)
         if old is not None and not replace:
             raise conflict(f"the name '{fusion.name}' is taken by fusion {old}, a different graph; "
@@ -63,6 +69,15 @@ class FusionRegistry:
         if self._by_name.get(f.name) == f.id:
             del self._by_name[f.name]
         return f
+
+    def unload(self, key: str) -> Fusion:
+        """Unregister, remembering the graph for a later `reload` (the repository API's unload)."""
+        f = self.delete(key)
+        self.unloaded[f.name] = f
+        return f
+
+    def has_id(self, fusion_id: str) -> bool:
+        return fusion_id in self._by_id
 
     def all(self) -> list[Fusion]:
         return sorted(self._by_id.values(), key=lambda f: (f.name, f.id))

@@ -143,13 +143,21 @@ class InferRequestedOutput(BaseModel):
 
 
 class RequestParameters(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow")  # unknown ones are refused with 400 (server/protocol.py)
     binary_data_output: bool | None = Field(None, description="binary data for every returned output")
+    timeout: int | None = Field(None, ge=0, description="Triton: microseconds; the run fails with 429 "
+                                "unless it starts within it (0: no timeout)")
+    priority: int | None = Field(None, ge=0, description="Triton: only 0 (the default) is accepted")
+    sequence_id: int | str | None = Field(None, description="Triton sequences: not supported (400 unless 0)")
+    sequence_start: bool | None = Field(None, description="Triton sequences: not supported (400 if true)")
+    sequence_end: bool | None = Field(None, description="Triton sequences: not supported (400 if true)")
 
 
 class InferRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     id: str | None = None
+    model_name: str | None = Field(None, description="KServe: if given, the fusion's name (or id) of the URL")
+    model_version: str | None = Field(None, description="KServe: if given, \"1\" (a fusion's only version)")
     parameters: RequestParameters | None = None
     inputs: list[InferInput] = Field(default_factory=list)
     outputs: list[InferRequestedOutput] | None = Field(

@@ -22,6 +22,7 @@ from .binary import BinaryReader
 from .errors import bad_request, conflict, not_found, too_large, unprocessable
 from .jsonio import json_array
 from .models import InferRequest
+from .protocol import check_started_in_time
 from .tensors import (
     NAME_PATTERN,
     check_shape,
@@ -72,6 +73,7 @@ class RunPlan:
     inputs: list[InputSpec]
     outputs: list[OutputSpec]  # the outputs the response mentions
     alias_buffers: dict[str, str] = field(default_factory=dict)  # graph input -> buffer updated in place
+    deadline: float | None = None  # parameters.timeout: perf_counter time by which the run must start
 
     @property
     def reads(self) -> set[str]:
@@ -238,6 +240,7 @@ async def run(rt: Runtime, plan: RunPlan) -> RunOutcome:
     except BaseException:
         _release(rt, job)
         rt.metrics.runs.labels("error").inc()
+        rt.stats.record_fail(plan.fusion, t_admit)
         raise
     if _runs_inline(rt, job):
         executor.stage(job)
@@ -309,6 +312,7 @@ def execute_batch(rt: Runtime, jobs: list[Job]) -> None:
     for job in jobs:
         job.t_start = t_start
         try:
+            check_started_in_time(job.plan.deadline)  # 429 when the run starts after parameters.timeout
             calls.append((job.plan.fusion, _inputs(arrays, job)))
             live.append(job)
         except BaseException as e:
@@ -392,9 +396,11 @@ def finish_batch(rt: Runtime, jobs: list[Job]) -> None:
         if fut.cancelled():
             continue
         if job.error is None:
+            rt.stats.record_ok(job.plan.fusion, outcome)
             fut.set_result(outcome)
         else:
             metrics.runs.labels("error").inc()
+            rt.stats.record_fail(job.plan.fusion, job.t_admit)
             fut.set_exception(job.error)
 
 

@@ -18,6 +18,7 @@ from .fusions import FusionRegistry
 from .metrics import Metrics
 from .runs import execute_batch, finish_batch
 from .settings import Settings
+from .stats import StatsRecorder
 from .worker import RunWorkers
 
 log = logging.getLogger("segfuse.server")
@@ -90,6 +91,7 @@ class Runtime:
         self.metrics = Metrics()
         self.limits = Limits(max_ops=settings.max_ops, max_rank=settings.max_rank)
         self.fusions = FusionRegistry(self.limits)
+        self.stats = StatsRecorder(self.fusions)  # Triton-style per-fusion statistics
         self.engine = None
         self.arrays: ArrayBackend | None = None
         self.store: BufferStore | None = None

@@ -11,34 +11,37 @@ from ..models import ServerMetadata
 
 router = APIRouter(tags=["health"])
 
-EXTENSIONS = ["binary_tensor_data", "segfuse_buffers", "segfuse_fusions", "segfuse_plan", "segfuse_execute"]
+# Triton's extension names for what exists here, then segfuse's own.
+EXTENSIONS = ["binary_tensor_data", "parameters", "model_repository", "model_repository(unload_dependents)",
+              "model_configuration", "statistics", "trace", "logging",
+              "segfuse_buffers", "segfuse_fusions", "segfuse_plan", "segfuse_execute"]
 
 
-def live_status() -> tuple[int, dict | None]:
-    """(status, JSON body or None for an empty one) of /v2/health/live; the fast lane answers too."""
-    return 200, None
+def live_status() -> tuple[int, dict]:
+    """(status, JSON body) of /v2/health/live; the fast lane (server/fastlane.py) answers with it too.
+    KServe's REST client reads the body; Triton's reads the status."""
+    return 200, {"live": True}
 
 
-def ready_status(rt) -> tuple[int, dict | None]:
+def ready_status(rt) -> tuple[int, dict]:
     if rt.ready:
-        return 200, None
+        return 200, {"ready": True}
     why = rt.init_error or "the backend is starting"
     return 503, error_body(f"not ready: {why}", [{"loc": [], "msg": why}])
 
 
-def _answer(status: int, body: dict | None) -> Response:
-    return Response(status_code=status) if body is None else JSONResponse(body, status_code=status)
-
-
-@router.get("/v2/health/live", summary="The process is up", responses={200: {"description": "live"}})
+@router.get("/v2/health/live", summary="The process is up",
+            responses={200: {"description": "live", "content": {"application/json": {"example": {"live": True}}}}})
 async def live() -> Response:
-    return _answer(*live_status())
+    status, body = live_status()
+    return JSONResponse(body, status_code=status)
 
 
 @router.get("/v2/health/ready", summary="The backend is initialised", responses={
-    200: {"description": "ready"}, **errors(503)})
+    200: {"description": "ready", "content": {"application/json": {"example": {"ready": True}}}}, **errors(503)})
 async def ready(rt: AnyRuntime) -> Response:
-    return _answer(*ready_status(rt))
+    status, body = ready_status(rt)
+    return JSONResponse(body, status_code=status)
 
 
 @router.get("/v2", response_model=ServerMetadata, summary="Server metadata", responses=errors(401))

@@ -10,6 +10,7 @@ from ..deps import AnyRuntime, ReadyRuntime, errors
 from ..fusions import tensor_meta
 from ..jsonio import dumps
 from ..models import ExecuteRequest, InferRequest, InferResponse, ModelMetadata
+from ..protocol import MODEL_VERSION, check_request, check_version
 from ..runs import parse_request, response, run
 from ..runtime import Runtime
 from .fusions import register
@@ -33,19 +34,24 @@ INFER_RESPONSES = {200: {"content": {CONTENT_TYPE: {"schema": {"type": "string",
 async def run_infer(rt: Runtime, fusion, req, tail, model_name: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
     """One inference, from a validated request to the response's bytes and headers. The FastAPI
     routes below and the fast lane (server/fastlane.py) both answer through it."""
+    deadline = check_request(fusion, req)  # KServe fields, Triton parameters (server/protocol.py)
     plan = parse_request(rt, fusion, req, tail)
+    plan.deadline = deadline
     outcome = await run(rt, plan)
     body, chunks = response(model_name, req.id, plan, outcome)
+    body["model_version"] = MODEL_VERSION
     if not chunks:
         return dumps(body), [(b"content-type", b"application/json")]
     raw, n = join_body(body, chunks)
     return raw, [(b"content-type", CONTENT_TYPE.encode()), (b"inference-header-content-length", str(n).encode())]
 
 
-async def infer_bytes(rt: Runtime, model: str, body: bytes, header_length: str | None):
-    """POST /v2/models/{model}/infer on a request body."""
+async def infer_bytes(rt: Runtime, model: str, body: bytes, header_length: str | None, version: str | None = None):
+    """POST /v2/models/{model}[/versions/{version}]/infer on a request body."""
     rt.require_ready()
     fusion = rt.fusions.resolve(model)
+    if version is not None:
+        check_version(fusion, version)
     req, tail = decode_request(InferRequest, body, header_length)
     return await run_infer(rt, fusion, req, tail, fusion.name)
 
