@@ -1,0 +1,17 @@
+# Source on the GPU machine, in the repository root, after carrying .whl and .tools there
+# (benchmarks/device_tools.sh makes them):   source benchmarks/device_env.sh
+# - installs .whl into .site once (the setup of tests/gpu/RESULTS.md) and puts .site on PYTHONPATH
+#   and .site/bin (py-spy) on PATH;
+# - makes segfuse importable from this tree (/tmp/sp/segfuse/{compiler,server,client} links);
+# - puts .tools/bin (wrk, which sets LD_LIBRARY_PATH to .tools/root's lib dirs for itself) on PATH.
+_sf_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+if [ -d "$_sf_root/.whl" ] && [ ! -d "$_sf_root/.site" ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target "$_sf_root/.site" "$_sf_root"/.whl/*.whl || echo "device_env.sh: installing .whl failed" >&2
+fi
+mkdir -p /tmp/sp/segfuse
+for _sf_p in compiler server client; do ln -sfn "$_sf_root/$_sf_p" "/tmp/sp/segfuse/$_sf_p"; done
+export PYTHONPATH="$_sf_root/.site:/tmp/sp${PYTHONPATH:+:$PYTHONPATH}"
+export PATH="$_sf_root/.tools/bin:$_sf_root/.site/bin:$PATH"
+command -v wrk >/dev/null && wrk -v 2>&1 | head -1
+unset _sf_root _sf_p
