@@ -14,7 +14,8 @@ from segfuse.compiler.engine import Engine, RunResult  # noqa: E402
 from segfuse.compiler.errors import DeferredRunError, RunError  # noqa: E402
 from segfuse.compiler.ir import Fusion  # noqa: E402
 from segfuse.compiler.numpy_backend import run_graph  # noqa: E402
-from test_deferred_errors_gpu import INPLACE  # noqa: E402
+
+from .test_deferred_errors_gpu import INPLACE  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
