@@ -12,7 +12,7 @@ from segfuse.compiler.schema import GraphSpec
 from . import __version__, errors
 from .middleware import GuardMiddleware
 from .models import BufferJson, BufferJsonOut, ErrorBody, ExecuteRequest, InferRequest
-from .routers import buffers, fusions, health, infer
+from .routers import buffers, fusions, health, infer, shm
 from .runtime import Runtime
 from .settings import Settings
 
@@ -45,7 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     errors.install(app)
     app.add_middleware(GuardMiddleware, runtime=runtime)
-    for r in (health.router, buffers.router, fusions.router, infer.router):
+    for r in (health.router, buffers.router, fusions.router, infer.router, shm.router):
         app.include_router(r)
 
     @app.get("/metrics", tags=["health"], summary="Prometheus metrics", response_class=Response,

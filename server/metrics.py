@@ -23,6 +23,8 @@ class Metrics:
         self.buffers = Gauge("segfuse_buffers", "Number of stored buffers", registry=r)
         self.runs_admitted = Gauge("segfuse_runs_admitted", "Runs queued or running", registry=r)
         self.fusions = Gauge("segfuse_fusions", "Registered fusions", registry=r)
+        self.region_bytes = Gauge("segfuse_region_bytes", "Bytes of registered shared-memory regions", ["kind"], registry=r)
+        self.regions = Gauge("segfuse_regions", "Registered shared-memory regions", ["kind"], registry=r)
 
     def buffers_changed(self, store) -> None:
         self.buffer_bytes.set(store.used_bytes)

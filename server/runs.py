@@ -16,6 +16,7 @@ import numpy as np
 from segfuse.compiler import Fusion
 from segfuse.compiler.dtypes import DType
 
+from . import region_io
 from .binary import BinaryReader
 from .errors import bad_request, conflict, not_found, too_large, unprocessable
 from .models import InferRequest
@@ -49,6 +50,7 @@ class InputSpec:
     host: np.ndarray | None = None  # decoded inline data
     dtype: DType | None = None  # declared (buffers) or decoded (inline)
     shape: tuple | None = None
+    region: region_io.RegionSlice | None = None  # [regions] read from shared memory (server/region_io.py)
 
 
 @dataclass
@@ -60,6 +62,7 @@ class OutputSpec:
     inline: bool = True
     binary: bool = False
     alias_of: str | None = None  # graph input this output updates in place
+    region: region_io.RegionSlice | None = None  # [regions] written to shared memory (server/region_io.py)
 
 
 @dataclass
@@ -91,7 +94,10 @@ def parse_request(rt: Runtime, fusion: Fusion, req: InferRequest, tail: BinaryRe
             spec.dtype = parse_dtype(inp.datatype, loc + ["datatype"])
         if inp.shape is not None:
             spec.shape = check_shape(inp.shape, loc + ["shape"], rt.settings.max_rank)
-        if p is not None and p.buffer is not None:
+        spec.region = region_io.input_slice(rt, inp, spec)  # [regions] parameters.shared_memory_*
+        if spec.region is not None:
+            pass  # [regions] read from the region when the run executes
+        elif p is not None and p.buffer is not None:
             if inp.data is not None or p.binary_data_size is not None:
                 raise bad_request(f"input '{inp.name}' names a buffer and also carries data; give one",
                                   loc + ["data"])
@@ -144,6 +150,7 @@ def parse_request(rt: Runtime, fusion: Fusion, req: InferRequest, tail: BinaryRe
                 spec.inline = bool(p.return_data or p.binary_data)
         else:
             spec.binary = request_binary
+        spec.region = region_io.output_slice(rt, out, spec, fusion)  # [regions] parameters.shared_memory_*
         outputs.append(spec)
 
     plan = RunPlan(fusion, inputs, outputs)
@@ -191,7 +198,7 @@ def _check_pinned(rt: Runtime, plan: RunPlan) -> tuple[dict, dict]:
                                     f"'{i.buffer}' has shape {list(b.shape)}", i.loc + ["shape"])
             shapes[i.name], dtypes[i.name] = b.shape, b.dtype
         else:
-            shapes[i.name], dtypes[i.name] = i.host.shape, i.dtype
+            shapes[i.name], dtypes[i.name] = i.shape, i.dtype  # inline or [regions] in shared memory
     for o in plan.outputs:
         if o.buffer is not None and o.buffer in store and not o.overwrite:
             raise conflict(f"buffer '{o.buffer}' exists; set parameters.overwrite=true on output '{o.name}' "
@@ -277,6 +284,13 @@ def _check_tensor_sizes(rt: Runtime, bound) -> None:
 
 def _execute(rt: Runtime, plan: RunPlan, device_inputs: dict, t_start: float):
     """On a worker thread, with the pins held."""
+    with region_io.pinned(rt, plan, device_inputs) as regions:  # [regions] pinned, checked, read
+        done = _execute_pinned(rt, plan, {**device_inputs, **regions.inputs}, t_start)
+        regions.commit(done[0].outputs)  # [regions] only now do outputs land in their regions
+        return done
+
+
+def _execute_pinned(rt: Runtime, plan: RunPlan, device_inputs: dict, t_start: float):
     arrays = rt.arrays
     inputs = dict(device_inputs)
     for i in plan.inputs:
@@ -319,6 +333,8 @@ def response(model_name: str, req_id: str | None, plan: RunPlan, outcome: RunOut
             p["buffer"] = plan.alias_buffers[o.alias_of]
         entry["shape"] = outcome.shapes[o.name]
         entry["datatype"] = kserve_name(types[o.name].dtype)
+        if o.region is not None:  # [regions] written to shared memory, no data
+            p.update(region_io.response_params(o.region, entry["shape"], types[o.name].dtype))
         if o.name in outcome.host:
             a = outcome.host[o.name]
             if o.binary:

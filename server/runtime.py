@@ -15,6 +15,7 @@ from .buffers import BufferStore
 from .errors import ApiError
 from .fusions import FusionRegistry
 from .metrics import Metrics
+from .regions import RegionStore, metrics_updater
 from .settings import Settings
 
 log = logging.getLogger("segfuse.server")
@@ -74,6 +75,7 @@ class Runtime:
         self.metrics = Metrics()
         self.limits = Limits(max_ops=settings.max_ops, max_rank=settings.max_rank)
         self.fusions = FusionRegistry(self.limits)
+        self.regions = RegionStore(settings.max_region_bytes, on_change=metrics_updater(self.metrics))  # shared memory
         self.engine = None
         self.arrays: ArrayBackend | None = None
         self.store: BufferStore | None = None

@@ -24,6 +24,7 @@ class Settings:
     max_rank: int = 8
     max_buffer_bytes: int = 4 * GiB
     max_total_bytes: int = 32 * GiB
+    max_region_bytes: int = 64 * GiB  # shared-memory regions registered, all together (server/regions.py)
     max_queued_runs: int = 256  # runs admitted (waiting or running) before new ones get 429
     run_workers: int = 1  # threads that run fusions; 1 serialises GPU work on the device
     log_level: str = "info"
@@ -51,7 +52,7 @@ class Settings:
         if self.backend not in ("auto", "cupy", "numpy"):
             raise ValueError(f"backend must be auto, cupy or numpy, not '{self.backend}'")
         for name in ("max_body_bytes", "max_ops", "max_rank", "max_buffer_bytes", "max_total_bytes",
-                     "max_queued_runs", "run_workers"):
+                     "max_region_bytes", "max_queued_runs", "run_workers"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
 

@@ -10,7 +10,8 @@ from ..models import ServerMetadata
 
 router = APIRouter(tags=["health"])
 
-EXTENSIONS = ["binary_tensor_data", "segfuse_buffers", "segfuse_fusions", "segfuse_plan", "segfuse_execute"]
+EXTENSIONS = ["binary_tensor_data", "segfuse_buffers", "segfuse_fusions", "segfuse_plan", "segfuse_execute",
+              "system_shared_memory", "cuda_shared_memory"]
 
 
 @router.get("/v2/health/live", summary="The process is up", responses={200: {"description": "live"}})
