@@ -123,9 +123,10 @@ class Client(_BaseClient):
         return self._send(self._calls.run(fusion, inputs, outputs))
 
     # shared-memory regions (Triton's extensions)
-    def register_system_shared_memory(self, name: str, key, byte_size: int | None, offset: int = 0) -> Region:
+    def register_system_shared_memory(self, name: str, key, byte_size: int | None = None, offset: int = 0) -> Region:
         """Register [offset, offset + byte_size) of the POSIX shared-memory object `key` (or a
-        `SystemRegion`) as region `name`; returns `Region(name, byte_size=byte_size)`."""
+        `SystemRegion`, whose size is then the default byte_size) as region `name`; returns
+        `Region(name, byte_size=byte_size)`."""
         return self._send(self._regions.register_system(name, key, byte_size, offset))
 
     def register_cuda_shared_memory(self, name: str, tensor_or_raw_handle, device_id: int | None = None,
@@ -226,7 +227,7 @@ class AsyncClient(_BaseClient):
     async def run(self, fusion, inputs: Mapping[str, Any] | None = None, outputs=None) -> RunResult:
         return await self._send(self._calls.run(fusion, inputs, outputs))
 
-    async def register_system_shared_memory(self, name: str, key, byte_size: int | None, offset: int = 0) -> Region:
+    async def register_system_shared_memory(self, name: str, key, byte_size: int | None = None, offset: int = 0) -> Region:
         return await self._send(self._regions.register_system(name, key, byte_size, offset))
 
     async def register_cuda_shared_memory(self, name: str, tensor_or_raw_handle, device_id: int | None = None,

@@ -177,8 +177,8 @@ class RegionStore:
     def unregister_all(self, kind: str) -> tuple[list[Region], list[Region]]:
         """(removed, in use): removes the idle regions of `kind` only."""
         with self._lock:
-            idle = [r for r in self._regions.values() if r.kind == kind and not r.pins]
-            busy = [r for r in self._regions.values() if r.kind == kind and r.pins]
+            regions = [r for _, r in sorted(self._regions.items()) if r.kind == kind]
+            idle, busy = [r for r in regions if not r.pins], [r for r in regions if r.pins]
             for r in idle:
                 del self._regions[r.name]
         self._changed()

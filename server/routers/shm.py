@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 
 from fastapi import APIRouter, Path
 
@@ -20,7 +21,10 @@ from ..regions import CUDA, SYSTEM, TITLE, Region, RegionStore
 from ..runtime import Runtime
 from ..tensors import NAME_PATTERN
 
-router = APIRouter(tags=["shared memory"])
+# tritonclient posts its JSON bodies without a Content-Type: read them as JSON (FastAPI versions
+# with strict_content_type refuse such bodies by default; older ones read them as JSON anyway).
+_LENIENT = {"strict_content_type": False} if "strict_content_type" in inspect.signature(APIRouter).parameters else {}
+router = APIRouter(tags=["shared memory"], **_LENIENT)
 
 RegionName = Path(pattern=NAME_PATTERN, description="[A-Za-z0-9_.-]{1,128}; one namespace for system and CUDA regions")
 SYSTEM_PREFIX, CUDA_PREFIX = "/v2/systemsharedmemory", "/v2/cudasharedmemory"
