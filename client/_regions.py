@@ -120,20 +120,11 @@ def cuda_region(name: str, obj, device_id: int | None, byte_size: int | None) ->
             raise SegfuseError(f"region '{name}': give byte_size with a raw handle")
         return base64.b64encode(raw).decode(), 0 if device_id is None else int(device_id), \
             Region(name, 0, int(byte_size)), int(byte_size)
-    if getattr(obj, "requires_grad", False) and hasattr(obj, "detach"):
-        obj = obj.detach()
-    cai = getattr(obj, "__cuda_array_interface__", None)
-    if cai is None:
-        raise SegfuseError(f"region '{name}': {type(obj).__name__} is not a CUDA array (no "
-                           "__cuda_array_interface__); pass a CuPy array, a torch CUDA tensor or a raw handle")
-    dtype, shape = np.dtype(cai["typestr"]), tuple(int(d) for d in cai["shape"])
-    if cai.get("strides") is not None and tuple(cai["strides"]) != _c_strides(shape, dtype.itemsize):
-        raise SegfuseError(f"region '{name}': the array is not C-contiguous; make it contiguous first")
+    ptr, dtype, shape = _device_array(name, obj)
     try:
         import cupy
     except ImportError:
         raise SegfuseError("registering a CUDA array as a region needs CuPy (pip install cupy-cuda12x)") from None
-    ptr = int(cai["data"][0])
     rt = cupy.cuda.runtime
     device = int(rt.pointerGetAttributes(ptr).device)
     if device_id is not None and int(device_id) != device:
@@ -149,6 +140,28 @@ def cuda_region(name: str, obj, device_id: int | None, byte_size: int | None) ->
     region = Region(name, offset, nbytes, dtype=dtype, shape=shape)
     return base64.b64encode(bytes(handle)).decode(), device, region, \
         offset + nbytes if byte_size is None else int(byte_size)
+
+
+def _device_array(name: str, obj) -> tuple[int, np.dtype, tuple]:
+    """(device pointer, dtype, shape) of a C-contiguous CUDA array: a torch CUDA tensor (any dtype,
+    bfloat16 included, which __cuda_array_interface__ cannot describe) or anything with
+    __cuda_array_interface__ (CuPy, Numba, ...)."""
+    if getattr(obj, "is_cuda", False) and hasattr(obj, "data_ptr"):  # torch
+        if not obj.is_contiguous():
+            raise SegfuseError(f"region '{name}': the tensor is not contiguous; call .contiguous() first")
+        try:
+            dtype = as_numpy_dtype(str(obj.dtype).removeprefix("torch."))
+        except ValueError as e:
+            raise SegfuseError(f"region '{name}': {e}") from None
+        return int(obj.data_ptr()), dtype, tuple(int(d) for d in obj.shape)
+    cai = getattr(obj, "__cuda_array_interface__", None)
+    if cai is None:
+        raise SegfuseError(f"region '{name}': {type(obj).__name__} is not a CUDA array (no "
+                           "__cuda_array_interface__); pass a CuPy array, a torch CUDA tensor or a raw handle")
+    dtype, shape = np.dtype(cai["typestr"]), tuple(int(d) for d in cai["shape"])
+    if cai.get("strides") is not None and tuple(cai["strides"]) != _c_strides(shape, dtype.itemsize):
+        raise SegfuseError(f"region '{name}': the array is not C-contiguous; make it contiguous first")
+    return int(cai["data"][0]), dtype, shape
 
 
 def _c_strides(shape: tuple, itemsize: int) -> tuple:

@@ -22,10 +22,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
+from segfuse.compiler.dtypes import DType
 
 from .errors import bad_request
 from .regions import CUDA, SYSTEM, Region
-from .tensors import dtype_of, kserve_name, nbytes_of
+from .tensors import kserve_name, nbytes_of
 
 _KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 
@@ -154,14 +155,12 @@ class RegionRun:
             region = held[i.region.name]
             region.check_mapped(i.region.at("shared_memory_region"))
             _check(region, i.region, i.dtype.itemsize, f"input '{i.name}'")
-            view = self._view(region, i.region, i.dtype.np, i.shape, writable=False)
+            view = self._view(region, i.region, i.dtype, i.shape, writable=False)
             # A system region on the GPU backend is copied to the device; otherwise read in place.
             self.inputs[i.name] = self.arrays.from_host(view) if region.kind == SYSTEM and self.cp else view
         shapes = {i.name: tuple(device_inputs[i.name].shape) if i.name in device_inputs else tuple(i.shape)
                   for i in plan.inputs}
-        dtypes = {i.name: i.dtype for i in plan.inputs if i.dtype is not None}
-        dtypes.update({n: dtype_of(a) for n, a in device_inputs.items()})
-        types = plan.fusion.bind(shapes, dtypes).types  # bound before (cached): the output shapes
+        types = plan.fusion.bind(shapes).types  # bound (and dtypes checked) before: the output shapes
         self.outputs = []  # (name, destination view)
         taken: list[tuple] = []
         for o in outs:
@@ -182,9 +181,11 @@ class RegionRun:
                     raise bad_request(f"{what} would overwrite the bytes of output '{other}' in shared memory",
                                       s.at("shared_memory_offset"))
             taken.append((o.name, region.memory, start, start + need))
-            self.outputs.append((o.name, self._view(region, s, t.dtype.np, tuple(t.shape), writable=True)))
+            self.outputs.append((o.name, self._view(region, s, t.dtype, tuple(t.shape), writable=True)))
 
-    def _view(self, region: Region, s: RegionSlice, dtype: np.dtype, shape: tuple, writable: bool):
+    def _view(self, region: Region, s: RegionSlice, dt: DType, shape: tuple, writable: bool):
+        # On the GPU backend bfloat16 lives as its uint16 bits (CuPy has no bfloat16).
+        dtype = np.dtype(np.uint16) if self.cp is not None and dt is DType.bfloat16 else dt.np
         if region.kind == CUDA:
             cuda = self.cp.cuda
             mem = cuda.UnownedMemory(region.mapping, region.byte_size, region, region.device_id)

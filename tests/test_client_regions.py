@@ -11,7 +11,7 @@ import uuid
 import numpy as np
 import pytest
 from segfuse.client import AsyncClient, Client, Region, SegfuseError, SystemRegion
-from segfuse.client._regions import cuda_region
+from segfuse.client._regions import _device_array, cuda_region
 from test_cli import segfuse
 from test_client import MOE, counts_of, server_process
 
@@ -90,6 +90,38 @@ def test_region_arguments_are_checked_in_the_client(client):
     handle, device, region, nbytes = cuda_region("r", b"\1" * 64, None, 4096)
     assert device == 0 and region == Region("r", 0, 4096) and nbytes == 4096 and len(handle) == 88
     assert Region("r", 16).tensor("FP32", [2, 3]) == Region("r", 16, 24, np.dtype(np.float32), (2, 3))
+
+
+class CudaLike:
+    """What the client reads of a CUDA array: __cuda_array_interface__ (CuPy), or torch's attributes."""
+
+    def __init__(self, host: np.ndarray, torch_like: bool = False):
+        self.host = host
+        if torch_like:
+            self.is_cuda, self.shape = True, host.shape
+            self.dtype = f"torch.{host.dtype}"
+        else:
+            self.__cuda_array_interface__ = {"shape": host.shape, "typestr": host.dtype.str, "version": 3,
+                                             "data": (host.ctypes.data, False), "strides": None if
+                                             host.flags.c_contiguous else host.strides}
+
+    def data_ptr(self) -> int:
+        return self.host.ctypes.data
+
+    def is_contiguous(self) -> bool:
+        return self.host.flags.c_contiguous
+
+
+def test_device_arrays_are_read_by_protocol():
+    import ml_dtypes
+
+    a = np.zeros((4, 2), np.int64)
+    assert _device_array("r", CudaLike(a)) == (a.ctypes.data, np.dtype(np.int64), (4, 2))
+    b = np.zeros((3, 5), ml_dtypes.bfloat16)  # torch's bfloat16, which __cuda_array_interface__ cannot describe
+    assert _device_array("r", CudaLike(b, torch_like=True))[1:] == (np.dtype(ml_dtypes.bfloat16), (3, 5))
+    for torch_like in (False, True):
+        with pytest.raises(SegfuseError, match="contiguous"):
+            _device_array("r", CudaLike(a.T, torch_like))
 
 
 def test_system_regions_with_the_async_client(server):
