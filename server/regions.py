@@ -122,7 +122,7 @@ class RegionStore:
         if getattr(arrays, "name", None) != "cupy":
             msg = (f"this server has no GPU (backend {getattr(arrays, 'name', 'none')}): CUDA shared memory "
                    "needs the cupy backend; use system shared memory")
-            raise ApiError(501, msg, [{"loc": ["path"], "msg": msg}])
+            raise ApiError(501, msg, [{"loc": [], "msg": msg}])
         handle = decode_handle(raw_b64, ["body", "raw_handle", "b64"])
         if device_id != arrays.device_index:
             raise bad_request(f"device_id {device_id} is not this server's GPU ({arrays.device_index}): CUDA "

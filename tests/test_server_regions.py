@@ -109,7 +109,9 @@ async def test_register_status_unregister(asgi_server, shm):
         a, b = shm(1024), shm(64)
         entry = {"name": "a", "key": key(a), "offset": 256, "byte_size": 512, "ref_count": 0}
         assert await register(c, "a", a, byte_size=512, offset=256) == entry
-        bare = (await c.post(f"{SYS}/region/b/register", json={"key": key(b)[1:], "byte_size": 64})).json()
+        # JSON whatever the Content-Type: curl -d sends a form type, tritonclient none
+        bare = (await c.post(f"{SYS}/region/b/register", content=json.dumps({"key": key(b)[1:], "byte_size": 64}),
+                             headers={"content-type": "application/x-www-form-urlencoded"})).json()
         assert bare["key"] == key(b) and bare["offset"] == 0  # a key without '/' is the same object
         assert [r["name"] for r in await status(c)] == ["a", "b"]
         one = await c.get(f"{SYS}/region/a/status")
@@ -132,6 +134,24 @@ async def test_keys_are_plain_names(asgi_server, bad_key):
         r = await c.post(f"{SYS}/region/r/register", json={"key": bad_key, "byte_size": 8})
         assert_error(r, 400, "plain name", loc=["body", "key"])
         assert await status(c) == []
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="Linux's shared-memory namespace is /dev/shm")
+async def test_symbolic_links_and_directories_are_refused(asgi_server, tmp_path):
+    target = tmp_path / "secret"
+    target.write_bytes(b"x" * 64)
+    link, folder = Path(f"/dev/shm/sf_test_link_{uuid.uuid4().hex[:8]}"), Path(f"/dev/shm/sf_test_dir_{uuid.uuid4().hex[:8]}")
+    link.symlink_to(target)
+    folder.mkdir()
+    try:
+        async with asgi_server() as c:
+            for p in (link, folder):
+                r = await c.post(f"{SYS}/region/r/register", json={"key": "/" + p.name, "byte_size": 8})
+                assert_error(r, 400, "Unable to open shared memory region", loc=["body", "key"])
+            assert await status(c) == []
+    finally:
+        link.unlink()
+        folder.rmdir()
 
 
 async def test_register_refusals_change_nothing(asgi_server, shm):

@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Path, Request
+from fastapi.routing import APIRoute
 
 from ..deps import ReadyRuntime, errors
 from ..errors import ApiError
@@ -21,10 +21,23 @@ from ..regions import CUDA, SYSTEM, TITLE, Region, RegionStore
 from ..runtime import Runtime
 from ..tensors import NAME_PATTERN
 
-# tritonclient posts its JSON bodies without a Content-Type: read them as JSON (FastAPI versions
-# with strict_content_type refuse such bodies by default; older ones read them as JSON anyway).
-_LENIENT = {"strict_content_type": False} if "strict_content_type" in inspect.signature(APIRouter).parameters else {}
-router = APIRouter(tags=["shared memory"], **_LENIENT)
+
+class JsonBodyRoute(APIRoute):
+    """Bodies are JSON whatever their Content-Type says, as for infer: tritonclient posts them with
+    none, `curl -d` with a form type."""
+
+    def get_route_handler(self):
+        handler = super().get_route_handler()
+
+        async def handle(request: Request):
+            headers = [(k, v) for k, v in request.scope["headers"] if k != b"content-type"]
+            scope = {**request.scope, "headers": [*headers, (b"content-type", b"application/json")]}
+            return await handler(Request(scope, request.receive))
+
+        return handle
+
+
+router = APIRouter(tags=["shared memory"], route_class=JsonBodyRoute)
 
 RegionName = Path(pattern=NAME_PATTERN, description="[A-Za-z0-9_.-]{1,128}; one namespace for system and CUDA regions")
 SYSTEM_PREFIX, CUDA_PREFIX = "/v2/systemsharedmemory", "/v2/cudasharedmemory"
