@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import binascii
 import ctypes
+import logging
 import mmap
 import os
 import re
@@ -29,6 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ApiError, bad_request, not_found, too_large
+
+log = logging.getLogger("segfuse.server")
 
 SYSTEM, CUDA = "system", "cuda"
 TITLE = {SYSTEM: "system shared memory", CUDA: "CUDA shared memory"}
@@ -318,7 +321,10 @@ class _OpenedHandles:
             hit[2] -= 1
             if hit[2] == 0:
                 del self._open[handle]
-                cp.cuda.runtime.ipcCloseMemHandle(hit[0])
+                try:
+                    cp.cuda.runtime.ipcCloseMemHandle(hit[0])
+                except Exception as e:  # the region is gone either way; the mapping goes with the process
+                    log.warning("closing a CUDA IPC handle failed: %s", e)
 
 
 HANDLES = _OpenedHandles()
