@@ -11,6 +11,7 @@
 
 from ._client import AsyncClient, Client
 from ._errors import SegfuseError
-from ._types import Buffer, FusionRef, RunResult
+from ._regions import SystemRegion
+from ._types import Buffer, FusionRef, Region, RunResult
 
-__all__ = ["AsyncClient", "Buffer", "Client", "FusionRef", "RunResult", "SegfuseError"]
+__all__ = ["AsyncClient", "Buffer", "Client", "FusionRef", "Region", "RunResult", "SegfuseError", "SystemRegion"]

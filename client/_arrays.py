@@ -130,6 +130,11 @@ def numpy_dtype(datatype: str) -> np.dtype:
         raise ValueError(f"unknown datatype '{datatype}'") from None
 
 
+def as_numpy_dtype(dtype) -> np.dtype:
+    """A NumPy dtype, a KServe name ('INT64') or a segfuse name ('bfloat16') as a NumPy dtype."""
+    return numpy_dtype(dtype) if isinstance(dtype, str) else np.dtype(dtype)
+
+
 # ---- bytes --------------------------------------------------------------------------------
 def from_raw(raw: bytes, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
     """A writable array from little-endian row-major bytes (the wire format; every host segfuse

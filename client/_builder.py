@@ -18,9 +18,9 @@ from urllib.parse import quote
 import httpx
 import numpy as np
 
-from ._arrays import from_raw, kserve_datatype, load_npy, numpy_dtype, to_host
+from ._arrays import as_numpy_dtype, from_raw, kserve_datatype, load_npy, numpy_dtype, to_host
 from ._errors import SegfuseError
-from ._types import Buffer, FusionRef, RunResult
+from ._types import Buffer, FusionRef, Region, RunResult
 
 Call = Generator[httpx.Request, httpx.Response, Any]
 
@@ -115,10 +115,13 @@ def _split_binary(response: httpx.Response) -> tuple[dict, bytes]:
 
 def decode_infer(response: httpx.Response) -> RunResult:
     body, blob = _split_binary(_decode(response))
-    arrays, buffers, offset = {}, {}, 0
+    arrays, buffers, regions, offset = {}, {}, {}, 0
     for out in body.get("outputs", []):
         params = out.get("parameters") or {}
         name = out["name"]
+        if "shared_memory_region" in params:  # written to shared memory: no data here
+            regions[name] = params["shared_memory_region"]
+            continue
         if "buffer" in params and out.get("data") is None and "binary_data_size" not in params:
             buffers[name] = params["buffer"]
             continue
@@ -138,7 +141,7 @@ def decode_infer(response: httpx.Response) -> RunResult:
                      fusion_id=params.get("fusion_id", ""), outputs=arrays, buffers=buffers,
                      timings_us={k: float(v) for k, v in (params.get("timings_us") or {}).items()},
                      cache_hits=int(params.get("cache_hits", 0)),
-                     cache_misses=int(params.get("cache_misses", 0)), parameters=params)
+                     cache_misses=int(params.get("cache_misses", 0)), parameters=params, regions=regions)
 
 
 def decode_array(response: httpx.Response) -> np.ndarray:
@@ -205,6 +208,9 @@ def infer_body(inputs: Mapping[str, Any], outputs) -> tuple[dict, list[bytes]]:
         if isinstance(value, Buffer):
             body_inputs.append({"name": name, "parameters": {"buffer": value.name}})
             continue
+        if isinstance(value, Region):
+            body_inputs.append(_region_input(name, value))
+            continue
         host = to_host(value)
         raw = host.tobytes()
         body_inputs.append({"name": name, "shape": list(host.shape), "datatype": _datatype(host, f"input '{name}'"),
@@ -237,13 +243,35 @@ def _output_items(outputs) -> list[tuple[str, Any]]:
     raise TypeError("outputs is a list of names or a dict of name -> Buffer (or None to return it)")
 
 
+def _region_params(region: Region) -> dict:
+    return {"shared_memory_region": region.name, "shared_memory_byte_size": int(region.byte_size),
+            "shared_memory_offset": int(region.offset)}
+
+
+def _region_input(name: str, region: Region) -> dict:
+    """An input read from a region: Triton's parameters, with the tensor's datatype and shape."""
+    if region.dtype is None or region.shape is None:
+        raise SegfuseError(f"input '{name}': Region('{region.name}') needs a dtype and a shape; "
+                           "use region.tensor(dtype, shape)")
+    host_dtype = as_numpy_dtype(region.dtype)
+    byte_size = region.byte_size if region.byte_size is not None else \
+        int(np.prod(region.shape, dtype=np.int64)) * host_dtype.itemsize
+    return {"name": name, "shape": list(region.shape), "datatype": kserve_datatype(host_dtype),
+            "parameters": _region_params(Region(region.name, region.offset, byte_size))}
+
+
 def _output_entry(name: str, dest) -> dict:
     if dest is None or dest is True:
         return {"name": name, "parameters": {"binary_data": True}}
+    if isinstance(dest, Region):
+        if dest.byte_size is None:
+            raise SegfuseError(f"output '{name}': Region('{dest.name}') needs byte_size, the room the "
+                               "output may take in it")
+        return {"name": name, "parameters": _region_params(dest)}
     if isinstance(dest, str):
         dest = Buffer(dest)
     if not isinstance(dest, Buffer):
-        raise TypeError(f"output '{name}': a destination is a Buffer, a buffer name or None")
+        raise TypeError(f"output '{name}': a destination is a Buffer, a buffer name, a Region or None")
     params: dict = {"buffer": dest.name}
     if dest.overwrite:
         params["overwrite"] = True

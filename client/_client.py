@@ -10,7 +10,8 @@ import httpx
 import numpy as np
 
 from ._builder import Call, _Calls, _RequestBuilder, transport_error
-from ._types import FusionRef, RunResult
+from ._regions import RegionCalls
+from ._types import FusionRef, Region, RunResult
 
 DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=5.0)  # a first GPU run may compile for seconds
 
@@ -19,6 +20,7 @@ class _BaseClient:
     def __init__(self, url: str, token: str | None, timeout):
         self._build = _RequestBuilder(url, token)
         self._calls = _Calls(self._build)
+        self._regions = RegionCalls(self._build)
         self.timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
 
     @property
@@ -113,11 +115,43 @@ class Client(_BaseClient):
     def run(self, fusion, inputs: Mapping[str, Any] | None = None, outputs=None) -> RunResult:
         """Run a fusion: a FusionRef, a registered name or id, or a graph (sent inline).
 
-        An input is an array (sent in the binary extension) or `Buffer("name")`. `outputs` is a
-        list of names to return, or a dict of name -> `Buffer("name")` to store instead (None
-        returns that one); omitted, every output is returned.
+        An input is an array (sent in the binary extension), `Buffer("name")` or a tensor in a
+        shared-memory `Region`. `outputs` is a list of names to return, or a dict of name ->
+        `Buffer("name")` to store or `Region` to write into instead (None returns that one);
+        omitted, every output is returned.
         """
         return self._send(self._calls.run(fusion, inputs, outputs))
+
+    # shared-memory regions (Triton's extensions)
+    def register_system_shared_memory(self, name: str, key, byte_size: int | None = None, offset: int = 0) -> Region:
+        """Register [offset, offset + byte_size) of the POSIX shared-memory object `key` (or a
+        `SystemRegion`, whose size is then the default byte_size) as region `name`; returns
+        `Region(name, byte_size=byte_size)`."""
+        return self._send(self._regions.register_system(name, key, byte_size, offset))
+
+    def register_cuda_shared_memory(self, name: str, tensor_or_raw_handle, device_id: int | None = None,
+                                    byte_size: int | None = None) -> Region:
+        """Register a CuPy array or torch CUDA tensor (or a raw cudaIpcMemHandle_t with `byte_size`)
+        as CUDA region `name`; returns the Region addressing the tensor (offset, dtype, shape). Keep
+        the tensor alive while it is registered."""
+        return self._send(self._regions.register_cuda(name, tensor_or_raw_handle, device_id, byte_size))
+
+    def get_system_shared_memory_status(self, name: str | None = None) -> list[dict]:
+        return self._send(self._regions.status("system", name))
+
+    def get_cuda_shared_memory_status(self, name: str | None = None) -> list[dict]:
+        return self._send(self._regions.status("cuda", name))
+
+    def unregister_system_shared_memory(self, name: str | None = None) -> list[str]:
+        """Unregister one region, or without a name every idle one; returns the names unregistered."""
+        return self._send(self._regions.unregister("system", name))
+
+    def unregister_cuda_shared_memory(self, name: str | None = None) -> list[str]:
+        return self._send(self._regions.unregister("cuda", name))
+
+    def regions(self) -> list[dict]:
+        """Every region, system and CUDA, each with its "kind"."""
+        return self._send(self._regions.regions())
 
 
 class AsyncClient(_BaseClient):
@@ -192,3 +226,25 @@ class AsyncClient(_BaseClient):
 
     async def run(self, fusion, inputs: Mapping[str, Any] | None = None, outputs=None) -> RunResult:
         return await self._send(self._calls.run(fusion, inputs, outputs))
+
+    async def register_system_shared_memory(self, name: str, key, byte_size: int | None = None, offset: int = 0) -> Region:
+        return await self._send(self._regions.register_system(name, key, byte_size, offset))
+
+    async def register_cuda_shared_memory(self, name: str, tensor_or_raw_handle, device_id: int | None = None,
+                                          byte_size: int | None = None) -> Region:
+        return await self._send(self._regions.register_cuda(name, tensor_or_raw_handle, device_id, byte_size))
+
+    async def get_system_shared_memory_status(self, name: str | None = None) -> list[dict]:
+        return await self._send(self._regions.status("system", name))
+
+    async def get_cuda_shared_memory_status(self, name: str | None = None) -> list[dict]:
+        return await self._send(self._regions.status("cuda", name))
+
+    async def unregister_system_shared_memory(self, name: str | None = None) -> list[str]:
+        return await self._send(self._regions.unregister("system", name))
+
+    async def unregister_cuda_shared_memory(self, name: str | None = None) -> list[str]:
+        return await self._send(self._regions.unregister("cuda", name))
+
+    async def regions(self) -> list[dict]:
+        return await self._send(self._regions.regions())

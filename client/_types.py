@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
+
+from ._arrays import as_numpy_dtype
 
 
 @dataclass(frozen=True)
@@ -21,6 +25,31 @@ class Buffer:
 
 
 @dataclass(frozen=True)
+class Region:
+    """A shared-memory region registered on the server (system or CUDA, Triton's extensions), or
+    a tensor in one: `offset` and `byte_size` are bytes from the start of the region.
+
+    As an input, the server reads the tensor in place; it needs `dtype` and `shape` (`tensor()`
+    sets them, and `byte_size` with them). As an output, the result is written into the region
+    when the run succeeded, and `byte_size` (its room for the output) is required. The
+    `register_*_shared_memory` methods return the Region they registered.
+    """
+
+    name: str
+    offset: int = 0
+    byte_size: int | None = None
+    dtype: Any = None  # a NumPy dtype (or its name); inputs only
+    shape: tuple | None = None  # inputs only
+
+    def tensor(self, dtype, shape, offset: int | None = None) -> Region:
+        """The same region holding one tensor of `dtype` and `shape` at `offset` (default: this one's)."""
+        dt = as_numpy_dtype(dtype)
+        shape = tuple(int(d) for d in shape)
+        return replace(self, dtype=dt, shape=shape, offset=self.offset if offset is None else int(offset),
+                       byte_size=math.prod(shape) * dt.itemsize)
+
+
+@dataclass(frozen=True)
 class FusionRef:
     """A fusion registered on the server; pass it to `run` or `plan` instead of the graph."""
 
@@ -34,7 +63,7 @@ class RunResult:
     """What one run returned.
 
     `outputs` holds the arrays that came back; `buffers` maps each output stored on the server
-    to its buffer name. `timings_us` and the cache counters are the server's report.
+    to its buffer name, `regions` each output written to shared memory to its region. `timings_us` and the cache counters are the server's report.
     """
 
     model_name: str
@@ -46,12 +75,14 @@ class RunResult:
     cache_hits: int
     cache_misses: int
     parameters: dict = field(default_factory=dict, repr=False)  # the response's raw parameters
+    regions: dict[str, str] = field(default_factory=dict)
 
     def __getitem__(self, name: str) -> np.ndarray:
         try:
             return self.outputs[name]
         except KeyError:
-            where = f" (stored in buffer '{self.buffers[name]}')" if name in self.buffers else ""
+            where = f" (stored in buffer '{self.buffers[name]}')" if name in self.buffers else \
+                f" (written to shared memory region '{self.regions[name]}')" if name in self.regions else ""
             raise KeyError(f"no array for output '{name}'{where}") from None
 
     def __contains__(self, name: str) -> bool:

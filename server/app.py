@@ -14,7 +14,7 @@ from .compression import CompressionMiddleware
 from .fastlane import FastLane
 from .middleware import GuardMiddleware
 from .models import BufferJson, BufferJsonOut, ErrorBody, ExecuteRequest, InferRequest
-from .routers import PROTOCOL_ROUTERS, buffers, fusions, health, infer
+from .routers import PROTOCOL_ROUTERS, buffers, fusions, health, infer, shm
 from .runtime import Runtime
 from .settings import Settings
 
@@ -62,7 +62,7 @@ def create_app(settings: Settings | None = None) -> SegfuseApp:
     app.add_middleware(CompressionMiddleware, settings=settings)  # inside the guard: auth and limits first
     app.add_middleware(GuardMiddleware, runtime=runtime)
     # Fixed /v2/models/ routes (stats, ...) before infer's /v2/models/{model}.
-    for r in (health.router, *PROTOCOL_ROUTERS, buffers.router, fusions.router, infer.router):
+    for r in (health.router, *PROTOCOL_ROUTERS, buffers.router, fusions.router, infer.router, shm.router):
         app.include_router(r)
 
     @app.get("/metrics", tags=["health"], summary="Prometheus metrics", response_class=Response,

@@ -27,6 +27,8 @@ class Metrics:
         self.run_queue_seconds = Histogram("segfuse_run_queue_seconds", "Time a run waited in the queue for a worker",
                                            buckets=LATENCY_BUCKETS, registry=r)
         self.fusions = Gauge("segfuse_fusions", "Registered fusions", registry=r)
+        self.region_bytes = Gauge("segfuse_region_bytes", "Bytes of registered shared-memory regions", ["kind"], registry=r)
+        self.regions = Gauge("segfuse_regions", "Registered shared-memory regions", ["kind"], registry=r)
 
     def buffers_changed(self, store) -> None:
         self.buffer_bytes.set(store.used_bytes)

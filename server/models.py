@@ -113,7 +113,16 @@ class PlanResponse(BaseModel):
 
 
 # ---- inference (KServe v2) --------------------------------------------------------------
-class InputParameters(BaseModel):
+class SharedMemoryParameters(BaseModel):
+    """Triton's shared-memory parameters of an input or a requested output (server/region_io.py)."""
+
+    shared_memory_region: str | None = Field(None, description="a registered system or CUDA shared-memory region")
+    shared_memory_byte_size: int | None = Field(None, ge=0, description="bytes of the tensor in the region "
+                                                "(required with shared_memory_region)")
+    shared_memory_offset: int | None = Field(None, ge=0, description="where the tensor starts in the region (0)")
+
+
+class InputParameters(SharedMemoryParameters):
     model_config = ConfigDict(extra="allow")
     buffer: str | None = Field(None, description="read this stored buffer instead of inline data")
     binary_data_size: int | None = Field(None, ge=0, description="bytes of this tensor in the binary tail")
@@ -128,7 +137,7 @@ class InferInput(BaseModel):
     data: TensorData | None = None
 
 
-class OutputParameters(BaseModel):
+class OutputParameters(SharedMemoryParameters):
     model_config = ConfigDict(extra="allow")
     buffer: str | None = Field(None, description="store the output under this buffer name (stays on the device)")
     overwrite: bool = Field(False, description="allow replacing an existing buffer of that name")
@@ -169,7 +178,7 @@ class ExecuteRequest(InferRequest):
     replace: bool = False
 
 
-class OutputResultParameters(BaseModel):
+class OutputResultParameters(SharedMemoryParameters):
     model_config = ConfigDict(extra="allow")
     buffer: str | None = None
     binary_data_size: int | None = None
@@ -206,3 +215,42 @@ class ModelMetadata(BaseModel):
     platform: str = "segfuse"
     inputs: list[TensorMetadata]
     outputs: list[TensorMetadata]
+
+
+# ---- shared-memory regions (Triton's extensions) -----------------------------------------
+class SystemRegionRegister(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    key: str = Field(description="POSIX shared-memory object, a plain name such as /input_data (no paths)")
+    offset: int = Field(0, ge=0, description="where the region starts in the object")
+    byte_size: int = Field(ge=1, description="bytes of the region")
+
+
+class RawHandle(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    b64: str = Field(description="base64 of the 64-byte cudaIpcMemHandle_t")
+
+
+class CudaRegionRegister(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    raw_handle: RawHandle
+    device_id: int = Field(ge=0, description="the GPU the allocation lives on (must be the server's)")
+    byte_size: int = Field(ge=1, description="bytes of the region, from the start of the allocation")
+
+
+class SystemRegionStatus(BaseModel):
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+    ref_count: int = Field(description="runs using the region now")
+
+
+class CudaRegionStatus(BaseModel):
+    name: str
+    device_id: int
+    byte_size: int
+    ref_count: int = Field(description="runs using the region now")
+
+
+class RegionsUnregistered(BaseModel):
+    unregistered: list[str]

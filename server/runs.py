@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,7 @@ import numpy as np
 from segfuse.compiler import Fusion
 from segfuse.compiler.dtypes import DType
 
+from . import region_io
 from .binary import BinaryReader
 from .errors import bad_request, conflict, not_found, too_large, unprocessable
 from .jsonio import json_array
@@ -54,6 +56,7 @@ class InputSpec:
     host: np.ndarray | None = None  # decoded inline data
     dtype: DType | None = None  # declared (buffers) or decoded (inline)
     shape: tuple | None = None
+    region: region_io.RegionSlice | None = None  # [regions] read from shared memory (server/region_io.py)
 
 
 @dataclass
@@ -65,6 +68,7 @@ class OutputSpec:
     inline: bool = True
     binary: bool = False
     alias_of: str | None = None  # graph input this output updates in place
+    region: region_io.RegionSlice | None = None  # [regions] written to shared memory (server/region_io.py)
 
 
 @dataclass
@@ -97,7 +101,10 @@ def parse_request(rt: Runtime, fusion: Fusion, req: InferRequest, tail: BinaryRe
             spec.dtype = parse_dtype(inp.datatype, loc + ["datatype"])
         if inp.shape is not None:
             spec.shape = check_shape(inp.shape, loc + ["shape"], rt.settings.max_rank)
-        if p is not None and p.buffer is not None:
+        spec.region = region_io.input_slice(rt, inp, spec)  # [regions] parameters.shared_memory_*
+        if spec.region is not None:
+            pass  # [regions] read from the region when the run executes
+        elif p is not None and p.buffer is not None:
             if inp.data is not None or p.binary_data_size is not None:
                 raise bad_request(f"input '{inp.name}' names a buffer and also carries data; give one",
                                   loc + ["data"])
@@ -150,6 +157,7 @@ def parse_request(rt: Runtime, fusion: Fusion, req: InferRequest, tail: BinaryRe
                 spec.inline = bool(p.return_data or p.binary_data)
         else:
             spec.binary = request_binary
+        spec.region = region_io.output_slice(rt, out, spec, fusion)  # [regions] parameters.shared_memory_*
         outputs.append(spec)
 
     plan = RunPlan(fusion, inputs, outputs)
@@ -197,7 +205,7 @@ def _check_pinned(rt: Runtime, plan: RunPlan) -> tuple[dict, dict]:
                                     f"'{i.buffer}' has shape {list(b.shape)}", i.loc + ["shape"])
             shapes[i.name], dtypes[i.name] = b.shape, b.dtype
         else:
-            shapes[i.name], dtypes[i.name] = i.host.shape, i.dtype
+            shapes[i.name], dtypes[i.name] = i.shape, i.dtype  # inline or [regions] in shared memory
     for o in plan.outputs:
         if o.buffer is not None and o.buffer in store and not o.overwrite:
             raise conflict(f"buffer '{o.buffer}' exists; set parameters.overwrite=true on output '{o.name}' "
@@ -254,8 +262,9 @@ INLINE_INPUT_BYTES = 1 << 20  # a run inline on the loop reads at most this much
 
 def _runs_inline(rt: Runtime, job: Job) -> bool:
     plan = job.plan
-    if any(i.host is not None for i in plan.inputs) or plan.alias_buffers:
-        return False  # uploads and in-place updates go to a worker
+    if any(i.host is not None or i.region is not None for i in plan.inputs) or plan.alias_buffers or \
+            any(o.region is not None for o in plan.outputs):
+        return False  # uploads, in-place updates and shared-memory regions go to a worker
     inputs = job.device_inputs
     if sum(a.nbytes for a in inputs.values()) > INLINE_INPUT_BYTES:
         return False
@@ -306,6 +315,11 @@ def _release(rt: Runtime, job: Job) -> None:
 def execute_batch(rt: Runtime, jobs: list[Job]) -> None:
     """On a run worker thread, with every job's pins held: launch the runs back to back, wait for
     the device once, and leave each job its outputs or its own error."""
+    with ExitStack() as held:  # [regions] each run's shared-memory regions, pinned until the batch ends
+        _execute_pinned(rt, jobs, held)
+
+
+def _execute_pinned(rt: Runtime, jobs: list[Job], held: ExitStack) -> None:
     arrays = rt.arrays
     t_start = time.perf_counter()
     calls, live = [], []
@@ -313,18 +327,21 @@ def execute_batch(rt: Runtime, jobs: list[Job]) -> None:
         job.t_start = t_start
         try:
             check_started_in_time(job.plan.deadline)  # 429 when the run starts after parameters.timeout
-            calls.append((job.plan.fusion, _inputs(arrays, job)))
-            live.append(job)
+            # [regions] pinned, checked again, read (server/region_io.py)
+            regions = held.enter_context(region_io.pinned(rt, job.plan, job.device_inputs))
+            calls.append((job.plan.fusion, {**_inputs(arrays, job), **regions.inputs}))
+            live.append((job, regions))
         except BaseException as e:
             job.error = _device_failure(arrays, e)
     results = rt.engine.run_batch(calls) if calls else []
-    for job, (_fusion, inputs), res in zip(live, calls, results):
+    for (job, regions), (_fusion, inputs), res in zip(live, calls, results):
         if isinstance(res, BaseException):
             job.error = _device_failure(arrays, res)
             continue
         try:
             job.result = res
             job.stored, job.host = _outputs(arrays, job.plan, res, list(inputs.values()))
+            regions.commit(res.outputs)  # [regions] only now do outputs land in their regions
         except BaseException as e:
             job.error = _device_failure(arrays, e)
     try:
@@ -441,6 +458,8 @@ def response(model_name: str, req_id: str | None, plan: RunPlan, outcome: RunOut
             p["buffer"] = plan.alias_buffers[o.alias_of]
         entry["shape"] = outcome.shapes[o.name]
         entry["datatype"] = kserve_name(types[o.name].dtype)
+        if o.region is not None:  # [regions] written to shared memory, no data
+            p.update(region_io.response_params(o.region, entry["shape"], types[o.name].dtype))
         if o.name in outcome.host:
             a = outcome.host[o.name]
             if o.binary:

@@ -16,6 +16,7 @@ from .buffers import BufferStore
 from .errors import ApiError
 from .fusions import FusionRegistry
 from .metrics import Metrics
+from .regions import RegionStore, metrics_updater
 from .runs import execute_batch, finish_batch
 from .settings import Settings
 from .stats import StatsRecorder
@@ -92,6 +93,7 @@ class Runtime:
         self.limits = Limits(max_ops=settings.max_ops, max_rank=settings.max_rank)
         self.fusions = FusionRegistry(self.limits)
         self.stats = StatsRecorder(self.fusions)  # Triton-style per-fusion statistics
+        self.regions = RegionStore(settings.max_region_bytes, on_change=metrics_updater(self.metrics))  # shared memory
         self.engine = None
         self.arrays: ArrayBackend | None = None
         self.store: BufferStore | None = None

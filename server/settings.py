@@ -24,6 +24,7 @@ class Settings:
     max_rank: int = 8
     max_buffer_bytes: int = 4 * GiB
     max_total_bytes: int = 32 * GiB
+    max_region_bytes: int = 64 * GiB  # shared-memory regions registered, all together (server/regions.py)
     max_queued_runs: int = 256  # runs admitted (waiting or running) before new ones get 429
     run_workers: int = 1  # threads that run fusions (each on its own CUDA stream)
     max_batch: int = 32  # runs a worker takes from the queue at once (launched back to back, one wait)
@@ -52,7 +53,7 @@ class Settings:
         if self.backend not in ("auto", "cupy", "numpy"):
             raise ValueError(f"backend must be auto, cupy or numpy, not '{self.backend}'")
         for name in ("max_body_bytes", "max_ops", "max_rank", "max_buffer_bytes", "max_total_bytes",
-                     "max_queued_runs", "run_workers", "max_batch"):
+                     "max_region_bytes", "max_queued_runs", "run_workers", "max_batch"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
 

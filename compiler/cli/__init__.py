@@ -7,10 +7,10 @@ import argparse
 import sys
 
 from ..errors import SegfuseError
-from . import client_cmds, graph_cmds, plan_cmds, serve_cmd
+from . import client_cmds, graph_cmds, plan_cmds, region_cmds, serve_cmd
 
 # Modules that add sub-commands; each has add_parsers(subparsers).
-COMMAND_MODULES = [graph_cmds, client_cmds, serve_cmd, plan_cmds]
+COMMAND_MODULES = [graph_cmds, client_cmds, region_cmds, serve_cmd, plan_cmds]
 
 EPILOG = """examples:
   segfuse validate examples/moe_problem_sizes.json

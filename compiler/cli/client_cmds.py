@@ -140,21 +140,26 @@ def _print_array(name: str, arr: np.ndarray) -> None:
         print(f"{name}: {arr.dtype}{list(arr.shape)}\n{arr}")
 
 
+def print_listing(items: list[dict], as_json: bool, what: str, line) -> int:
+    """`ls` commands: the server's JSON, or one `line(item, width)` per item (names aligned)."""
+    if as_json:
+        print(json.dumps(items, indent=2))
+    elif not items:
+        print(f"no {what}")
+    else:
+        width = max(len(i["name"]) for i in items)
+        for i in items:
+            print(line(i, width))
+    return 0
+
+
 # ---- buffers ------------------------------------------------------------------------------------
 @_guard
 def cmd_buffers_ls(args) -> int:
     with _client(args) as c:
         bufs = c.buffers()
-    if args.json:
-        print(json.dumps(bufs, indent=2))
-        return 0
-    if not bufs:
-        print("no buffers")
-        return 0
-    width = max(len(b["name"]) for b in bufs)
-    for b in bufs:
-        print(f"{b['name']:<{width}}  {b['dtype']:<8} {str(b['shape']):<16} {b['bytes']:>12} B  {b.get('device', '')}")
-    return 0
+    return print_listing(bufs, args.json, "buffers", lambda b, width: f"{b['name']:<{width}}  {b['dtype']:<8} "
+                         f"{str(b['shape']):<16} {b['bytes']:>12} B  {b.get('device', '')}")
 
 
 @_guard

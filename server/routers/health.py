@@ -13,7 +13,7 @@ router = APIRouter(tags=["health"])
 
 # Triton's extension names for what exists here, then segfuse's own.
 EXTENSIONS = ["binary_tensor_data", "parameters", "model_repository", "model_repository(unload_dependents)",
-              "model_configuration", "statistics", "trace", "logging",
+              "model_configuration", "statistics", "trace", "logging", "system_shared_memory", "cuda_shared_memory",
               "segfuse_buffers", "segfuse_fusions", "segfuse_plan", "segfuse_execute"]
 
 

@@ -1,0 +1,212 @@
+"""Runs whose inputs or requested outputs live in shared-memory regions (server/regions.py).
+
+A tensor names a region through its `parameters`, exactly as tritonclient sends them:
+`shared_memory_region`, `shared_memory_byte_size` (required with it), `shared_memory_offset`
+(default 0, from the start of the region). `runs.py` calls, each from a small delimited hunk:
+
+- `input_slice` / `output_slice` while parsing the request: the parameters are checked against
+  each other, the tensor's datatype and shape, and the region's registration (400 naming the field);
+- `pinned` around the execution on the worker thread: the regions are pinned, checked again (they
+  may have been unregistered or replaced while the run waited in the queue), region inputs become
+  arrays (a system region is read in place as a NumPy view, copied to the GPU on the cupy backend;
+  a CUDA region feeds the kernels in place), region outputs are checked against the bound output
+  shapes *before* anything runs, and after the run succeeded `commit` copies the outputs (staged
+  in the engine's own arrays) into their regions: a failed run changes no byte of a region;
+- `response_params` for the response's output entries (they come back without data).
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import numpy as np
+from segfuse.compiler.dtypes import DType
+
+from .errors import bad_request
+from .regions import CUDA, SYSTEM, Region
+from .tensors import kserve_name, nbytes_of
+
+_KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
+
+
+@dataclass(frozen=True)
+class RegionSlice:
+    name: str  # the region
+    offset: int  # from the start of the region
+    byte_size: int
+    loc: tuple  # the tensor's location: ("inputs", 0) or ("outputs", 1)
+
+    def at(self, key: str) -> list:
+        return [*self.loc, "parameters", key]
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.byte_size
+
+
+def _slice(params, loc: list, what: str) -> RegionSlice | None:
+    name = getattr(params, "shared_memory_region", None) if params is not None else None
+    size = getattr(params, "shared_memory_byte_size", None) if params is not None else None
+    offset = getattr(params, "shared_memory_offset", None) if params is not None else None
+    if name is None:
+        if size is not None or offset is not None:
+            raise bad_request(f"{what} gives shared_memory_byte_size/shared_memory_offset without "
+                              "shared_memory_region", [*loc, "parameters", "shared_memory_region"])
+        return None
+    if size is None:
+        raise bad_request(f"{what} names shared_memory_region '{name}' without shared_memory_byte_size "
+                          "(required with it)", [*loc, "parameters", "shared_memory_byte_size"])
+    return RegionSlice(name, offset or 0, size, tuple(loc))
+
+
+def _check(region: Region, s: RegionSlice, itemsize: int, what: str) -> None:
+    """The slice lies within the registration and is aligned to the dtype's item size."""
+    if s.end > region.byte_size:
+        key = "shared_memory_offset" if s.offset and s.offset >= region.byte_size else "shared_memory_byte_size"
+        raise bad_request(f"{what}: shared_memory_offset {s.offset} + shared_memory_byte_size {s.byte_size} = "
+                          f"{s.end} exceeds the {region.byte_size} bytes of region '{region.name}'", s.at(key))
+    if (region.offset + s.offset) % itemsize:
+        raise bad_request(f"{what}: the tensor would start at byte {region.offset + s.offset} of its memory, which is "
+                          f"not a multiple of its item size ({itemsize})", s.at("shared_memory_offset"))
+
+
+def input_slice(rt, inp, spec) -> RegionSlice | None:
+    """parse_request's hook for inputs[i]: the region slice it reads, or None (then not a region input)."""
+    s = _slice(inp.parameters, spec.loc, f"input '{inp.name}'")
+    if s is None:
+        return None
+    p = inp.parameters
+    for field, given in (("data", inp.data is not None), ("parameters.binary_data_size", p.binary_data_size is not None),
+                         ("parameters.buffer", p.buffer is not None)):
+        if given:
+            raise bad_request(f"input '{inp.name}' names shared_memory_region '{s.name}' and also gives {field}; "
+                              "give one", [*spec.loc, *field.split(".")])
+    for field in ("datatype", "shape"):
+        if getattr(spec, "dtype" if field == "datatype" else "shape") is None:
+            raise bad_request(f"input '{inp.name}' in shared memory needs '{field}'", [*spec.loc, field])
+    need = nbytes_of(spec.shape, spec.dtype)
+    if s.byte_size != need:
+        raise bad_request(f"input '{inp.name}': shared_memory_byte_size is {s.byte_size} but "
+                          f"{kserve_name(spec.dtype)}{list(spec.shape)} needs {need} bytes",
+                          s.at("shared_memory_byte_size"))
+    region = rt.regions.find(s.name, None, s.at("shared_memory_region"))
+    _check(region, s, spec.dtype.itemsize, f"input '{inp.name}'")
+    return s
+
+
+def output_slice(rt, out, spec, fusion) -> RegionSlice | None:
+    """parse_request's hook for outputs[k]: the region slice it is written to, or None. A region output
+    is neither stored in a buffer nor returned (`spec.inline` is cleared)."""
+    s = _slice(out.parameters, spec.loc, f"output '{out.name}'")
+    if s is None:
+        return None
+    p = out.parameters
+    for field, given in (("buffer", p.buffer is not None), ("binary_data", bool(p.binary_data)),
+                         ("return_data", bool(p.return_data))):
+        if given:
+            raise bad_request(f"output '{out.name}' goes to shared_memory_region '{s.name}' and also asks for "
+                              f"parameters.{field}; an output in shared memory comes back without data",
+                              [*spec.loc, "parameters", field])
+    region = rt.regions.find(s.name, None, s.at("shared_memory_region"))
+    _check(region, s, fusion.types[out.name].dtype.itemsize, f"output '{out.name}'")
+    spec.inline = spec.binary = False
+    return s
+
+
+def response_params(s: RegionSlice, shape, dtype) -> dict:
+    """The response's parameters of an output written to a region: where, and how many bytes."""
+    return {"shared_memory_region": s.name, "shared_memory_offset": s.offset,
+            "shared_memory_byte_size": math.prod(shape) * dtype.itemsize}
+
+
+# ---- the run --------------------------------------------------------------------------------------
+class _NoRegions:
+    inputs: dict = {}
+
+    def commit(self, outputs: dict) -> None:
+        pass
+
+
+NO_REGIONS = _NoRegions()
+
+
+@contextmanager
+def pinned(rt, plan, device_inputs: dict):
+    """Around the execution (worker thread): pins the run's regions and yields a `RegionRun` (its
+    `inputs` join the engine's inputs; `commit(result.outputs)` after success), or NO_REGIONS."""
+    ins = [i for i in plan.inputs if i.region is not None]
+    outs = [o for o in plan.outputs if o.region is not None]
+    if not ins and not outs:
+        yield NO_REGIONS
+        return
+    locs = {s.region.name: s.region.at("shared_memory_region") for s in [*ins, *outs]}
+    with rt.regions.pin(locs, locs.get) as held:
+        yield RegionRun(rt, plan, held, ins, outs, device_inputs)
+
+
+class RegionRun:
+    def __init__(self, rt, plan, held: dict[str, Region], ins, outs, device_inputs: dict):
+        self.arrays = rt.arrays
+        self.cp = getattr(rt.arrays, "cp", None)
+        self.inputs = {}
+        for i in ins:
+            region = held[i.region.name]
+            region.check_mapped(i.region.at("shared_memory_region"))
+            _check(region, i.region, i.dtype.itemsize, f"input '{i.name}'")
+            view = self._view(region, i.region, i.dtype, i.shape, writable=False)
+            # A system region on the GPU backend is copied to the device; otherwise read in place.
+            self.inputs[i.name] = self.arrays.from_host(view) if region.kind == SYSTEM and self.cp else view
+        shapes = {i.name: tuple(device_inputs[i.name].shape) if i.name in device_inputs else tuple(i.shape)
+                  for i in plan.inputs}
+        types = plan.fusion.bind(shapes).types  # bound (and dtypes checked) before: the output shapes
+        self.outputs = []  # (name, destination view)
+        taken: list[tuple] = []
+        for o in outs:
+            region, s, t = held[o.region.name], o.region, types[o.name]
+            what = f"output '{o.name}'"
+            region.check_mapped(s.at("shared_memory_region"))
+            _check(region, s, t.dtype.itemsize, what)
+            need = nbytes_of(tuple(t.shape), t.dtype)
+            if s.byte_size < need:
+                raise bad_request(f"{what}: shared_memory_byte_size {s.byte_size} is too small for "
+                                  f"{kserve_name(t.dtype)}{list(t.shape)} ({need} bytes)", s.at("shared_memory_byte_size"))
+            if not region.writable:
+                raise bad_request(f"{what}: region '{region.name}' is read-only for the server (its shared memory "
+                                  "object could only be opened for reading)", s.at("shared_memory_region"))
+            start = region.offset + s.offset
+            for other, mem, lo, hi in taken:
+                if mem == region.memory and start < hi and lo < start + need:
+                    raise bad_request(f"{what} would overwrite the bytes of output '{other}' in shared memory",
+                                      s.at("shared_memory_offset"))
+            taken.append((o.name, region.memory, start, start + need))
+            self.outputs.append((o.name, self._view(region, s, t.dtype, tuple(t.shape), writable=True)))
+
+    def _view(self, region: Region, s: RegionSlice, dt: DType, shape: tuple, writable: bool):
+        # On the GPU backend bfloat16 lives as its uint16 bits (CuPy has no bfloat16).
+        dtype = np.dtype(np.uint16) if self.cp is not None and dt is DType.bfloat16 else dt.np
+        if region.kind == CUDA:
+            cuda = self.cp.cuda
+            mem = cuda.UnownedMemory(region.mapping, region.byte_size, region, region.device_id)
+            return self.cp.ndarray(shape, dtype, memptr=cuda.MemoryPointer(mem, s.offset))
+        a = np.ndarray(shape, dtype, buffer=region.mapping, offset=region.offset + s.offset)
+        if not writable:
+            a.flags.writeable = False
+        return a
+
+    def commit(self, outputs: dict) -> None:
+        """After the whole run succeeded: copy each staged output into its region."""
+        if not self.outputs:
+            return
+        self.arrays.synchronize()  # the engine's stream has finished writing the staged outputs
+        for name, dst in self.outputs:
+            src = outputs[name]
+            if isinstance(dst, np.ndarray):
+                np.copyto(dst, self.arrays.to_host(src) if self.cp else src)
+            else:
+                if self.arrays.may_share(src, dst):  # an output viewing an input in the same memory
+                    src = self.arrays.copy(src)
+                self.cp.copyto(dst, src)
+        self.arrays.synchronize()
+

@@ -1,0 +1,109 @@
+"""Triton's shared-memory extensions: register, status and unregister of system regions
+(/v2/systemsharedmemory) and CUDA regions (/v2/cudasharedmemory), one namespace for both."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Path, Request
+from fastapi.routing import APIRoute
+
+from ..deps import ReadyRuntime, errors
+from ..errors import ApiError
+from ..models import (
+    CudaRegionRegister,
+    CudaRegionStatus,
+    RegionsUnregistered,
+    SystemRegionRegister,
+    SystemRegionStatus,
+)
+from ..regions import CUDA, SYSTEM, TITLE, Region, RegionStore
+from ..runtime import Runtime
+from ..tensors import NAME_PATTERN
+
+
+class JsonBodyRoute(APIRoute):
+    """Bodies are JSON whatever their Content-Type says, as for infer: tritonclient posts them with
+    none, `curl -d` with a form type."""
+
+    def get_route_handler(self):
+        handler = super().get_route_handler()
+
+        async def handle(request: Request):
+            headers = [(k, v) for k, v in request.scope["headers"] if k != b"content-type"]
+            scope = {**request.scope, "headers": [*headers, (b"content-type", b"application/json")]}
+            return await handler(Request(scope, request.receive))
+
+        return handle
+
+
+router = APIRouter(tags=["shared memory"], route_class=JsonBodyRoute)
+
+RegionName = Path(pattern=NAME_PATTERN, description="[A-Za-z0-9_.-]{1,128}; one namespace for system and CUDA regions")
+SYSTEM_PREFIX, CUDA_PREFIX = "/v2/systemsharedmemory", "/v2/cudasharedmemory"
+
+
+@router.post(f"{SYSTEM_PREFIX}/region/{{name}}/register", response_model=SystemRegionStatus,
+             summary="Register a POSIX shared-memory object (or a slice of it) as a region",
+             responses=errors(400, 401, 413, 503))
+async def register_system(rt: ReadyRuntime, body: SystemRegionRegister, name: str = RegionName) -> dict:
+    region = await asyncio.to_thread(rt.regions.register_system, name, body.key, body.offset, body.byte_size)
+    return region.status()
+
+
+@router.post(f"{CUDA_PREFIX}/region/{{name}}/register", response_model=CudaRegionStatus,
+             summary="Register another process's GPU allocation (a cudaIpcMemHandle_t) as a region",
+             responses=errors(400, 401, 413, 501, 503))
+async def register_cuda(rt: ReadyRuntime, body: CudaRegionRegister, name: str = RegionName) -> dict:
+    region = await rt.on_device(rt.regions.register_cuda, name, body.raw_handle.b64, body.device_id,
+                                body.byte_size, rt.arrays)
+    return region.status()
+
+
+async def _close(rt: Runtime, regions: list[Region]) -> None:
+    for r in regions:
+        if r.kind == CUDA:
+            await rt.on_device(RegionStore.close, r, rt.arrays)
+        else:
+            RegionStore.close(r)
+
+
+def _add_routes(kind: str, prefix: str, status_model) -> None:
+    """Status and unregister, the same for both kinds."""
+    title = TITLE[kind]
+
+    @router.get(f"{prefix}/status", response_model=list[status_model], summary=f"Status of every {title} region",
+                responses=errors(401, 503))
+    async def status_all(rt: ReadyRuntime) -> list[dict]:
+        return [r.status() for r in rt.regions.all(kind)]
+
+    @router.get(f"{prefix}/region/{{name}}/status", response_model=list[status_model],
+                summary=f"Status of one {title} region", responses=errors(401, 404, 503))
+    async def status_one(rt: ReadyRuntime, name: str = RegionName) -> list[dict]:
+        return [rt.regions.find(name, kind, ["path", "name"]).status()]
+
+    @router.post(f"{prefix}/region/{{name}}/unregister", response_model=RegionsUnregistered,
+                 summary=f"Unregister one {title} region (refused while a run uses it)",
+                 responses=errors(400, 401, 404, 503))
+    async def unregister_one(rt: ReadyRuntime, name: str = RegionName) -> RegionsUnregistered:
+        region = rt.regions.unregister(name, kind)
+        await _close(rt, [region])
+        return RegionsUnregistered(unregistered=[name])
+
+    @router.post(f"{prefix}/unregister", response_model=RegionsUnregistered,
+                 summary=f"Unregister every idle {title} region (those in use stay, and are named in a 400)",
+                 responses=errors(400, 401, 503))
+    async def unregister_all(rt: ReadyRuntime) -> RegionsUnregistered:
+        idle, busy = rt.regions.unregister_all(kind)
+        await _close(rt, idle)
+        if busy:
+            names = ", ".join(f"'{r.name}'" for r in busy)
+            done = ", ".join(f"'{r.name}'" for r in idle) or "none"
+            raise ApiError(400, f"Failed to unregister the following {title} regions, currently in use by runs: "
+                                f"{names} (unregistered: {done}); retry when the runs have finished",
+                           [{"loc": ["regions", r.name], "msg": f"in use by {r.pins} run(s)"} for r in busy])
+        return RegionsUnregistered(unregistered=[r.name for r in idle])
+
+
+_add_routes(SYSTEM, SYSTEM_PREFIX, SystemRegionStatus)
+_add_routes(CUDA, CUDA_PREFIX, CudaRegionStatus)
