@@ -13,6 +13,7 @@ from segfuse.compiler import Limits
 
 from .backend import ArrayBackend, BackendUnavailable, resolve
 from .buffers import BufferStore
+from .codec import JsonCodec
 from .errors import ApiError
 from .fusions import FusionRegistry
 from .metrics import Metrics
@@ -92,6 +93,7 @@ class Runtime:
         self.metrics = Metrics()
         self.limits = Limits(max_ops=settings.max_ops, max_rank=settings.max_rank)
         self.fusions = FusionRegistry(self.limits)
+        self.codec = JsonCodec()  # large JSON tensor bodies, in a helper process (server/codec.py)
         self.stats = StatsRecorder(self.fusions)  # Triton-style per-fusion statistics
         self.regions = RegionStore(settings.max_region_bytes, on_change=metrics_updater(self.metrics))  # shared memory
         self.engine = None
@@ -140,6 +142,7 @@ class Runtime:
 
     async def stop(self) -> None:
         self.ready = False
+        await asyncio.to_thread(self.codec.shutdown)
         if self.executor:
             await self.executor.drain()
             await asyncio.to_thread(self.executor.shutdown)

@@ -6,7 +6,9 @@ import asyncio
 import json
 
 from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi.responses import StreamingResponse
 
+from ..codec import LARGE, release
 from ..deps import ReadyRuntime, errors
 from ..errors import bad_request, not_found, unprocessable
 from ..models import BufferInfo, BufferJson, BufferJsonOut, BufferList, BufferPut, Deleted
@@ -67,6 +69,9 @@ async def put_buffer(rt: ReadyRuntime, request: Request, response: Response, nam
                      shape: str | None = Query(None, description="with application/octet-stream: e.g. 4096,8"),
                      ) -> BufferPut:
     ctype = request.headers.get("content-type", RAW).split(";")[0].strip().lower()
+    declared = request.headers.get("content-length", "")
+    if ctype == JSON and declared.isdigit() and int(declared) >= LARGE:
+        return await _put_large_json(rt, request, response, name, int(declared))
     body = await request.body()
     if ctype == JSON:
         try:
@@ -95,6 +100,10 @@ async def put_buffer(rt: ReadyRuntime, request: Request, response: Response, nam
     else:
         raise bad_request(f"unsupported Content-Type '{ctype}' (use {RAW}, {NPY} or {JSON})",
                           ["headers", "Content-Type"])
+    return await _store(rt, response, name, host)
+
+
+async def _store(rt: Runtime, response: Response, name: str, host) -> BufferPut:
     try:
         dt = dtype_of(host)
     except ValueError as e:
@@ -108,6 +117,19 @@ async def put_buffer(rt: ReadyRuntime, request: Request, response: Response, nam
         b = store.get(name)
     response.status_code = 201 if created else 200
     return BufferPut(buffer=info(rt, b), created=created)
+
+
+async def _put_large_json(rt: Runtime, request: Request, response: Response, name: str, size: int) -> BufferPut:
+    """A large JSON body, parsed by the codec process (server/codec.py): the event loop stays free."""
+    codec = rt.codec
+    body = await codec.stream_body(request.stream(), size)
+    dtype, shape, host, seg = await codec.decode_buffer(body, size, rt.settings.max_rank, rt.store.max_buffer_bytes)
+    try:
+        rt.store.check_sizes({name: host.nbytes}, lambda n: ["body"])
+        return await _store(rt, response, name, host)
+    finally:
+        del host
+        release(seg)
 
 
 GET_RESPONSES = {
@@ -152,6 +174,9 @@ async def get_buffer(rt: ReadyRuntime, request: Request, name: str = BufferName)
             raise not_found("buffer", name, ["path", "name"])
         host = await rt.on_device(rt.arrays.to_host, b.array)
     headers = {"X-Segfuse-Dtype": b.dtype.value, "X-Segfuse-Shape": ",".join(map(str, b.shape))}
+    if fmt == JSON and host.nbytes >= LARGE // 4:  # (the JSON text is larger than the array)
+        size, chunks = await rt.codec.encode_buffer(name, b.dtype.value, host)
+        return StreamingResponse(chunks, media_type=JSON, headers={**headers, "content-length": str(size)})
     if fmt == JSON:
         doc = BufferJsonOut(name=name, dtype=b.dtype.value, shape=list(b.shape), data=to_json_data(host))
         return Response(doc.model_dump_json(), media_type=JSON, headers=headers)

@@ -17,7 +17,7 @@ import httpx
 import numpy as np
 import pytest
 from conftest import LiveServer
-from test_server_regions import GatedEngine
+from test_server_live import GatedEngine
 
 CHILD = Path(__file__).with_name("cuda_regions_child.py")
 CUDA = "/v2/cudasharedmemory"

@@ -1,0 +1,144 @@
+"""Large JSON tensor bodies, decoded and encoded without blocking the event loop.
+
+Parsing or writing tens of megabytes of JSON numbers holds the GIL for the whole call (json,
+orjson and pydantic alike), so a thread does not help: every other request, health checks too,
+waits for it (7.2 s for a 64 MiB buffer before this module). Bodies from `LARGE` bytes up are
+therefore handled by a helper process (`codec_worker.py`), and nothing large is copied while
+holding the GIL on this side either:
+
+- a request body is streamed, chunk by chunk as the server receives it, into a POSIX shared-memory
+  segment; the helper parses it and leaves the array in another segment, which becomes a NumPy
+  view here (NumPy copies it to the buffer's device with the GIL released);
+- a response: the array is copied into a segment (GIL released), the helper writes the JSON into
+  another, and the response streams from there in 1 MiB chunks.
+
+The helper process starts at the first large body (about a second, once) and serves bodies one at a
+time; smaller bodies are parsed in-process as before. `timings_us` is not part of buffer responses,
+so the codec's time shows in the request latency and in `segfuse_codec_seconds`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+from collections.abc import AsyncIterator
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from contextlib import suppress
+from multiprocessing import shared_memory
+
+import numpy as np
+
+from . import codec_worker
+from .errors import ApiError, bad_request
+
+log = logging.getLogger("segfuse.server")
+
+LARGE = 1 << 20  # bodies from this size up go through the helper process
+CHUNK = 1 << 20  # response chunks
+
+
+def _segment(size: int) -> shared_memory.SharedMemory:
+    return codec_worker._create(size)
+
+
+def _attach(name: str) -> shared_memory.SharedMemory:
+    return codec_worker._open(name)
+
+
+def _drop(seg: shared_memory.SharedMemory) -> None:
+    with suppress(Exception):
+        seg.close()
+    with suppress(Exception):
+        seg.unlink()
+
+
+class JsonCodec:
+    def __init__(self):
+        self._pool: ProcessPoolExecutor | None = None
+
+    def _executor(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        return self._pool
+
+    def shutdown(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    async def _call(self, fn, *args) -> tuple:
+        loop = asyncio.get_running_loop()
+        try:
+            result = await loop.run_in_executor(self._executor(), fn, *args)
+        except BrokenProcessPool:  # the helper died (killed, out of memory): one more try in a new one
+            log.warning("the JSON codec process died; starting another")
+            self._pool = None
+            try:
+                result = await loop.run_in_executor(self._executor(), fn, *args)
+            except BrokenProcessPool:
+                self._pool = None
+                raise ApiError(503, "the JSON codec process failed twice on this body; retry, or send the tensor "
+                                    "as raw bytes (application/octet-stream)", [{"loc": ["body"], "msg": "codec failed"}],
+                               {"Retry-After": "1"}) from None
+        if result[0] == "error":
+            _, status, message, details = result
+            raise ApiError(status, message, details)
+        return result
+
+    async def stream_body(self, chunks: AsyncIterator[bytes], size: int) -> shared_memory.SharedMemory:
+        """The request body (`size` bytes, its Content-Length) copied into a new segment as it arrives."""
+        seg = _segment(size)
+        pos = 0
+        try:
+            async for chunk in chunks:
+                end = pos + len(chunk)
+                if end > size:
+                    raise bad_request(f"the body is longer than its Content-Length of {size} bytes", ["body"])
+                seg.buf[pos:end] = chunk
+                pos = end
+            if pos != size:
+                raise bad_request(f"the body ended after {pos} of its {size} bytes", ["body"])
+        except BaseException:
+            _drop(seg)
+            raise
+        return seg
+
+    async def decode_buffer(self, body: shared_memory.SharedMemory, size: int, max_rank: int,
+                            max_bytes: int) -> tuple[str, list, np.ndarray, shared_memory.SharedMemory]:
+        """(dtype name, shape, host array view, its segment: `release` it once copied)."""
+        try:
+            _, dtype, shape, name = await self._call(codec_worker.decode_buffer_json, body.name, size, max_rank,
+                                                     max_bytes)
+        finally:
+            _drop(body)
+        from segfuse.compiler.dtypes import DType
+
+        seg = _attach(name)
+        dt = DType(dtype)
+        return dtype, shape, np.ndarray(tuple(shape), dt.np, buffer=seg.buf), seg
+
+    async def encode_buffer(self, name: str, dtype: str, host: np.ndarray) -> tuple[int, AsyncIterator[bytes]]:
+        """A BufferJsonOut body of `host`: (its size, its chunks)."""
+        seg = _segment(host.nbytes)
+        try:
+            await asyncio.to_thread(np.copyto, np.ndarray(host.shape, host.dtype, buffer=seg.buf), host)
+            _, out_name, size = await self._call(codec_worker.encode_buffer_json, seg.name, name, dtype,
+                                                 host.dtype.str, list(host.shape))
+        finally:
+            _drop(seg)
+        out = _attach(out_name)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            try:
+                for pos in range(0, size, CHUNK):
+                    yield bytes(out.buf[pos:min(pos + CHUNK, size)])
+            finally:
+                _drop(out)
+
+        return size, chunks()
+
+
+def release(seg: shared_memory.SharedMemory) -> None:
+    _drop(seg)

@@ -1,0 +1,59 @@
+"""Large JSON buffer bodies go through the codec process (server/codec.py): the event loop keeps
+answering other requests while one is parsed or written, the data round-trips exactly, and bad
+large bodies get the same errors as small ones (nothing stored)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import numpy as np
+import pytest
+from test_server_live import RAW, client
+
+pytestmark = pytest.mark.anyio
+
+N = 4_000_000  # int64 numbers: ~30 MB of JSON, parsed in a few hundred ms at least
+
+
+async def test_health_answers_while_a_large_json_body_is_parsed(live_server_factory):
+    server = live_server_factory(backend="numpy")
+    ids = np.random.default_rng(0).integers(-(10 ** 12), 10 ** 12, N)
+    body = json.dumps({"dtype": "int64", "shape": [N], "data": ids.tolist()}).encode()
+    async with client(server) as c, client(server) as probe:
+        put = asyncio.create_task(c.put("/v2/buffers/big", content=body, headers={"content-type": "application/json"}))
+        answered = 0
+        while not put.done():
+            r = await probe.get("/v2/health/live")
+            assert r.status_code == 200
+            answered += 1 if not put.done() else 0
+        r = await put
+        assert r.status_code == 201, r.text
+        assert answered >= 3  # health kept answering while the body was decoded
+        raw = (await c.get("/v2/buffers/big", headers={"accept": RAW})).content
+        np.testing.assert_array_equal(np.frombuffer(raw, np.int64), ids)
+        get = asyncio.create_task(c.get("/v2/buffers/big", headers={"accept": "application/json"}))
+        answered = 0
+        while not get.done():
+            assert (await probe.get("/v2/health/live")).status_code == 200
+            answered += 1 if not get.done() else 0
+        doc = (await get).json()
+        assert doc["name"] == "big" and doc["dtype"] == "int64" and doc["shape"] == [N]
+        np.testing.assert_array_equal(np.asarray(doc["data"], np.int64), ids)
+        assert answered >= 1
+
+
+@pytest.mark.parametrize("body,status,words", [
+    (b'{"dtype": "int64", "shape": [3], "data": [1, 2,' + b" " * (1 << 20), 400, "not valid JSON"),
+    (json.dumps({"dtype": "int8", "shape": [300000], "data": list(range(300000))}).encode(), 422, "out of range"),
+    (json.dumps({"dtype": "int64", "shape": [5], "data": list(range(300000))}).encode(), 400, "elements"),
+    (json.dumps({"dtype": "int64", "shape": [300000], "data": list(range(300000)), "x": 1}).encode(), 400, "x"),
+], ids=["bad-json", "out-of-range", "wrong-count", "extra-field"])
+async def test_bad_large_bodies_are_refused_and_store_nothing(live_server_factory, body, status, words):
+    server = live_server_factory(backend="numpy")
+    assert len(body) >= 1 << 20
+    async with client(server) as c:
+        r = await c.put("/v2/buffers/bad", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == status, r.text
+        assert words in r.json()["error"]
+        assert (await c.get("/v2/buffers/bad")).status_code == 404
