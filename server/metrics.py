@@ -15,6 +15,7 @@ class Metrics:
         self.run_seconds = Histogram("segfuse_run_seconds", "Fusion run latency, queue wait included",
                                      buckets=LATENCY_BUCKETS, registry=r)
         self.runs = Counter("segfuse_runs", "Fusion runs by outcome", ["outcome"], registry=r)
+        self.runs_ok, self.runs_error = self.runs.labels("ok"), self.runs.labels("error")
         self.compiles = Counter("segfuse_compiles", "CUDA kernels compiled", registry=r)
         self.compile_seconds = Counter("segfuse_compile_seconds", "Time spent compiling kernels", registry=r)
         self.cache_hits = Counter("segfuse_kernel_cache_hits", "Engine cache hits (plans and kernels of a shape class)", registry=r)
@@ -30,12 +31,23 @@ class Metrics:
         self.region_bytes = Gauge("segfuse_region_bytes", "Bytes of registered shared-memory regions", ["kind"], registry=r)
         self.regions = Gauge("segfuse_regions", "Registered shared-memory regions", ["kind"], registry=r)
 
+        self._request_counters: dict = {}
+
+    def request_done(self, endpoint: str, method: str, status: int) -> None:
+        """Count a request; the labelled counter is looked up once per label set (labels() costs
+        microseconds, which the hot path pays on every request otherwise)."""
+        key = (endpoint, method, status)
+        c = self._request_counters.get(key)
+        if c is None:
+            c = self._request_counters[key] = self.requests.labels(endpoint, method, str(status))
+        c.inc()
+
     def buffers_changed(self, store) -> None:
         self.buffer_bytes.set(store.used_bytes)
         self.buffers.set(len(store))
 
     def observe_run(self, seconds: float, hits: int, misses: int, compiled: int, compile_us: float) -> None:
-        self.runs.labels("ok").inc()
+        self.runs_ok.inc()
         self.run_seconds.observe(seconds)
         self.cache_hits.inc(hits)
         self.cache_misses.inc(misses)

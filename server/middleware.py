@@ -83,4 +83,4 @@ class GuardMiddleware:
         finally:
             route = scope.get("route")
             endpoint = getattr(route, "path", None) or "unmatched"
-            metrics.requests.labels(endpoint, scope.get("method", ""), str(status)).inc()
+            metrics.request_done(endpoint, scope.get("method", ""), status)

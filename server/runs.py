@@ -247,7 +247,7 @@ async def run(rt: Runtime, plan: RunPlan) -> RunOutcome:
         _prepare(rt, job)
     except BaseException:
         _release(rt, job)
-        rt.metrics.runs.labels("error").inc()
+        rt.metrics.runs_error.inc()
         rt.stats.record_fail(plan.fusion, t_admit)
         raise
     if _runs_inline(rt, job):
@@ -416,7 +416,7 @@ def finish_batch(rt: Runtime, jobs: list[Job]) -> None:
             rt.stats.record_ok(job.plan.fusion, outcome)
             fut.set_result(outcome)
         else:
-            metrics.runs.labels("error").inc()
+            metrics.runs_error.inc()
             rt.stats.record_fail(job.plan.fusion, job.t_admit)
             fut.set_exception(job.error)
 
