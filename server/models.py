@@ -194,10 +194,11 @@ class InferOutput(BaseModel):
 
 class RunParameters(BaseModel):
     fusion_id: str
-    timings_us: dict[str, float] = Field(description="plan, compile, run (and queue, total) in microseconds")
+    timings_us: dict[str, float] = Field(description="plan, compile, run (and queue, batch, total) in microseconds")
     cache_hits: int = Field(description="the engine's cache (plan and kernels of this shape class) hits")
     cache_misses: int
     kernels_compiled: int = Field(0, description="CUDA kernels compiled for this run (0 on a warm cache)")
+    batch_size: int = Field(1, description="runs launched together with this one (one wait for the device)")
 
 
 class InferResponse(BaseModel):
