@@ -148,13 +148,17 @@ class Engine:
         key = fast[0](fusion, inputs)
         return key is not None and key in self._deferred_calls
 
-    def run_batch(self, calls: list[tuple[Fusion, dict]]) -> list[RunResult | Exception]:
+    def run_batch(self, calls: list[tuple[Fusion, dict]],
+                  on_launched: Callable[[int, RunResult], None] | None = None) -> list[RunResult | Exception]:
         """Run `(fusion, inputs)` pairs back to back and wait for the device once, as a server
         does with the runs waiting in its queue. Each pair gets its own outcome, in order: a
         RunResult, or the exception that run alone failed with (a bad index fails its run with the
         RunError a lone run raises; the other runs' outputs are complete). Runs that update an
         input in place wait for their own outcome, as in `run`. On the GPU every run of a batch
-        uses the calling thread's stream, so a later run sees an earlier one's outputs."""
+        uses the calling thread's stream, so a later run sees an earlier one's outputs.
+        `on_launched(i, result)` is called once run i is launched, before the batch waits: work it
+        queues on the thread's stream (copies of the outputs, say) is covered by the same wait; an
+        exception from it becomes run i's outcome."""
         hooks = BATCHES.get(self.backend)
         results: list = []
         step = hooks[3] if hooks else len(calls) or 1
@@ -166,7 +170,10 @@ class Engine:
                     if hooks:
                         hooks[1](k)
                     try:
-                        results.append(self._run(fusion, inputs, True, self._deferred_calls))
+                        result = self._run(fusion, inputs, True, self._deferred_calls)
+                        if on_launched is not None:
+                            on_launched(start + k, result)
+                        results.append(result)
                     except Exception as e:  # this run's failure; the batch goes on
                         results.append(e)
             finally:

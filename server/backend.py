@@ -13,6 +13,8 @@ import numpy as np
 
 log = logging.getLogger("segfuse.server")
 
+QUEUED_COPY_BYTES = 1 << 20  # results up to this size are copied to the host inside the batch
+
 
 class BackendUnavailable(RuntimeError):
     pass
@@ -40,6 +42,12 @@ class ArrayBackend:
     def to_host(self, a) -> np.ndarray:
         # A copy: the caller serialises it after the buffer's pin is released.
         return np.array(a, copy=True, order="C")
+
+    def to_host_queued(self, a) -> np.ndarray | None:
+        """A host copy of `a` queued on the calling thread's run stream, complete once the batch
+        being launched has waited for the device (Engine.run_batch's on_launched); None when
+        this backend copies after the wait instead (`to_host`)."""
+        return None
 
     def copy(self, a):
         return a.copy()
@@ -88,6 +96,20 @@ class CupyBackend(ArrayBackend):
         if isinstance(a, np.ndarray):
             return np.ascontiguousarray(a)
         return self.cp.asnumpy(a)
+
+    def to_host_queued(self, a) -> np.ndarray | None:
+        # Small contiguous results: an asynchronous copy into pinned memory (CuPy's pool), covered
+        # by the batch's one wait, instead of a synchronous copy to pageable memory per output.
+        cp = self.cp
+        if isinstance(a, np.ndarray) or not a.flags.c_contiguous or not 0 < a.nbytes <= QUEUED_COPY_BYTES:
+            return None
+        from segfuse.compiler.cuda.runtime import get_runtime
+
+        mem = cp.cuda.alloc_pinned_memory(a.nbytes)
+        out = np.frombuffer(mem, a.dtype, a.size).reshape(a.shape)
+        cp.cuda.runtime.memcpyAsync(out.ctypes.data, a.data.ptr, a.nbytes, cp.cuda.runtime.memcpyDeviceToHost,
+                                    get_runtime().stream().ptr)
+        return out
 
     def may_share(self, a, b) -> bool:
         if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):

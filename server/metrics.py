@@ -49,10 +49,14 @@ class Metrics:
     def observe_run(self, seconds: float, hits: int, misses: int, compiled: int, compile_us: float) -> None:
         self.runs_ok.inc()
         self.run_seconds.observe(seconds)
-        self.cache_hits.inc(hits)
-        self.cache_misses.inc(misses)
-        self.compiles.inc(compiled)
-        self.compile_seconds.inc(compile_us / 1e6)
+        if hits:
+            self.cache_hits.inc(hits)
+        if misses:
+            self.cache_misses.inc(misses)
+        if compiled:
+            self.compiles.inc(compiled)
+        if compile_us:
+            self.compile_seconds.inc(compile_us / 1e6)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -128,3 +128,19 @@ def test_engine_run_batch_uses_the_backend_hooks(monkeypatch):
     assert isinstance(out[1], RunError)
     np.testing.assert_array_equal(out[0].outputs["c"], _hist([0]))
     np.testing.assert_array_equal(out[2].outputs["c"], _hist([2]))
+
+
+def test_on_launched_sees_each_run_and_its_failure_is_that_runs():
+    f = Fusion.from_json(GRAPH)
+    seen = []
+
+    def on_launched(i, result):
+        seen.append((i, result.outputs["c"].tolist()))
+        if i == 2:
+            raise ValueError("copy failed")
+
+    batch = [np.array([0]), np.array([7]), np.array([1, 1]), np.array([3])]
+    out = Engine("numpy").run_batch([(f, {"i": i}) for i in batch], on_launched=on_launched)
+    assert seen == [(0, _hist([0]).tolist()), (2, _hist([1, 1]).tolist()), (3, _hist([3]).tolist())]
+    assert isinstance(out[1], RunError) and isinstance(out[2], ValueError)
+    np.testing.assert_array_equal(out[3].outputs["c"], _hist([3]))

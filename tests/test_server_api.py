@@ -558,7 +558,7 @@ async def test_engine_extra_timings_and_compile_counts(asgi_server, moe_graph):
         def __init__(self, inner):
             self.inner = inner
 
-        def run_batch(self, calls):  # what the server's run workers call
+        def run_batch(self, calls, **kw):  # what the server's run workers call (copies after the batch)
             return [self.run(f, i) for f, i in calls]
 
         def run(self, fusion, inputs):

@@ -41,11 +41,11 @@ class FirstBatchGate(GatedEngine):
         super().__init__(inner)
         self.batches: list[int] = []
 
-    def run_batch(self, calls):
+    def run_batch(self, calls, **kw):
         self.batches.append(len(calls))
         if len(self.batches) == 1:
-            return super().run_batch(calls)
-        return self.inner.run_batch(calls)
+            return super().run_batch(calls, **kw)
+        return self.inner.run_batch(calls, **kw)
 
 
 @pytest.fixture
@@ -201,9 +201,9 @@ class WarmRecorder:
     def is_warm(self, fusion, inputs):
         return True
 
-    def run_batch(self, calls):
+    def run_batch(self, calls, **kw):
         self.batches.append((len(calls), threading.current_thread().name))
-        return self.inner.run_batch(calls)
+        return self.inner.run_batch(calls, **kw)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)

@@ -29,11 +29,11 @@ class GatedEngine:
     def is_warm(self, fusion, inputs):
         return False  # gated runs go to a run worker (a warm GPU run would run on the event loop)
 
-    def run_batch(self, calls):  # what the server's run workers call
+    def run_batch(self, calls, **kw):  # what the server's run workers call
         self.entered.set()
         if not self.release.wait(30):
             raise AssertionError("gate never opened")
-        return self.inner.run_batch(calls)
+        return self.inner.run_batch(calls, **kw)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)

@@ -523,6 +523,10 @@ class CupyRuntime:
         """Wait for the calling thread's runs; raise the first failure among its deferred ones."""
         self._thread_state().synchronize()
 
+    def stream(self):
+        """The calling thread's stream: its runs' kernels, and the one a batch's end waits for."""
+        return self._thread_state().stream
+
     def begin_batch(self):
         self._thread_state().begin_batch()
 
