@@ -106,11 +106,16 @@ def from_raw(raw: bytes | memoryview, dt: DType, shape: tuple[int, ...], loc: tu
     return a.reshape(shape)
 
 
-def to_raw(a: np.ndarray) -> bytes:
+def raw_view(a: np.ndarray) -> np.ndarray:
+    """`a` as contiguous little-endian memory (no copy when it already is)."""
     a = np.ascontiguousarray(a)
     if a.dtype.byteorder == ">":
         a = a.astype(a.dtype.newbyteorder("<"))
-    return a.tobytes()
+    return a
+
+
+def to_raw(a: np.ndarray) -> bytes:
+    return raw_view(a).tobytes()
 
 
 def from_npy(raw: bytes, loc: tuple) -> np.ndarray:

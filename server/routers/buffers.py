@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import numpy as np
 from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
@@ -24,9 +25,9 @@ from ..tensors import (
     nbytes_of,
     parse_dtype,
     parse_shape_param,
+    raw_view,
     to_json_data,
     to_npy,
-    to_raw,
 )
 
 router = APIRouter(prefix="/v2/buffers", tags=["buffers"])
@@ -72,7 +73,10 @@ async def put_buffer(rt: ReadyRuntime, request: Request, response: Response, nam
     declared = request.headers.get("content-length", "")
     if ctype == JSON and declared.isdigit() and int(declared) >= LARGE:
         return await _put_large_json(rt, request, response, name, int(declared))
-    body = await request.body()
+    if declared.isdigit() and int(declared) >= LARGE:
+        body = await _read_into(request, int(declared))  # no whole-body join on the event loop
+    else:
+        body = await request.body()
     if ctype == JSON:
         try:
             doc = BufferJson.model_validate(json.loads(body))
@@ -117,6 +121,21 @@ async def _store(rt: Runtime, response: Response, name: str, host) -> BufferPut:
         b = store.get(name)
     response.status_code = 201 if created else 200
     return BufferPut(buffer=info(rt, b), created=created)
+
+
+async def _read_into(request: Request, size: int) -> memoryview:
+    """A body of `size` bytes (its Content-Length), written chunk by chunk into one buffer."""
+    buf = bytearray(size)
+    view, pos = memoryview(buf), 0
+    async for chunk in request.stream():
+        end = pos + len(chunk)
+        if end > size:
+            raise bad_request(f"the body is longer than its Content-Length of {size} bytes", ["body"])
+        view[pos:end] = chunk
+        pos = end
+    if pos != size:
+        raise bad_request(f"the body ended after {pos} of its {size} bytes", ["body"])
+    return view
 
 
 async def _put_large_json(rt: Runtime, request: Request, response: Response, name: str, size: int) -> BufferPut:
@@ -180,8 +199,8 @@ async def get_buffer(rt: ReadyRuntime, request: Request, name: str = BufferName)
     if fmt == JSON:
         doc = BufferJsonOut(name=name, dtype=b.dtype.value, shape=list(b.shape), data=to_json_data(host))
         return Response(doc.model_dump_json(), media_type=JSON, headers=headers)
-    if fmt == RAW:
-        return Response(to_raw(host), media_type=RAW, headers=headers)
+    if fmt == RAW:  # the array's own bytes, not a copy made on the event loop
+        return Response(memoryview(raw_view(host).reshape(-1).view(np.uint8)), media_type=RAW, headers=headers)
     return Response(to_npy(host), media_type=NPY, headers=headers)
 
 
