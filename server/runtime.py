@@ -103,6 +103,7 @@ class Runtime:
         self.ready = False
         self.init_error: str | None = None
         self.started = time.time()
+        self.freeze_gc = False  # `segfuse serve` sets it: the process is the server's alone
 
     @property
     def backend_name(self) -> str:
@@ -133,10 +134,11 @@ class Runtime:
             finish_batch(self, batch)
 
         self.executor = RunExecutor(workers, s.max_queued_runs, run_here, initializer=self.arrays.activate)
-        # Startup objects (CuPy, FastAPI, the op registry) will never be garbage: keep them out
-        # of the collector's full passes, which otherwise pause every request for milliseconds.
-        gc.collect()
-        gc.freeze()
+        if self.freeze_gc:
+            # Startup objects (CuPy, FastAPI, the op registry) will never be garbage: keep them out
+            # of the collector's full passes, which otherwise pause requests for milliseconds.
+            gc.collect()
+            gc.freeze()
         self.ready = True
         log.info("segfuse ready: backend %s on %s", self.arrays.name, self.arrays.device)
 

@@ -78,5 +78,7 @@ def cmd_serve(args) -> int:
     settings = settings_from_args(args)
     if settings.backend == "cupy" and not cupy_visible():
         raise UserError("--backend cupy needs CuPy and a visible GPU (use --backend auto or numpy)")
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level=settings.log_level)
+    app = create_app(settings)
+    app.state.runtime.freeze_gc = True
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
     return 0
