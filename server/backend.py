@@ -14,6 +14,7 @@ import numpy as np
 log = logging.getLogger("segfuse.server")
 
 QUEUED_COPY_BYTES = 1 << 20  # results up to this size are copied to the host inside the batch
+PINNED_GET_BYTES = 1 << 20  # larger device arrays come to the host through pinned memory
 
 
 class BackendUnavailable(RuntimeError):
@@ -42,6 +43,10 @@ class ArrayBackend:
     def to_host(self, a) -> np.ndarray:
         # A copy: the caller serialises it after the buffer's pin is released.
         return np.array(a, copy=True, order="C")
+
+    def host_buffer(self, nbytes: int) -> np.ndarray:
+        """Host memory (uint8) to receive a request body into before it goes where buffers live."""
+        return np.empty(nbytes, np.uint8)
 
     def to_host_queued(self, a) -> np.ndarray | None:
         """A host copy of `a` queued on the calling thread's run stream, complete once the batch
@@ -92,9 +97,18 @@ class CupyBackend(ArrayBackend):
         self.cp.cuda.get_current_stream().synchronize()
         return out
 
+    def host_buffer(self, nbytes: int) -> np.ndarray:
+        # Pinned memory from CuPy's pool: once warm it is mapped already (no page faults while the
+        # body arrives) and the copy to the device is a DMA.
+        return np.frombuffer(self.cp.cuda.alloc_pinned_memory(max(nbytes, 1)), np.uint8, nbytes)
+
     def to_host(self, a) -> np.ndarray:
         if isinstance(a, np.ndarray):
             return np.ascontiguousarray(a)
+        if a.flags.c_contiguous and a.nbytes >= PINNED_GET_BYTES:
+            # into pinned memory from CuPy's pool: a DMA, and no fresh pages to fault in
+            out = np.frombuffer(self.cp.cuda.alloc_pinned_memory(a.nbytes), a.dtype, a.size).reshape(a.shape)
+            return a.get(out=out)
         return self.cp.asnumpy(a)
 
     def to_host_queued(self, a) -> np.ndarray | None:

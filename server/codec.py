@@ -37,6 +37,7 @@ log = logging.getLogger("segfuse.server")
 
 LARGE = 1 << 20  # bodies from this size up go through the helper process
 CHUNK = 1 << 20  # response chunks
+SPARE_SEGMENTS, SPARE_MAX_BYTES = 2, 512 << 20  # request-body segments kept for reuse
 
 
 def _segment(size: int) -> shared_memory.SharedMemory:
@@ -57,13 +58,30 @@ def _drop(seg: shared_memory.SharedMemory) -> None:
 class JsonCodec:
     def __init__(self):
         self._pool: ProcessPoolExecutor | None = None
+        # request-body segments kept for the next large body: their pages are mapped already, so
+        # filling one does not fault in fresh memory on the event loop
+        self._spare: list[shared_memory.SharedMemory] = []
 
     def _executor(self) -> ProcessPoolExecutor:
         if self._pool is None:
             self._pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
         return self._pool
 
+    def _body_segment(self, size: int) -> shared_memory.SharedMemory:
+        for k, seg in enumerate(self._spare):
+            if seg.size >= size:
+                return self._spare.pop(k)
+        return _segment(size)
+
+    def _recycle(self, seg: shared_memory.SharedMemory) -> None:
+        if len(self._spare) < SPARE_SEGMENTS and seg.size <= SPARE_MAX_BYTES:
+            self._spare.append(seg)
+        else:
+            _drop(seg)
+
     def shutdown(self) -> None:
+        while self._spare:
+            _drop(self._spare.pop())
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
@@ -89,7 +107,7 @@ class JsonCodec:
 
     async def stream_body(self, chunks: AsyncIterator[bytes], size: int) -> shared_memory.SharedMemory:
         """The request body (`size` bytes, its Content-Length) copied into a new segment as it arrives."""
-        seg = _segment(size)
+        seg = self._body_segment(size)
         pos = 0
         try:
             async for chunk in chunks:
@@ -101,7 +119,7 @@ class JsonCodec:
             if pos != size:
                 raise bad_request(f"the body ended after {pos} of its {size} bytes", ["body"])
         except BaseException:
-            _drop(seg)
+            self._recycle(seg)
             raise
         return seg
 
@@ -112,7 +130,7 @@ class JsonCodec:
             _, dtype, shape, name = await self._call(codec_worker.decode_buffer_json, body.name, size, max_rank,
                                                      max_bytes)
         finally:
-            _drop(body)
+            self._recycle(body)
         from segfuse.compiler.dtypes import DType
 
         seg = _attach(name)

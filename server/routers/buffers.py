@@ -74,7 +74,7 @@ async def put_buffer(rt: ReadyRuntime, request: Request, response: Response, nam
     if ctype == JSON and declared.isdigit() and int(declared) >= LARGE:
         return await _put_large_json(rt, request, response, name, int(declared))
     if declared.isdigit() and int(declared) >= LARGE:
-        body = await _read_into(request, int(declared))  # no whole-body join on the event loop
+        body = await _read_into(request, int(declared), rt.arrays.host_buffer)  # no join on the event loop
     else:
         body = await request.body()
     if ctype == JSON:
@@ -123,10 +123,9 @@ async def _store(rt: Runtime, response: Response, name: str, host) -> BufferPut:
     return BufferPut(buffer=info(rt, b), created=created)
 
 
-async def _read_into(request: Request, size: int) -> memoryview:
+async def _read_into(request: Request, size: int, host_buffer) -> memoryview:
     """A body of `size` bytes (its Content-Length), written chunk by chunk into one buffer."""
-    buf = bytearray(size)
-    view, pos = memoryview(buf), 0
+    view, pos = memoryview(host_buffer(size)), 0
     async for chunk in request.stream():
         end = pos + len(chunk)
         if end > size:
