@@ -11,7 +11,8 @@ from ..fusions import tensor_meta
 from ..jsonio import dumps
 from ..models import ExecuteRequest, InferRequest, InferResponse, ModelMetadata
 from ..protocol import MODEL_VERSION, check_request, check_version
-from ..runs import parse_request, response, run
+from ..run_request import parse_request, response
+from ..runs import run
 from ..runtime import Runtime
 from .fusions import register
 
