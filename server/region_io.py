@@ -2,8 +2,8 @@
 
 A tensor names a region through its `parameters`, exactly as tritonclient sends them:
 `shared_memory_region`, `shared_memory_byte_size` (required with it), `shared_memory_offset`
-(default 0, from the start of the region). `run_request.py` (parsing, the response) and `runs.py` (the execution) call, each from a small
-delimited hunk:
+(default 0, from the start of the region). `run_request.py` (parsing, the response) and
+`runs.py` (the execution) call, each from a small delimited hunk:
 
 - `input_slice` / `output_slice` while parsing the request: the parameters are checked against
   each other, the tensor's datatype and shape, and the region's registration (400 naming the field);
