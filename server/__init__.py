@@ -1,11 +1,6 @@
 """segfuse's REST service (KServe v2 style): `create_app(settings)` builds the FastAPI app."""
 
-try:
-    from importlib.metadata import version as _version
-
-    __version__ = _version("segfuse")
-except Exception:  # running from a source tree that is not installed
-    __version__ = "0.0.0"
+from .version import __version__
 
 
 def create_app(settings=None):

@@ -9,7 +9,7 @@ from fastapi import FastAPI, Response
 from fastapi.openapi.utils import get_openapi
 from segfuse.compiler.schema import GraphSpec
 
-from . import __version__, errors
+from . import errors
 from .compression import CompressionMiddleware
 from .fastlane import FastLane
 from .middleware import GuardMiddleware
@@ -17,6 +17,7 @@ from .models import BufferJson, BufferJsonOut, ErrorBody, ExecuteRequest, InferR
 from .routers import PROTOCOL_ROUTERS, buffers, fusions, health, infer, shm
 from .runtime import Runtime
 from .settings import Settings
+from .version import __version__
 
 DESCRIPTION = """Segmented fusion executor. Register tensor fusion graphs, keep named buffers on the
 device, and run fusions on them through KServe v2 style inference requests (with the binary tensor

@@ -8,6 +8,7 @@ from fastapi.responses import JSONResponse
 from ..deps import AnyRuntime, errors
 from ..errors import error_body
 from ..models import ServerMetadata
+from ..version import __version__
 
 router = APIRouter(tags=["health"])
 
@@ -46,7 +47,6 @@ async def ready(rt: AnyRuntime) -> Response:
 
 @router.get("/v2", response_model=ServerMetadata, summary="Server metadata", responses=errors(401))
 async def server_metadata(rt: AnyRuntime) -> ServerMetadata:
-    from .. import __version__
 
     return ServerMetadata(name="segfuse", version=__version__, extensions=EXTENSIONS,
                           backend=rt.backend_name, device=rt.device)

@@ -1,0 +1,140 @@
+"""The public surface a refactor must keep (issue 14): `__all__` of `segfuse.compiler`,
+`segfuse.client` and `segfuse.server`, and every import path that README.md, docs/, examples/ and
+benchmarks/ use (`from segfuse... import ...`, `import segfuse... as x` with the `x.name` it uses,
+and backticked `segfuse.<package>.<name>` references in Markdown).
+
+Three checks: each pinned path imports and names something that exists; each path the files use
+imports; and the files use no path outside PINNED_PATHS (a new one in the docs: add it below, so a
+change of the public surface shows in review). Moving a pinned name: keep a re-export at the old path,
+or change the docs and this list in the same commit.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+COMPILER_ALL = [
+    "BindError", "DType", "Engine", "Fusion", "FusionDefinition", "GraphError", "Issue", "Limits",
+    "RunError", "RunResult", "SegfuseError", "Tensor", "load_fusion", "run_graph",
+]
+CLIENT_ALL = ["AsyncClient", "Buffer", "Client", "FusionRef", "Region", "RunResult", "SegfuseError", "SystemRegion"]
+SERVER_ALL = ["__version__", "create_app"]
+
+# "module:name" (name empty for a module imported whole), as found in the files today.
+PINNED_PATHS = sorted("""
+segfuse.client:AsyncClient segfuse.client:Buffer segfuse.client:Client segfuse.client:Region
+segfuse.client:RunResult segfuse.client:SegfuseError segfuse.client:SystemRegion
+segfuse.compiler:Fusion segfuse.compiler:FusionDefinition segfuse.compiler:GraphError
+segfuse.compiler.cli:main segfuse.compiler.cli.client_cmds:plot_bench
+segfuse.compiler.codegen:segment segfuse.compiler.codegen.corpus:moe_graphs
+segfuse.compiler.codegen.segment:VEC_BLOCKS_PER_SM segfuse.compiler.codegen.segment:generate
+segfuse.compiler.cuda.runtime:CupyRuntime segfuse.compiler.cuda.runtime:get_runtime
+segfuse.compiler.cuda.simple_plan:simple_plan
+segfuse.compiler.dtypes:DType segfuse.compiler.engine:Engine segfuse.compiler.errors:OpError
+segfuse.compiler.ir:Fusion segfuse.compiler.ops:REGISTRY segfuse.compiler.ops.registry:InferCtx
+segfuse.compiler.ops.registry:TensorType segfuse.compiler.plan:Segment segfuse.compiler.plan:SegmentKind
+segfuse.compiler.schema:json_schema
+segfuse.server:create_app segfuse.server.backend:resolve segfuse.server.runtime:
+segfuse.server.runtime:RunExecutor segfuse.server.settings:Settings segfuse.server.settings:parse_size
+""".split())
+
+FROM = re.compile(r"\bfrom\s+(segfuse(?:\.\w+)*)\s+import\s+(\([^)]*\)|[\w ,]+)")
+IMPORT = re.compile(r"(?<![\w.])import\s+(segfuse(?:\.\w+)+)(?:\s+as\s+(\w+))?")
+REFERENCE = re.compile(r"`(segfuse\.(?:compiler|server|client)(?:\.\w+)*)")
+
+
+def scanned_files() -> list[Path]:
+    files = [ROOT / "README.md"]
+    for d, pats in (("docs", ("*.md", "*.py")), ("examples", ("*.md", "*.py")), ("benchmarks", ("*.md", "*.py", "*.sh"))):
+        for pat in pats:
+            files += sorted((ROOT / d).glob(pat))
+    return files
+
+
+def _module_and_name(dotted: str) -> str:
+    """`segfuse.client.RunResult` -> `segfuse.client:RunResult` (the longest importable prefix)."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        return ".".join(parts[:i]) + ":" + ".".join(parts[i:])
+    return dotted + ":"
+
+
+def used_paths() -> dict[str, list[str]]:
+    """"module:name" -> where ("file:line") for every segfuse import path the files use."""
+    found: dict[str, list[str]] = {}
+
+    def add(path, f, text, pos):
+        found.setdefault(path, []).append(f"{f.relative_to(ROOT)}:{text.count(chr(10), 0, pos) + 1}")
+
+    for f in scanned_files():
+        text = f.read_text()
+        for m in FROM.finditer(text):
+            for item in m.group(2).strip("()").replace("\n", " ").split(","):
+                name, _, alias = (w.strip() for w in item.partition(" as "))
+                if name:
+                    add(f"{m.group(1)}:{name}", f, text, m.start())
+                    if alias:  # `from pkg import module as alias`: the attributes used through it
+                        for a in re.finditer(rf"(?<![\w.]){re.escape(alias)}\.(\w+)", text):
+                            add(f"{m.group(1)}.{name}:{a.group(1)}", f, text, a.start())
+        for m in IMPORT.finditer(text):
+            add(f"{m.group(1)}:", f, text, m.start())
+            if m.group(2):
+                for a in re.finditer(rf"(?<![\w.]){re.escape(m.group(2))}\.(\w+)", text):
+                    add(f"{m.group(1)}:{a.group(1)}", f, text, a.start())
+        for m in REFERENCE.finditer(text):
+            path = _module_and_name(m.group(1))
+            if not path.endswith(":"):  # a bare package name in prose pins nothing beyond itself
+                add(path, f, text, m.start())
+    return found
+
+
+def resolves(path: str) -> str | None:
+    """None if `module:name` imports and the name exists, else why not."""
+    module, _, name = path.partition(":")
+    try:
+        obj = importlib.import_module(module)
+    except ImportError as e:
+        return f"import {module}: {e}"
+    for part in filter(None, name.split(".")):
+        if not hasattr(obj, part):
+            return f"{module} has no {name}"
+        obj = getattr(obj, part)
+    return None
+
+
+@pytest.mark.parametrize("package, expected", [("segfuse.compiler", COMPILER_ALL), ("segfuse.client", CLIENT_ALL),
+                                               ("segfuse.server", SERVER_ALL)])
+def test_all_is_pinned(package, expected):
+    mod = importlib.import_module(package)
+    assert sorted(mod.__all__) == sorted(expected), (
+        f"{package}.__all__ changed: added {sorted(set(mod.__all__) - set(expected))}, "
+        f"removed {sorted(set(expected) - set(mod.__all__))}")
+    assert [n for n in expected if not hasattr(mod, n)] == []
+
+
+@pytest.mark.parametrize("path", PINNED_PATHS)
+def test_pinned_path_imports(path):
+    assert resolves(path) is None, resolves(path)
+
+
+def test_paths_used_by_docs_examples_and_benchmarks_import():
+    broken = {p: (why, where) for p, where in used_paths().items() if (why := resolves(p))}
+    assert not broken, "\n".join(f"{p}: {why} (used at {', '.join(where)})" for p, (why, where) in broken.items())
+
+
+def test_paths_used_are_pinned():
+    used = used_paths()
+    assert len(used) > 20, "the scan found almost nothing: check the patterns"
+    new = sorted(set(used) - set(PINNED_PATHS))
+    assert not new, ("paths used but not in PINNED_PATHS (add them, the public surface grew):\n" +
+                     "\n".join(f"{p} (at {', '.join(used[p])})" for p in new))
