@@ -138,3 +138,30 @@ def test_paths_used_are_pinned():
     new = sorted(set(used) - set(PINNED_PATHS))
     assert not new, ("paths used but not in PINNED_PATHS (add them, the public surface grew):\n" +
                      "\n".join(f"{p} (at {', '.join(used[p])})" for p in new))
+
+
+def test_the_client_loads_only_the_dtype_table_of_the_compiler():
+    """`import segfuse.client` (httpx and NumPy) must not drag in the planner, codegen, sympy or
+    pydantic: segfuse.compiler's public names load on first use."""
+    import subprocess
+    import sys
+
+    code = ("import sys, segfuse.client; "
+            "print(sorted(m for m in sys.modules if m.startswith('segfuse.compiler')), 'sympy' in sys.modules, "
+            "'pydantic' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "['segfuse.compiler', 'segfuse.compiler.dtypes'] False False", out
+
+
+def test_lazy_names_and_submodules_resolve():
+    import segfuse.compiler as sc
+
+    assert sc.Engine.__module__ == "segfuse.compiler.engine" and sc.FusionDefinition.__name__ == "FusionDefinition"
+    assert sc.engine.Engine is sc.Engine  # a submodule reached as an attribute
+    assert set(sc.__all__) <= set(dir(sc))
+    try:
+        sc.no_such_name  # noqa: B018
+    except AttributeError as e:
+        assert "no_such_name" in str(e)
+    else:
+        raise AssertionError("an unknown name must raise AttributeError")
