@@ -50,3 +50,7 @@ def literal(v, ctype: str | None = None) -> str:
 
 def cvt(expr: str, ctype: str) -> str:
     return f"sf_cvt<{ctype}>({expr})"
+
+
+# A reduction's or scatter-reduce's combine function in the prelude, by its reduce name.
+COMBINE = {"add": "sf_op_add", "mul": "sf_op_mul", "amax": "sf_op_amax", "amin": "sf_op_amin"}

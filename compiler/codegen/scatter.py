@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from ..ops.registry import Scalar
 from . import ctypes_ as ct
+from .layout import contiguous_strides, numel
 from .lazy import delinearize
 
 USE_VECTOR = True  # emit the vector variants at all (off: scalar kernels only, for comparisons)
@@ -62,8 +63,6 @@ def window_bounds(n_out: int, nw: int) -> list:
 def act(cg, selft, reduce: str, lin: str, val: str, target: str, mode: str, W=None, window=None) -> str:
     """The statement applying one source: mode 'store', 'identity' or atomic reduce (type W). With a
     window (lo, hi), offsets outside it are skipped (`continue`: the caller is a loop)."""
-    from .segment import _OPS
-
     I = cg.I
     S = ct.storage(selft.dtype)
     head = ""
@@ -73,7 +72,7 @@ def act(cg, selft, reduce: str, lin: str, val: str, target: str, mode: str, W=No
         lin = "sf_lin"
     if mode == "store":
         return head + f"{target}[{lin}] = {ct.cvt(val, S)};"
-    op = _OPS[reduce]
+    op = ct.COMBINE[reduce]
     if mode == "identity":
         return head + f"{target}[{lin}] = {ct.cvt(f'{op}::id<{ct.value(selft.dtype)}>()', S)};"
     Wt = W or ct.value(selft.dtype)
@@ -85,8 +84,6 @@ def vector_plan(cg, nd):
     """(leaves, V) when the vector variant applies: `scatter` whose index (and source, unless a
     scalar) are contiguous segment inputs of the domain's shape; V sources per 16-byte group of
     the narrowest leaf. None otherwise."""
-    from .segment import contiguous_strides, numel
-
     if not USE_VECTOR or nd.op.name != "scatter":
         return None
     dom = tuple(cg.types[nd.inputs[1]].shape)
@@ -121,8 +118,6 @@ def vector_loop(cg, nd, leaves, V: int, threads: int, per_elem: str, scalar_tail
     see `l`, the domain coordinates and the leaf lambdas, which here read the loaded vectors; they
     may `continue`). The n % V sources left over go through `scalar_tail` (a loop over `l` from
     `sf_l0`, with the kernel's ordinary lambdas)."""
-    from .segment import numel
-
     I = cg.I
     _, names = cg._lambdas()
     dom = tuple(cg.types[nd.inputs[1]].shape)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import math
 import re
 from dataclasses import dataclass, field
 
@@ -28,6 +27,7 @@ from ..ops.registry import OpKind, Scalar, TensorType
 from . import ctypes_ as ct
 from . import radix
 from . import scatter as _sc
+from .layout import contiguous_strides, numel
 from .lazy import LAZY_KINDS, Unsupported, coords, delinearize, linearize, render_lazy
 from .prelude import PRELUDE
 
@@ -73,18 +73,6 @@ class Module:
     @property
     def name_hash(self) -> str:
         return self.key
-
-
-def numel(shape) -> int:
-    return math.prod(shape) if shape else 1
-
-
-def contiguous_strides(shape) -> tuple:
-    s, acc = [], 1
-    for d in reversed(shape):
-        s.append(acc)
-        acc *= d
-    return tuple(reversed(s))
 
 
 @dataclass
@@ -801,7 +789,7 @@ class SegmentCodegen:
                 res.append((lam + "\n" + self._scatter_loop(nd, gstart, gstep, dst, "identity"), self._grid(n_dom), THREADS, 0, None))
             # Privatize: per-block histograms in shared memory (one replica per group of warps, so
             # warps rarely contend for a bin), one global atomic per bin per block.
-            op = _OPS[reduce]
+            op = ct.COMBINE[reduce]
             threads = _sc.HIST_THREADS
             reps = 1
             while reps < min(32, threads // 32) and n_out * wsize * reps * 2 <= PRIV_SMEM:
@@ -942,7 +930,7 @@ class SegmentCodegen:
         priv = self._privatized(nd)
         if priv is not None:
             Wd, Wt, wsz, reps = priv
-            op = _OPS[reduce]
+            op = ct.COMBINE[reduce]
             S = ct.storage(selft.dtype)
             rep = f"(({Wd}*)(sf_smem + {free_off}))"
             if blocks == 1:
@@ -983,9 +971,6 @@ class SegmentCodegen:
             out.append("  __syncthreads();")
             out.append(f"  for (int j = threadIdx.x; j < {numel(t.shape)}; j += blockDim.x) {self.loc[o].ref}[j] = {tgt}[j];")
         return "\n".join(out), 0
-
-
-_OPS = {"add": "sf_op_add", "mul": "sf_op_mul", "amax": "sf_op_amax", "amin": "sf_op_amin"}
 
 
 # Single-block scatter loops load this many indices per thread before applying them.
