@@ -8,6 +8,7 @@ import sys
 
 from ..errors import SegfuseError
 from . import client_cmds, graph_cmds, plan_cmds, region_cmds, serve_cmd
+from .common import UserError  # noqa: F401  (re-exported: segfuse.compiler.cli.UserError)
 
 # Modules that add sub-commands; each has add_parsers(subparsers).
 COMMAND_MODULES = [graph_cmds, client_cmds, region_cmds, serve_cmd, plan_cmds]
@@ -16,10 +17,6 @@ EPILOG = """examples:
   segfuse validate examples/moe_problem_sizes.json
   segfuse run examples/moe_problem_sizes.json --input topk_ids=ids.npy --output counts=counts.npy
 """
-
-
-class UserError(Exception):
-    """A mistake in the command line or its files: printed, exit status 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .common import UserError, load_graph, parse_pairs
+
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 BUFFER_PREFIX = "buffer:"  # --input ids=buffer:ids_0 reads (or --output stores into) a server buffer
 
@@ -103,8 +105,6 @@ def add_parsers(sub) -> None:
 def _client(args):
     from segfuse.client import Client
 
-    from . import UserError
-
     try:
         return Client(args.server, token=args.token)
     except ValueError as e:
@@ -127,8 +127,6 @@ def _guard(cmd):
 
 
 def _load_npy(path: str, what: str) -> np.ndarray:
-    from . import UserError
-
     try:
         return np.load(path, allow_pickle=False)
     except (OSError, ValueError) as e:
@@ -199,9 +197,6 @@ def run_remote(args) -> int:
     `NAME=buffer:BUF` to read an input from, or store an output into, a server buffer."""
     from segfuse.client import Buffer
 
-    from . import UserError
-    from .graph_cmds import parse_pairs
-
     inputs: dict = {}
     for name, src in parse_pairs(args.input, "input").items():
         inputs[name] = Buffer(src[len(BUFFER_PREFIX):]) if src.startswith(BUFFER_PREFIX) else \
@@ -235,8 +230,6 @@ def run_remote(args) -> int:
 # ---- warmup -------------------------------------------------------------------------------------
 def parse_symbols(text: str) -> dict[str, int]:
     """'T=4096,K=8' -> {'T': 4096, 'K': 8}."""
-    from . import UserError
-
     out = {}
     for part in text.split(","):
         name, sep, value = part.strip().partition("=")
@@ -253,8 +246,6 @@ def _engine(backend: str):
     """The engine `segfuse serve --backend` would use (the server's own resolution of 'auto')."""
     from segfuse.server.backend import BackendUnavailable, resolve
 
-    from . import UserError
-
     try:
         return resolve(backend, 0, None)[0]
     except BackendUnavailable as e:
@@ -264,12 +255,9 @@ def _engine(backend: str):
 def cmd_warmup(args) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from . import UserError
-    from .graph_cmds import _load
-
     envs = [parse_symbols(s) for s in args.shape] or [{}]
     # (path, fusion, its symbol names): a graph only takes the --shape values it has symbols for
-    graphs = [(path, f, {str(s) for s in f.symbols}) for path, f in ((p, _load(p)) for p in args.graphs)]
+    graphs = [(path, f, {str(s) for s in f.symbols}) for path, f in ((p, load_graph(p)) for p in args.graphs)]
     for path, _, symbols in graphs:
         for env in envs:
             missing = sorted(symbols - set(env))
@@ -340,8 +328,6 @@ def _repo_root() -> Path:
 
 def cmd_bench(args) -> int:
     import shutil
-
-    from . import UserError
 
     script = Path(args.script) if args.script else next(
         (p for p in (Path("benchmarks/bench_gpu.py"), _repo_root() / "benchmarks" / "bench_gpu.py") if p.exists()),

@@ -9,6 +9,7 @@ import sys
 import numpy as np
 
 from . import client_cmds
+from .common import UserError, load_graph, parse_pairs
 
 
 def add_parsers(sub) -> None:
@@ -33,32 +34,8 @@ def add_parsers(sub) -> None:
     p.set_defaults(func=cmd_run)
 
 
-def _load(path: str):
-    from .. import load_fusion
-    from . import UserError
-
-    try:
-        with open(path) as f:
-            text = f.read()
-    except OSError as e:
-        raise UserError(f"cannot read {path}: {e.strerror}") from None
-    return load_fusion(text)
-
-
-def parse_pairs(items: list[str], what: str) -> dict[str, str]:
-    from . import UserError
-
-    out = {}
-    for it in items:
-        name, sep, path = it.partition("=")
-        if not sep or not name or not path:
-            raise UserError(f"--{what} expects NAME=FILE, got '{it}'")
-        out[name] = path
-    return out
-
-
 def cmd_validate(args) -> int:
-    f = _load(args.graph)
+    f = load_graph(args.graph)
     if args.json:
         print(json.dumps({"id": f.id, "name": f.name,
                           "tensors": {k: {"dtype": str(t.dtype), "shape": [str(d) if not isinstance(d, int) else d
@@ -76,12 +53,10 @@ def cmd_validate(args) -> int:
 
 def cmd_run(args) -> int:
     from ..engine import Engine
-    from . import UserError
-
     if args.server:
         return client_cmds.run_remote(args)
 
-    f = _load(args.graph)
+    f = load_graph(args.graph)
     inputs = {}
     for name, path in parse_pairs(args.input, "input").items():
         try:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .common import UserError, load_graph
+
 
 def add_parsers(sub) -> None:
     p = sub.add_parser("explain", help="show how a graph is cut into kernels at given sizes",
@@ -21,8 +23,6 @@ def add_parsers(sub) -> None:
 def parse_shapes(items: list[str], fusion) -> dict[str, tuple]:
     """Input shapes from symbol values (T=4096) or whole input shapes (topk_ids=4096x8)."""
     from ..shapes import evaluate
-    from . import UserError
-
     env: dict[str, int] = {}
     given: dict[str, tuple] = {}
     for item in ",".join(items).split(","):
@@ -57,9 +57,8 @@ def parse_shapes(items: list[str], fusion) -> dict[str, tuple]:
 
 def cmd_explain(args) -> int:
     from ..engine import Engine
-    from .graph_cmds import _load
 
-    f = _load(args.graph)
+    f = load_graph(args.graph)
     plan = Engine.default("numpy").plan(f, parse_shapes(args.shape, f))
     if args.json:
         print(plan.to_json())

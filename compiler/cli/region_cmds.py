@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from .client_cmds import _RAW, DEFAULT_SERVER, _client, _guard, add_server_options, print_listing
+from .common import UserError
 
 
 def add_parsers(sub) -> None:
@@ -44,8 +45,6 @@ def _region_line(r: dict, width: int) -> str:
 
 @_guard
 def cmd_regions_rm(args) -> int:
-    from . import UserError
-
     if bool(args.names) == args.all:
         raise UserError("give region names or --all (not both)")
     with _client(args) as c:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from .common import UserError
+
 EPILOG = """environment variables (defaults for the flags): SEGFUSE_HOST, SEGFUSE_PORT, SEGFUSE_BACKEND,
 SEGFUSE_DEVICE, SEGFUSE_CACHE_DIR, SEGFUSE_TOKEN, SEGFUSE_MAX_BODY_BYTES, SEGFUSE_MAX_OPS,
 SEGFUSE_MAX_RANK, SEGFUSE_MAX_BUFFER_BYTES, SEGFUSE_MAX_TOTAL_BYTES, SEGFUSE_MAX_REGION_BYTES, SEGFUSE_MAX_QUEUED_RUNS,
@@ -54,8 +56,6 @@ def _size(text: str) -> int:
 def settings_from_args(args):
     from segfuse.server.settings import Settings
 
-    from . import UserError
-
     overrides = {k: getattr(args, k, None) for k in (
         "host", "port", "backend", "device", "cache_dir", "token", "max_body_bytes", "max_ops", "max_rank",
         "max_buffer_bytes", "max_total_bytes", "max_region_bytes", "max_queued_runs", "run_workers", "max_batch",
@@ -67,8 +67,6 @@ def settings_from_args(args):
 
 
 def cmd_serve(args) -> int:
-    from . import UserError
-
     try:
         import uvicorn
         from segfuse.server import create_app
