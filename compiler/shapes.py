@@ -71,14 +71,20 @@ _ALLOWED_BINOPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast
                    ast.FloorDiv: lambda a, b: sympy.floor(a / b) if not (isinstance(a, int) and isinstance(b, int)) else a // b}
 
 
+MAX_SIZE_EXPR_CHARS = 256  # longer size expressions are refused (deep parse trees, slow algebra)
+
+
 def parse_size(text: str, known: set[str] | None = None):
     """Parse a size expression such as 'T', 'T*K' or 'N+1' safely (no eval).
 
     `known` restricts names to the graph's input symbols; ValueError explains what is wrong.
     """
+    if len(text) > MAX_SIZE_EXPR_CHARS:
+        raise ValueError(f"size expression '{text[:40]}...' has {len(text)} characters, over the limit of "
+                         f"{MAX_SIZE_EXPR_CHARS}")
     try:
         tree = ast.parse(text.strip(), mode="eval")
-    except SyntaxError:
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         raise ValueError(f"'{text}' is not a size expression (use names, integers, + - * //)") from None
 
     def walk(node):

@@ -8,10 +8,9 @@ binary tensor carries `parameters.binary_data_size`.
 from __future__ import annotations
 
 import pydantic
-from fastapi.exceptions import RequestValidationError
 
 from .errors import bad_request
-from .jsonio import dumps
+from .jsonio import dumps, validate_json
 
 HEADER = "inference-header-content-length"
 CONTENT_TYPE = "application/octet-stream"
@@ -22,11 +21,10 @@ def split_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryvie
     if header_length is None:
         n = len(body)
     else:
-        try:
-            n = int(header_length)
-        except ValueError:
-            raise bad_request(f"Inference-Header-Content-Length '{header_length}' is not an integer",
-                              ["headers", "Inference-Header-Content-Length"]) from None
+        if not (header_length.isascii() and header_length.isdigit()) or len(header_length) > 20:
+            raise bad_request(f"Inference-Header-Content-Length {header_length[:40]!r} must be the JSON "
+                              "header's length in bytes, digits only", ["headers", "Inference-Header-Content-Length"])
+        n = int(header_length)
         if not 0 < n <= len(body):
             raise bad_request(f"Inference-Header-Content-Length {n} is outside the body's "
                               f"{len(body)} bytes", ["headers", "Inference-Header-Content-Length"])
@@ -40,16 +38,7 @@ def decode_request(model: type[pydantic.BaseModel], body: bytes, header_length: 
     """(the validated request model, a BinaryReader of the tail or None): parsed and validated in
     one pass (pydantic's own JSON parser), errors located under "body"."""
     head, tail = split_body(body, header_length)
-    try:
-        req = model.model_validate_json(head)
-    except pydantic.ValidationError as e:
-        errors = e.errors()
-        first = errors[0] if errors else {}
-        if first.get("type") == "json_invalid":
-            raise bad_request(f"the request body is not valid JSON: {first.get('msg', '')}", ["body"]) from None
-        if first.get("type") == "model_type" and not first.get("loc"):
-            raise bad_request("the request body must be a JSON object", ["body"]) from None
-        raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in errors]) from None
+    req = validate_json(model, head)
     return req, (BinaryReader(tail) if header_length is not None else None)
 
 

@@ -15,6 +15,7 @@ import orjson
 import pydantic
 
 from .errors import ApiError
+from .jsonio import invalid_json
 from .models import BufferJson
 from .tensors import check_shape, from_json_data, nbytes_of, parse_dtype
 
@@ -38,15 +39,15 @@ except ValueError:
     _TRACK_ARG = False
 
 
-def _error(e: Exception) -> tuple:
+def _error(e: Exception, body: bytes = b"") -> tuple:
     if isinstance(e, ApiError):
         return ("error", e.status, e.message, e.details)
     if isinstance(e, pydantic.ValidationError):
         errs = e.errors()
         first = errs[0] if errs else {}
         if first.get("type") == "json_invalid":
-            return ("error", 400, f"the body is not valid JSON: {first.get('msg', '')}", [{"loc": ["body"],
-                                                                                        "msg": first.get("msg", "")}])
+            msg = invalid_json(first.get("msg", ""), body)
+            return ("error", 400, msg, [{"loc": ["body"], "msg": msg}])
         details = [{"loc": ["body", *err.get("loc", ())], "msg": err.get("msg", "")} for err in errs]
         where = ".".join(str(p) for p in details[0]["loc"]) if details else "body"
         return ("error", 400, f"invalid request: {where}: {details[0]['msg'] if details else 'invalid'}", details)
@@ -56,10 +57,12 @@ def _error(e: Exception) -> tuple:
 def decode_buffer_json(body_name: str, size: int, max_rank: int, max_bytes: int) -> tuple:
     """A BufferJson body in segment `body_name` -> ("ok", dtype name, shape, result segment name)."""
     seg = _open(body_name)
+    body = b""
     try:
-        doc = BufferJson.model_validate_json(bytes(seg.buf[:size]))
+        body = bytes(seg.buf[:size])
+        doc = BufferJson.model_validate_json(body)
     except Exception as e:
-        return _error(e)
+        return _error(e, body)
     finally:
         seg.close()
     try:

@@ -149,7 +149,7 @@ class CompressionMiddleware:
                 parts.append(message.get("body", b""))
                 more = message.get("more_body", False)
         except BodyTooLarge as e:
-            return await _send_json(send, 413, error_body(e.detail, [{"loc": ["body"], "msg": e.detail}]))
+            return await _send_json(send, 413, error_body(e.detail, e.details))
         body = b"".join(parts)
         try:
             for c in reversed(codings):

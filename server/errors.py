@@ -84,7 +84,7 @@ def error_parts(e: BaseException, where: str = "") -> tuple[int, dict, dict | No
         return 400, error_body(msg, details), None
     if isinstance(e, StarletteHTTPException):
         msg = e.detail if isinstance(e.detail, str) else "error"
-        return e.status_code, error_body(msg, []), getattr(e, "headers", None)
+        return e.status_code, error_body(msg, getattr(e, "details", None) or []), getattr(e, "headers", None)
     log.error("internal error on %s", where, exc_info=e)
     return 500, error_body(f"internal error: {type(e).__name__}: {e}"), None
 

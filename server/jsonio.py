@@ -1,13 +1,30 @@
-"""JSON encoding of response bodies with orjson: several times faster than the standard library
-and pydantic's dump for the bodies the hot path sends, and it writes NumPy arrays itself (no
-`tolist()` of every element). NaN and infinities become null, as pydantic's JSON did before."""
+"""JSON for request and response bodies.
+
+Responses are written with orjson: several times faster than the standard library and pydantic's
+dump for the bodies the hot path sends, and it writes NumPy arrays itself (no `tolist()` of every
+element). NaN and infinities become null, as pydantic's JSON did before.
+
+Requests are parsed by one parser, pydantic's (jiter), whether into a model (`validate_json`) or
+into plain values (`loads`), so every body has the same limits (docs/http-api.md, "Limits"): JSON
+nested at most `MAX_DEPTH` levels, integer literals of at most `MAX_DIGITS` digits, UTF-8 only.
+Breaking one is a 400 located at the body, never a RecursionError.
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import orjson
+import pydantic
+import pydantic_core
+from fastapi.exceptions import RequestValidationError
+
+from .errors import bad_request
 
 _OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+MAX_DEPTH = 200  # jiter's recursion limit
+MAX_DIGITS = 4300  # jiter's (and Python's int()) limit on an integer literal
 
 
 def dumps(obj) -> bytes:
@@ -23,3 +40,41 @@ def json_array(a: np.ndarray) -> np.ndarray:
     elif flat.dtype.byteorder == ">":
         flat = flat.astype(flat.dtype.newbyteorder("="))
     return flat
+
+
+def invalid_json(parser_msg: str, body: bytes | str, what: str = "the request body") -> str:
+    """The message for a body the parser refused, with the limit it broke when it broke one."""
+    if isinstance(body, (bytes, bytearray, memoryview)):
+        try:
+            bytes(body).decode("utf-8")
+        except UnicodeDecodeError as e:
+            return f"{what} is not UTF-8 (byte {e.start} is not valid UTF-8; JSON must be UTF-8)"
+    msg = parser_msg.removeprefix("Invalid JSON: ")
+    if "recursion limit" in msg:
+        msg += f" (JSON may nest at most {MAX_DEPTH} levels deep)"
+    elif "number out of range" in msg:
+        msg += f" (an integer literal may have at most {MAX_DIGITS} digits)"
+    return f"{what} is not valid JSON: {msg}"
+
+
+def loads(body: bytes | str, loc: tuple | list = ("body",), what: str = "the request body") -> Any:
+    """`body` as plain Python values, or a 400 at `loc`."""
+    try:
+        return pydantic_core.from_json(body)
+    except ValueError as e:
+        raise bad_request(invalid_json(str(e), body, what), loc) from None
+
+
+def validate_json(model: type[pydantic.BaseModel], body: bytes):
+    """`body` as a `model`, parsed and validated in one pass; errors located under "body" (a
+    malformed body: 400; fields: RequestValidationError, which errors.py answers with 400)."""
+    try:
+        return model.model_validate_json(body)
+    except pydantic.ValidationError as e:
+        errors = e.errors()
+        first = errors[0] if errors else {}
+        if first.get("type") == "json_invalid":
+            raise bad_request(invalid_json(first.get("msg", ""), body), ["body"]) from None
+        if first.get("type") == "model_type" and not first.get("loc"):
+            raise bad_request("the request body must be a JSON object", ["body"]) from None
+        raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in errors]) from None

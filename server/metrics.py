@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+# The request counter's `method` label: these, or "other" (a label from the raw method would let
+# any client add series without bound).
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
 LATENCY_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 
@@ -36,6 +39,8 @@ class Metrics:
     def request_done(self, endpoint: str, method: str, status: int) -> None:
         """Count a request; the labelled counter is looked up once per label set (labels() costs
         microseconds, which the hot path pays on every request otherwise)."""
+        if method not in METHODS:
+            method = "other"
         key = (endpoint, method, status)
         c = self._request_counters.get(key)
         if c is None:

@@ -16,8 +16,11 @@ OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
 
 
 class BodyTooLarge(HTTPException):
+    """Raised from `receive` (an HTTPException, which FastAPI's body reading passes through)."""
+
     def __init__(self, limit: int):
         super().__init__(413, f"request body exceeds the limit of {limit} bytes")
+        self.details = [{"loc": ["body"], "msg": self.detail}]  # errors.error_parts answers with them
 
 
 async def _send_json(send, status: int, body: dict, headers: list | None = None) -> None:

@@ -232,7 +232,7 @@ def metrics_updater(metrics) -> Callable[[RegionStore], None]:
 def check_key(key: str) -> str:
     """A plain name in the shared-memory namespace ('/name' or 'name'), returned with its '/'."""
     bare = key[1:] if key.startswith("/") else key
-    if not _KEY.match(key) or bare in (".", "..") or ".." in bare:
+    if not _KEY.fullmatch(key) or bare in (".", "..") or ".." in bare:
         raise bad_request(f"shared memory key '{key}' must be a plain name such as /input_data: 1-250 characters "
                           "of A-Z a-z 0-9 _ . - after an optional leading '/', no other '/' and no '..'",
                           ["body", "key"])

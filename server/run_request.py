@@ -4,7 +4,6 @@ a finished run (`response`). Running the plan is server/runs.py."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -17,8 +16,8 @@ from .binary import BinaryReader
 from .errors import bad_request, unprocessable
 from .jsonio import json_array
 from .models import InferRequest
+from .names import check_name
 from .tensors import (
-    NAME_PATTERN,
     check_shape,
     from_json_data,
     from_raw,
@@ -30,14 +29,6 @@ from .tensors import (
 if TYPE_CHECKING:
     from .runs import RunOutcome
     from .runtime import Runtime
-
-_NAME = re.compile(NAME_PATTERN)
-
-
-def check_buffer_name(name: str, loc: list) -> str:
-    if not _NAME.match(name):
-        raise bad_request(f"buffer name '{name}' must be 1-128 characters of A-Z a-z 0-9 _ . -", loc)
-    return name
 
 
 @dataclass
@@ -100,7 +91,7 @@ def parse_request(rt: Runtime, fusion: Fusion, req: InferRequest, tail: BinaryRe
             if inp.data is not None or p.binary_data_size is not None:
                 raise bad_request(f"input '{inp.name}' names a buffer and also carries data; give one",
                                   loc + ["data"])
-            spec.buffer = check_buffer_name(p.buffer, loc + ["parameters", "buffer"])
+            spec.buffer = check_name(p.buffer, loc + ["parameters", "buffer"])
         else:
             if spec.dtype is None or spec.shape is None:
                 raise bad_request(f"inline input '{inp.name}' needs 'datatype' and 'shape' "
@@ -144,7 +135,7 @@ def parse_request(rt: Runtime, fusion: Fusion, req: InferRequest, tail: BinaryRe
         if p is not None:
             spec.binary = p.binary_data if p.binary_data is not None else request_binary
             if p.buffer is not None:
-                spec.buffer = check_buffer_name(p.buffer, loc + ["parameters", "buffer"])
+                spec.buffer = check_name(p.buffer, loc + ["parameters", "buffer"])
                 spec.overwrite = p.overwrite
                 spec.inline = bool(p.return_data or p.binary_data)
         else:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from segfuse.compiler import Fusion
 
 from . import region_io
-from .errors import conflict, not_found, too_large, unprocessable
+from .errors import ApiError, conflict, not_found, too_large, unprocessable
 from .protocol import check_started_in_time
 from .run_request import RunPlan
 from .tensors import kserve_name, nbytes_of
@@ -80,7 +80,11 @@ async def run(rt: Runtime, plan: RunPlan) -> RunOutcome:
     client that goes away cannot release them while a worker still uses the buffers."""
     t_admit = time.perf_counter()
     executor, store = rt.executor, rt.store
-    executor.admit()  # 429 when the queue is full
+    try:
+        executor.admit()  # 429 when the queue is full
+    except ApiError:
+        rt.metrics.runs_error.inc()  # a refused run is a failed run (docs/operations.md)
+        raise
     job = Job(plan, asyncio.get_running_loop().create_future(), t_admit)
     try:
         job.pins = store.try_pin(plan.reads, plan.writes) or await store.acquire(plan.reads, plan.writes)

@@ -11,8 +11,6 @@ from segfuse.compiler.dtypes import FROM_KSERVE, KSERVE_NAMES, DType, from_numpy
 
 from .errors import bad_request, unprocessable
 
-NAME_PATTERN = r"^[A-Za-z0-9_.\-]{1,128}$"
-
 
 def parse_dtype(text: str, loc: tuple = ()) -> DType:
     """A segfuse name ('int64') or a KServe name ('INT64')."""
@@ -51,24 +49,75 @@ def nbytes_of(shape: tuple[int, ...], dt: DType) -> int:
     return math.prod(shape) * dt.itemsize
 
 
+MAX_SIZE_DIGITS = 19  # a size in ?shape= (int64 has 19 digits)
+
+
 def parse_shape_param(text: str, loc: tuple) -> tuple[int, ...]:
     """'2,3' or '[2,3]' -> (2, 3); '' or '[]' -> () (a scalar)."""
     t = text.strip().strip("[]()").strip()
     if not t:
         return ()
+    parts = [p.strip() for p in t.split(",") if p.strip() != ""]
+    if any(len(p.lstrip("+-")) > MAX_SIZE_DIGITS for p in parts):
+        raise bad_request(f"shape '{text[:60]}...' has a size of more than {MAX_SIZE_DIGITS} digits", loc)
     try:
-        return tuple(int(p) for p in t.split(",") if p.strip() != "")
+        return tuple(int(p) for p in parts)
     except ValueError:
         raise bad_request(f"shape '{text}' must be comma-separated integers, e.g. 4096,8", loc) from None
 
 
+def _shown(v: int) -> str:
+    text = str(v)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} digits)"
+
+
+def _first_unfit(values: np.ndarray, dt: DType) -> int | None:
+    """The first integer of `values` (an object array: JSON integers are unbounded) that `dt`
+    cannot hold, or None."""
+    if dt.is_float:
+        for v in values.reshape(-1):
+            if isinstance(v, int) and not isinstance(v, bool):
+                try:
+                    float(v)
+                except OverflowError:
+                    return v
+        return None
+    lo, hi = int(np.iinfo(dt.np).min), int(np.iinfo(dt.np).max)
+    for v in values.reshape(-1):
+        if isinstance(v, int) and not isinstance(v, bool) and not lo <= v <= hi:
+            return v
+    return None
+
+
+def _out_of_range(v: int, dt: DType, loc: tuple):
+    what = kserve_name(dt)
+    if not dt.is_float:
+        info = np.iinfo(dt.np)
+        what += f" ({int(info.min)} to {int(info.max)})"
+    return unprocessable(f"data value {_shown(v)} is out of range for {what}", loc)
+
+
 def from_json_data(data, dt: DType, shape: tuple[int, ...], loc: tuple) -> np.ndarray:
-    """A KServe JSON `data` (flat or nested, row-major) as an array of `shape`."""
+    """A KServe JSON `data` (flat or nested, row-major) as an array of `shape`. An integer that
+    `dt` cannot hold is a 422 naming it, never a wrapped value."""
     n = math.prod(shape)
     try:
         flat = np.asarray(data, dtype=np.float64 if dt.is_float and dt.itemsize < 4 else None)
+    except OverflowError:  # an integer too large for a float64
+        flat = np.asarray(data, dtype=object)
     except (ValueError, TypeError) as e:
         raise bad_request(f"data is not a (nested) list of numbers: {e}", loc) from None
+    # NumPy holds integers past int64 as uint64 (to 2^64-1), as float64 (mixed with negatives) or
+    # as Python ints (object): find the one that does not fit, before any cast can wrap it
+    if not dt.is_bool and flat.size and (flat.dtype == object or (not dt.is_float and flat.dtype.kind in "uf")):
+        bad = _first_unfit(flat if flat.dtype == object else np.asarray(data, dtype=object), dt)
+        if bad is not None:
+            raise _out_of_range(bad, dt, loc)
+        if flat.dtype == object and dt.is_float:
+            try:
+                flat = flat.astype(np.float64)
+            except (ValueError, TypeError):
+                pass  # None or another non-number: refused below
     if flat.dtype == object:
         raise bad_request("data is not a rectangular (nested) list of numbers", loc)
     if flat.size != n:
@@ -79,14 +128,16 @@ def from_json_data(data, dt: DType, shape: tuple[int, ...], loc: tuple) -> np.nd
         raise bad_request("BOOL data must be true/false", loc)
     if not dt.is_float and flat.size and flat.dtype.kind == "f":
         raise bad_request(f"{kserve_name(dt)} data holds non-integer numbers", loc)
+    if not dt.is_float and not dt.is_bool and flat.size and flat.dtype.kind in "iu":
+        info = np.iinfo(dt.np)
+        low, high = int(flat.min()), int(flat.max())
+        if low < info.min or high > info.max:
+            raise _out_of_range(low if low < info.min else high, dt, loc)
     try:
         with np.errstate(over="raise", invalid="raise"):
             out = flat.astype(dt.np, copy=False) if flat.size else np.zeros(n, dt.np)
     except (OverflowError, FloatingPointError, ValueError) as e:
         raise unprocessable(f"data does not fit {kserve_name(dt)}: {e}", loc) from None
-    if not dt.is_float and flat.size and flat.dtype.kind in "iu" and not np.array_equal(
-            out.astype(flat.dtype), flat):
-        raise unprocessable(f"data has values out of range for {kserve_name(dt)}", loc)
     return out.reshape(shape)
 
 
@@ -125,6 +176,8 @@ def from_npy(raw: bytes, loc: tuple) -> np.ndarray:
         raise bad_request(f"not a valid .npy file: {e}", loc) from None
     if not isinstance(a, np.ndarray):
         raise bad_request("an .npz archive was sent; send a single .npy array", loc)
+    if a.dtype.byteorder == ">":  # big-endian: the same values in native order
+        a = a.astype(a.dtype.newbyteorder("="))
     try:
         from_numpy(a.dtype)
     except ValueError as e:

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import asyncio
-import json
 
 import numpy as np
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
 from ..codec import LARGE, release
 from ..deps import ReadyRuntime, errors
 from ..errors import bad_request, not_found, unprocessable
+from ..jsonio import validate_json
 from ..models import BufferInfo, BufferJson, BufferJsonOut, BufferList, BufferPut, Deleted
+from ..names import path_name
 from ..runtime import Runtime
 from ..tensors import (
-    NAME_PATTERN,
     check_shape,
     dtype_of,
     from_json_data,
@@ -36,7 +36,7 @@ NPY = "application/x-npy"
 RAW = "application/octet-stream"
 JSON = "application/json"
 
-BufferName = Path(pattern=NAME_PATTERN, description="[A-Za-z0-9_.-]{1,128}")
+BufferName = path_name("buffer")
 
 
 def info(rt: Runtime, b) -> BufferInfo:
@@ -78,14 +78,7 @@ async def put_buffer(rt: ReadyRuntime, request: Request, response: Response, nam
     else:
         body = await request.body()
     if ctype == JSON:
-        try:
-            doc = BufferJson.model_validate(json.loads(body))
-        except json.JSONDecodeError as e:
-            raise bad_request(f"the body is not valid JSON: {e}", ["body"]) from None
-        except Exception as e:  # pydantic.ValidationError
-            from fastapi.exceptions import RequestValidationError
-
-            raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors()]) from None
+        doc = validate_json(BufferJson, body)
         dt = parse_dtype(doc.dtype, ["body", "dtype"])
         shp = check_shape(doc.shape, ["body", "shape"], rt.settings.max_rank)
         rt.store.check_sizes({name: nbytes_of(shp, dt)}, lambda n: ["body"])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 from typing import Any
 
@@ -13,6 +12,7 @@ from segfuse.compiler import Fusion
 from ..deps import AnyRuntime, ReadyRuntime, errors
 from ..errors import ApiError, bad_request, unprocessable
 from ..fusions import fusion_info
+from ..jsonio import loads
 from ..models import (
     Deleted,
     FusionDetail,
@@ -42,10 +42,7 @@ GRAPH_BODY_DOC = {"requestBody": {"required": True, "content": {"application/jso
 
 
 def json_body(body: bytes) -> Any:
-    try:
-        return json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise bad_request(f"the request body is not valid JSON: {e}", ["body"]) from None
+    return loads(body)
 
 
 async def register(rt: Runtime, graph: Any, replace: bool) -> tuple[Fusion, dict]:

@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -24,6 +23,7 @@ from segfuse.compiler.errors import GraphError, Issue
 from ..deps import AnyRuntime, errors
 from ..errors import ApiError, bad_request
 from ..fusions import dims, fusion_info
+from ..jsonio import loads
 from ..protocol import MODEL_VERSION, check_version
 from ..tensors import kserve_name
 from .fusions import json_body, register
@@ -77,10 +77,7 @@ async def repository_index(rt: AnyRuntime, request: Request) -> list[dict]:
 def _graph_of(config: Any, model: str) -> dict:
     loc = ["body", "parameters", "config"]
     if isinstance(config, str):
-        try:
-            config = json.loads(config)
-        except json.JSONDecodeError as e:
-            raise bad_request(f"parameters.config is not valid JSON: {e}", loc) from None
+        config = loads(config, loc, "parameters.config")
     if not isinstance(config, dict):
         raise bad_request("parameters.config must be a segfuse.fusion/1 graph (a JSON object)", loc)
     if "ops" not in config and TRITON_CONFIG_KEYS & set(config):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Request
 from fastapi.routing import APIRoute
 
 from ..deps import ReadyRuntime, errors
@@ -17,9 +17,9 @@ from ..models import (
     SystemRegionRegister,
     SystemRegionStatus,
 )
+from ..names import path_name
 from ..regions import CUDA, SYSTEM, TITLE, Region, RegionStore
 from ..runtime import Runtime
-from ..tensors import NAME_PATTERN
 
 
 class JsonBodyRoute(APIRoute):
@@ -39,7 +39,7 @@ class JsonBodyRoute(APIRoute):
 
 router = APIRouter(tags=["shared memory"], route_class=JsonBodyRoute)
 
-RegionName = Path(pattern=NAME_PATTERN, description="[A-Za-z0-9_.-]{1,128}; one namespace for system and CUDA regions")
+RegionName = path_name("shared memory region", "; one namespace for system and CUDA regions")
 SYSTEM_PREFIX, CUDA_PREFIX = "/v2/systemsharedmemory", "/v2/cudasharedmemory"
 
 
