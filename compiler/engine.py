@@ -85,8 +85,11 @@ class Engine:
 
     def __init__(self, backend: str = "numpy", plan_cache: PlanCache | None = None, errors: str = "raise"):
         if backend == "cupy" and backend not in BACKENDS:
-            from .cuda.runtime import register  # imports CuPy only when it runs
+            from .cuda.runtime import register, unavailable  # imports CuPy only when it runs
 
+            why = unavailable()
+            if why:  # refused here, not at the first run
+                raise ValueError(f"the cupy backend is not available here: {why}")
             register()
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend '{backend}' (available: {', '.join(sorted(BACKENDS))})")

@@ -19,10 +19,20 @@ EPILOG = """examples:
 """
 
 
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("segfuse")
+    except Exception:  # a source tree that is not installed
+        return "0.0.0 (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="segfuse", description="Segmented fusion executor: validate, plan and run "
                                 "tensor fusion graphs.", epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"segfuse {_version()}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for mod in COMMAND_MODULES:

@@ -29,7 +29,8 @@ def add_parsers(sub) -> None:
                    help="an input array (repeatable)")
     p.add_argument("--output", "-o", action="append", default=[], metavar="NAME=FILE.npy",
                    help="write an output to a .npy file (repeatable); outputs not named are printed")
-    p.add_argument("--backend", default="numpy", help="numpy (default)")
+    p.add_argument("--backend", default="numpy", choices=["numpy", "cupy"],
+                   help="numpy (default), or cupy where CuPy sees a GPU")
     client_cmds.add_server_options(p)  # --server URL: run on a segfuse server instead
     p.set_defaults(func=cmd_run)
 
@@ -74,7 +75,7 @@ def cmd_run(args) -> int:
         raise UserError(str(e)) from None
     res = engine.run(f, inputs)
     for name, arr in res.outputs.items():
-        arr = np.asarray(arr)
+        arr = arr.get() if hasattr(arr, "get") and not isinstance(arr, np.ndarray) else np.asarray(arr)  # CuPy
         if name in outs:
             np.save(outs[name], arr)
             print(f"{name}: {arr.dtype}{list(arr.shape)} -> {outs[name]}")

@@ -1150,6 +1150,17 @@ def _engine_runner(plan, fusion, bound, inputs, deferred: bool = False):
                   "kernel_cache_misses": rt.cache.stats.misses - misses}
 
 
+def unavailable() -> str | None:
+    """Why the cupy backend cannot run in this process (no CuPy, no driver, no visible GPU), or None."""
+    try:
+        import cupy
+
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # ImportError, or CUDA's own errors without a driver or device
+        return f"CuPy and a CUDA GPU are needed ({type(e).__name__}: {e})"
+    return None if n > 0 else "CuPy sees no CUDA GPU"
+
+
 def register() -> None:
     """Make Engine("cupy") available (called lazily by Engine)."""
     from ..engine import register_backend
