@@ -73,6 +73,7 @@ def create_app(settings: Settings | None = None) -> SegfuseApp:
 
         if runtime.executor is not None:
             runtime.metrics.runs_admitted.set(runtime.executor.admitted)
+        runtime.metrics.fusion_bytes.set(runtime.fusions.bytes)
         return Response(runtime.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     def openapi() -> dict:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from segfuse.compiler import Fusion, Limits
 
 from .errors import conflict, not_found, too_large
+from .jsonio import dumps
 from .protocol import check_name
 from .tensors import kserve_name
 
@@ -17,11 +18,19 @@ class Registered:
     replaced: str | None = None
 
 
+def graph_bytes(fusion: Fusion) -> int:
+    """What a fusion counts against `max_fusion_bytes`: the size of its canonical JSON (the server
+    holds several times that in parsed form, its plans and kernels aside)."""
+    return len(dumps(fusion.to_json()))
+
+
 class FusionRegistry:
-    def __init__(self, limits: Limits):
+    def __init__(self, limits: Limits, max_fusions: int = 1 << 30, max_fusion_bytes: int = 1 << 62):
         self.limits = limits
+        self.max_fusions, self.max_fusion_bytes = max_fusions, max_fusion_bytes
         self._by_id: dict[str, Fusion] = {}
         self._by_name: dict[str, str] = {}
+        self._bytes: dict[str, int] = {}  # fusion id -> graph_bytes, of registered and unloaded ones
         # Fusions unloaded through the model repository API (POST .../unload): kept by name so that
         # a plain POST .../load registers them again; listed by the repository index as unloaded.
         self.unloaded: dict[str, Fusion] = {}
@@ -43,16 +52,40 @@ class FusionRegistry:
         if fusion.id in self._by_id:
             return Registered(created=False)
         check_name(fusion.name)  # 422 for names that routes under /v2/models/ use
-        self.unloaded.pop(fusion.name, None)
+        gone = self.unloaded.pop(fusion.name, None)
+        if gone is not None and gone.id not in self._by_id:
+            self._bytes.pop(gone.id, None)
         old = self._by_name.get(fusion.name)
         if old is not None and not replace:
             raise conflict(f"the name '{fusion.name}' is taken by fusion {old}, a different graph; "
                            "pass ?replace=true to replace it", ["graph", "name"])
+        self._check_room(fusion, old)
         if old is not None:
             del self._by_id[old]
+            self._bytes.pop(old, None)
         self._by_id[fusion.id] = fusion
         self._by_name[fusion.name] = fusion.id
+        self._bytes[fusion.id] = graph_bytes(fusion)
         return Registered(created=True, replaced=old)
+
+    def _check_room(self, fusion: Fusion, replaced: str | None) -> None:
+        """413 when one more fusion (less the one it replaces) would pass the count or bytes limit."""
+        held = {f.id for f in self.unloaded.values()} | set(self._by_id)
+        held.discard(replaced)
+        if len(held) + 1 > self.max_fusions:
+            raise too_large(f"{len(held)} fusions are registered (or unloaded and kept), the limit is "
+                            f"{self.max_fusions}; delete some first", ["graph"])
+        n = graph_bytes(fusion)
+        used = sum(self._bytes.get(k, 0) for k in held)
+        if used + n > self.max_fusion_bytes:
+            raise too_large(f"this graph's {n} bytes of JSON would bring the registered fusions to {used + n} "
+                            f"bytes, over the limit of {self.max_fusion_bytes}", ["graph"])
+
+    @property
+    def bytes(self) -> int:
+        """graph_bytes of every fusion held (registered, and unloaded ones kept for reload)."""
+        held = {f.id for f in self.unloaded.values()} | set(self._by_id)
+        return sum(self._bytes.get(k, 0) for k in held)
 
     def resolve(self, key: str) -> Fusion:
         """By id, else by name; 404 otherwise."""
@@ -68,12 +101,15 @@ class FusionRegistry:
         del self._by_id[f.id]
         if self._by_name.get(f.name) == f.id:
             del self._by_name[f.name]
+        if all(u.id != f.id for u in self.unloaded.values()):
+            self._bytes.pop(f.id, None)
         return f
 
     def unload(self, key: str) -> Fusion:
         """Unregister, remembering the graph for a later `reload` (the repository API's unload)."""
         f = self.delete(key)
         self.unloaded[f.name] = f
+        self._bytes[f.id] = graph_bytes(f)
         return f
 
     def has_id(self, fusion_id: str) -> bool:

@@ -30,6 +30,8 @@ class Metrics:
                                         buckets=(1, 2, 4, 8, 16, 32, 64, 128), registry=r)
         self.run_queue_seconds = Histogram("segfuse_run_queue_seconds", "Time a run waited in the queue for a worker",
                                            buckets=LATENCY_BUCKETS, registry=r)
+        self.fusion_bytes = Gauge("segfuse_fusion_bytes", "Canonical JSON bytes of the fusions held "
+                                  "(what --max-fusion-bytes counts)", registry=r)
         self.fusions = Gauge("segfuse_fusions", "Registered fusions", registry=r)
         self.region_bytes = Gauge("segfuse_region_bytes", "Bytes of registered shared-memory regions", ["kind"], registry=r)
         self.regions = Gauge("segfuse_regions", "Registered shared-memory regions", ["kind"], registry=r)

@@ -92,7 +92,7 @@ class Runtime:
         self.settings = settings
         self.metrics = Metrics()
         self.limits = Limits(max_ops=settings.max_ops, max_rank=settings.max_rank)
-        self.fusions = FusionRegistry(self.limits)
+        self.fusions = FusionRegistry(self.limits, settings.max_fusions, settings.max_fusion_bytes)
         self.codec = JsonCodec()  # large JSON tensor bodies, in a helper process (server/codec.py)
         self.stats = StatsRecorder(self.fusions)  # Triton-style per-fusion statistics
         self.regions = RegionStore(settings.max_region_bytes, on_change=metrics_updater(self.metrics))  # shared memory

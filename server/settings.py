@@ -26,6 +26,8 @@ class Settings:
     max_total_bytes: int = 32 * GiB
     max_region_bytes: int = 64 * GiB  # shared-memory regions registered, all together (server/regions.py)
     max_queued_runs: int = 256  # runs admitted (waiting or running) before new ones get 429
+    max_fusions: int = 1024  # registered fusions (unloaded ones kept for reload count too), 413 beyond
+    max_fusion_bytes: int = 64 * MiB  # their canonical JSON together (server/fusions.py graph_bytes), 413 beyond
     run_workers: int = 1  # threads that run fusions (each on its own CUDA stream)
     max_batch: int = 32  # runs a worker takes from the queue at once (launched back to back, one wait)
     log_level: str = "info"
@@ -53,7 +55,8 @@ class Settings:
         if self.backend not in ("auto", "cupy", "numpy"):
             raise ValueError(f"backend must be auto, cupy or numpy, not '{self.backend}'")
         for name in ("max_body_bytes", "max_ops", "max_rank", "max_buffer_bytes", "max_total_bytes",
-                     "max_region_bytes", "max_queued_runs", "run_workers", "max_batch"):
+                     "max_region_bytes", "max_queued_runs", "run_workers", "max_batch", "max_fusions",
+                     "max_fusion_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
 

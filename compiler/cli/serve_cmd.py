@@ -9,7 +9,8 @@ from .common import UserError
 EPILOG = """environment variables (defaults for the flags): SEGFUSE_HOST, SEGFUSE_PORT, SEGFUSE_BACKEND,
 SEGFUSE_DEVICE, SEGFUSE_CACHE_DIR, SEGFUSE_TOKEN, SEGFUSE_MAX_BODY_BYTES, SEGFUSE_MAX_OPS,
 SEGFUSE_MAX_RANK, SEGFUSE_MAX_BUFFER_BYTES, SEGFUSE_MAX_TOTAL_BYTES, SEGFUSE_MAX_REGION_BYTES, SEGFUSE_MAX_QUEUED_RUNS,
-SEGFUSE_RUN_WORKERS, SEGFUSE_MAX_BATCH, SEGFUSE_LOG_LEVEL. Sizes take K/M/G suffixes (binary units).
+SEGFUSE_MAX_FUSIONS, SEGFUSE_MAX_FUSION_BYTES, SEGFUSE_RUN_WORKERS, SEGFUSE_MAX_BATCH,
+SEGFUSE_LOG_LEVEL. Sizes take K/M/G suffixes (binary units).
 
 examples:
   segfuse serve --port 8000
@@ -37,6 +38,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--max-total-bytes", type=size, help="bytes of all buffers together (default 32G)")
     p.add_argument("--max-region-bytes", type=size, help="bytes of all shared-memory regions registered (default 64G)")
     p.add_argument("--max-queued-runs", type=int, help="runs queued or running before 429 (default 256)")
+    p.add_argument("--max-fusions", type=int, help="registered fusions before 413 (default 1024)")
+    p.add_argument("--max-fusion-bytes", type=size, help="their graphs' JSON together before 413 (default 64M)")
     p.add_argument("--run-workers", type=int, help="threads running fusions, each on its own CUDA stream (default 1)")
     p.add_argument("--max-batch", type=int, help="runs a worker launches together, with one wait (default 32)")
     p.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"],
@@ -58,7 +61,8 @@ def settings_from_args(args):
 
     overrides = {k: getattr(args, k, None) for k in (
         "host", "port", "backend", "device", "cache_dir", "token", "max_body_bytes", "max_ops", "max_rank",
-        "max_buffer_bytes", "max_total_bytes", "max_region_bytes", "max_queued_runs", "run_workers", "max_batch",
+        "max_buffer_bytes", "max_total_bytes", "max_region_bytes", "max_queued_runs", "max_fusions",
+        "max_fusion_bytes", "run_workers", "max_batch",
         "log_level")}
     try:
         return Settings.from_env(**overrides)

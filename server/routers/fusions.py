@@ -154,8 +154,14 @@ async def get_plan(rt: ReadyRuntime, key: str,
     if not hasattr(engine, "plan"):
         raise ApiError(501, f"the {rt.backend_name} engine of this build has no planner (Engine.plan); "
                             "runs work, plans are not available", [{"loc": [], "msg": "no planner"}])
-    plan = await rt.executor.call(engine.plan, fusion, shapes)
-    plan_dict = plan.to_dict() if hasattr(plan, "to_dict") else dict(plan)
-    kernels = await rt.executor.call(kernel_sources, engine, fusion, shapes, plan, plan_dict) if source else []
+    # Planning (and generating sources) is work like a run: admitted and counted with the runs
+    # (429 when the queue is full), so plan requests cannot pile up behind the limit.
+    rt.executor.admit()
+    try:
+        plan = await rt.executor.call(engine.plan, fusion, shapes)
+        plan_dict = plan.to_dict() if hasattr(plan, "to_dict") else dict(plan)
+        kernels = await rt.executor.call(kernel_sources, engine, fusion, shapes, plan, plan_dict) if source else []
+    finally:
+        rt.executor.release()
     return PlanResponse(fusion_id=fusion.id, symbols=env, shapes={k: list(v) for k, v in shapes.items()},
                         plan=plan_dict, kernels=kernels)
