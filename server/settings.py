@@ -52,6 +52,8 @@ class Settings:
         return s
 
     def check(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be 0-65535, not {self.port}")
         if self.backend not in ("auto", "cupy", "numpy"):
             raise ValueError(f"backend must be auto, cupy or numpy, not '{self.backend}'")
         for name in ("max_body_bytes", "max_ops", "max_rank", "max_buffer_bytes", "max_total_bytes",

@@ -41,3 +41,8 @@ def test_engine_refuses_cupy_at_construction_without_a_gpu():
 
     with pytest.raises(ValueError, match="cupy backend is not available here"):
         Engine("cupy")
+
+
+def test_serve_refuses_a_port_out_of_range():
+    r = segfuse("serve", "--port", "99999", "--backend", "numpy", check=2)
+    assert "port must be 0-65535, not 99999" in r.stderr and "Traceback" not in r.stderr
