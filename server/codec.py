@@ -143,7 +143,7 @@ class JsonCodec:
         try:
             await asyncio.to_thread(np.copyto, np.ndarray(host.shape, host.dtype, buffer=seg.buf), host)
             _, out_name, size = await self._call(codec_worker.encode_buffer_json, seg.name, name, dtype,
-                                                 host.dtype.str, list(host.shape))
+                                                 list(host.shape))
         finally:
             _drop(seg)
         out = _attach(out_name)

@@ -11,11 +11,11 @@ from __future__ import annotations
 from multiprocessing import shared_memory
 
 import numpy as np
-import orjson
 import pydantic
+from segfuse.compiler.dtypes import DType
 
 from .errors import ApiError
-from .jsonio import invalid_json
+from .jsonio import dumps, invalid_json, json_array
 from .models import BufferJson
 from .tensors import check_shape, from_json_data, nbytes_of, parse_dtype
 
@@ -83,15 +83,13 @@ def decode_buffer_json(body_name: str, size: int, max_rank: int, max_bytes: int)
     return ("ok", dt.value, list(shape), out.name)
 
 
-def encode_buffer_json(array_name: str, name: str, dtype: str, np_dtype: str, shape: list) -> tuple:
+def encode_buffer_json(array_name: str, name: str, dtype: str, shape: list) -> tuple:
     """The array in segment `array_name` as a BufferJsonOut body -> ("ok", segment name, size)."""
     seg = _open(array_name)
     try:
-        a = np.ndarray(tuple(shape), np.dtype(np_dtype), buffer=seg.buf).reshape(-1)
-        if a.dtype.itemsize == 2 and a.dtype.kind not in "iub":
-            a = a.astype(np.float32)  # float16 / bfloat16: JSON numbers via float32
-        raw = orjson.dumps({"name": name, "dtype": dtype, "shape": shape, "data": a},
-                           option=orjson.OPT_SERIALIZE_NUMPY)
+        # the buffer's own dtype: on the GPU a bfloat16 buffer comes to the host as its uint16 bits
+        a = json_array(np.ndarray(tuple(shape), DType(dtype).np, buffer=seg.buf))
+        raw = dumps({"name": name, "dtype": dtype, "shape": shape, "data": a})
         del a
     finally:
         seg.close()

@@ -2,7 +2,8 @@
 
 Responses are written with orjson: several times faster than the standard library and pydantic's
 dump for the bodies the hot path sends, and it writes NumPy arrays itself (no `tolist()` of every
-element). NaN and infinities become null, as pydantic's JSON did before.
+element). NaN and infinities are written as the strings "NaN", "Infinity" and "-Infinity" (as
+protobuf's JSON mapping does), and read back from them (server/tensors.py `from_json_data`).
 
 Requests are parsed by one parser, pydantic's (jiter), whether into a model (`validate_json`) or
 into plain values (`loads`), so every body has the same limits (docs/http-api.md, "Limits"): JSON
@@ -31,7 +32,12 @@ def dumps(obj) -> bytes:
     return orjson.dumps(obj, option=_OPTIONS)
 
 
-def json_array(a: np.ndarray) -> np.ndarray:
+# Floats JSON has no number for, written and read as protobuf's JSON mapping does (and KServe's
+# gRPC-to-JSON with it): the strings "NaN", "Infinity", "-Infinity".
+SPECIAL_FLOATS = {"NaN": float("nan"), "Infinity": float("inf"), "-Infinity": float("-inf")}
+
+
+def json_array(a: np.ndarray):
     """A host array as orjson writes it: flat row-major (KServe's flattened form), contiguous, and
     2-byte floats (float16, bfloat16) widened to float32 (orjson has no 2-byte floats)."""
     flat = np.ascontiguousarray(a).reshape(-1)
@@ -39,7 +45,19 @@ def json_array(a: np.ndarray) -> np.ndarray:
         flat = flat.astype(np.float32)
     elif flat.dtype.byteorder == ">":
         flat = flat.astype(flat.dtype.newbyteorder("="))
+    if flat.dtype.kind == "f" and flat.size and not np.isfinite(flat).all():
+        return special_floats_list(flat)
     return flat
+
+
+def special_floats_list(flat: np.ndarray) -> list:
+    """A float array with NaN or infinities as a list whose non-finite entries are the strings of
+    SPECIAL_FLOATS (orjson and pydantic would write null, which reads back as no number at all)."""
+    out = flat.tolist()
+    for i in np.flatnonzero(~np.isfinite(flat)).tolist():
+        v = out[i]
+        out[i] = "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")
+    return out
 
 
 def invalid_json(parser_msg: str, body: bytes | str, what: str = "the request body") -> str:

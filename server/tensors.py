@@ -10,6 +10,7 @@ import numpy as np
 from segfuse.compiler.dtypes import FROM_KSERVE, KSERVE_NAMES, DType, from_numpy
 
 from .errors import bad_request, unprocessable
+from .jsonio import SPECIAL_FLOATS, json_array
 
 
 def parse_dtype(text: str, loc: tuple = ()) -> DType:
@@ -102,7 +103,9 @@ def from_json_data(data, dt: DType, shape: tuple[int, ...], loc: tuple) -> np.nd
     `dt` cannot hold is a 422 naming it, never a wrapped value."""
     n = math.prod(shape)
     try:
-        flat = np.asarray(data, dtype=np.float64 if dt.is_float and dt.itemsize < 4 else None)
+        flat = np.asarray(data)
+        if dt.is_float and flat.dtype.kind in "UOS":  # strings among the numbers: "NaN" and the like
+            flat = _with_special_floats(data, loc)
     except OverflowError:  # an integer too large for a float64
         flat = np.asarray(data, dtype=object)
     except (ValueError, TypeError) as e:
@@ -141,12 +144,31 @@ def from_json_data(data, dt: DType, shape: tuple[int, ...], loc: tuple) -> np.nd
     return out.reshape(shape)
 
 
+def _with_special_floats(data, loc: tuple) -> np.ndarray:
+    """Float data with "NaN", "Infinity", "-Infinity" strings (jsonio.SPECIAL_FLOATS) among the numbers."""
+    obj = np.asarray(data, dtype=object)
+    if obj.size and isinstance(obj.reshape(-1)[0], list):  # ragged: NumPy kept the inner lists
+        raise bad_request("data is not a rectangular (nested) list of numbers", loc)
+
+    def number(v):
+        if isinstance(v, str):
+            if v not in SPECIAL_FLOATS:
+                raise bad_request(f"data holds the string {v[:40]!r}; of strings only "
+                                  f"{', '.join(map(repr, SPECIAL_FLOATS))} stand for numbers", loc)
+            return SPECIAL_FLOATS[v]
+        return v
+
+    mapped = np.frompyfunc(number, 1, 1)(obj) if obj.size else obj
+    try:
+        return np.asarray(mapped, dtype=np.float64)
+    except (ValueError, TypeError) as e:
+        raise bad_request(f"data is not a (nested) list of numbers: {e}", loc) from None
+
+
 def to_json_data(a: np.ndarray) -> list:
-    """Flat row-major list (KServe's flattened form)."""
-    flat = a.reshape(-1)
-    if flat.dtype.itemsize == 2 and flat.dtype.kind not in "iub":  # float16 / bfloat16
-        flat = flat.astype(np.float32)
-    return flat.tolist()
+    """Flat row-major list (KServe's flattened form); NaN and infinities as jsonio.SPECIAL_FLOATS."""
+    out = json_array(a)
+    return out if isinstance(out, list) else out.tolist()
 
 
 def from_raw(raw: bytes | memoryview, dt: DType, shape: tuple[int, ...], loc: tuple) -> np.ndarray:
