@@ -21,9 +21,11 @@ SEGFUSE = [str(_SCRIPT)] if _SCRIPT.exists() else [
     sys.executable, "-c", "import sys; from segfuse.compiler.cli import main; sys.exit(main())"]
 
 
-def segfuse(*args, server: str | None = None, cwd=None, check: int | None = 0) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": "120"}
+def segfuse(*args, server: str | None = None, cwd=None, check: int | None = 0,
+            columns: int = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "COLUMNS": str(columns)}
     env.pop("SEGFUSE_TOKEN", None)
+    env.pop("SEGFUSE_SERVER", None)  # a server only when the test names one
     if server:
         env["SEGFUSE_SERVER"] = server
     r = subprocess.run([*SEGFUSE, *map(str, args)], capture_output=True, text=True, env=env, cwd=cwd, timeout=120)

@@ -27,10 +27,12 @@ BUFFER_PREFIX = "buffer:"  # --input ids=buffer:ids_0 reads (or --output stores 
 _RAW = argparse.RawDescriptionHelpFormatter
 
 
-def add_server_options(p: argparse.ArgumentParser, default_server: str | None = None) -> None:
-    """--server and --token. `default_server` None means the command runs in-process without it."""
-    default_help = f"default: $SEGFUSE_SERVER or {DEFAULT_SERVER}" if default_server else \
-        "default: run in-process"
+def add_server_options(p: argparse.ArgumentParser, default_server: str | None = None,
+                       in_process: bool = False) -> None:
+    """--server and --token. `in_process`: the command runs in-process without a server (then
+    `default_server` is $SEGFUSE_SERVER, or None)."""
+    default_help = "default: $SEGFUSE_SERVER; without either, run in-process" if in_process else \
+        f"default: $SEGFUSE_SERVER or {DEFAULT_SERVER}"
     p.add_argument("--server", "-s", default=default_server, metavar="URL",
                    help=f"segfuse server, host:port or a URL ({default_help})")
     p.add_argument("--token", default=os.environ.get("SEGFUSE_TOKEN"),
@@ -79,7 +81,7 @@ def add_parsers(sub) -> None:
                                    "NumPy backend there is nothing to compile: it plans only.",
                        epilog="examples:\n"
                               "  segfuse warmup examples/moe_problem_sizes.json --shape T=4096,K=8\n"
-                              "  segfuse warmup examples/*.json --shape T=1 --shape T=4096 --backend cupy")
+                              "  segfuse warmup examples/moe_*.json --shape T=1,K=8,E=16 --shape T=4096,K=8,E=256")
     p.add_argument("graphs", nargs="+", metavar="GRAPH.json", help="graph files")
     p.add_argument("--shape", action="append", default=[], metavar="SYM=N,...",
                    help="values of the graph's symbolic sizes (repeatable), e.g. T=4096,K=8")
@@ -195,7 +197,7 @@ def cmd_buffers_rm(args) -> int:
 def run_remote(args) -> int:
     """`segfuse run GRAPH --server URL`: the same inputs/outputs as the in-process run, plus
     `NAME=buffer:BUF` to read an input from, or store an output into, a server buffer."""
-    from segfuse.client import Buffer
+    from segfuse.client import Buffer, SegfuseError
 
     inputs: dict = {}
     for name, src in parse_pairs(args.input, "input").items():
@@ -210,9 +212,19 @@ def run_remote(args) -> int:
     graph = args.graph
     if not os.path.exists(graph) and graph.endswith(".json"):
         raise UserError(f"cannot read {graph}: no such file")
+    if getattr(args, "replace", False) and not os.path.exists(graph):
+        raise UserError(f"--replace registers a graph file; '{graph}' is not one (a registered name runs as it is)")
     with _client(args) as c:
+        if getattr(args, "replace", False):
+            graph = c.register(graph, replace=True)  # then run it by its id
         # Named outputs only when some are named: otherwise every output comes back.
-        res = c.run(graph, inputs=inputs, outputs=outputs or None)
+        try:
+            res = c.run(graph, inputs=inputs, outputs=outputs or None)
+        except SegfuseError as e:
+            if e.status == 409 and any(d.get("loc", [])[:1] == ["graph"] for d in e.details or []):
+                print(f"error: {e}\nhint: --replace registers this graph in its place", file=sys.stderr)
+                return 2
+            raise
     for name, arr in res.outputs.items():
         if name in files:
             np.save(files[name], arr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 import numpy as np
@@ -20,10 +21,12 @@ def add_parsers(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=cmd_validate)
 
-    p = sub.add_parser("run", help="run a graph on .npy inputs (in-process)",
+    p = sub.add_parser("run", help="run a graph on .npy inputs (in-process, or on a server)",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
-                       epilog="example:\n  segfuse run examples/moe_problem_sizes.json "
-                              "--input topk_ids=ids.npy --output counts=counts.npy")
+                       epilog="examples:\n  segfuse run examples/moe_problem_sizes.json "
+                              "--input topk_ids=ids.npy --output counts=counts.npy\n"
+                              "  segfuse run examples/moe_problem_sizes.json -i topk_ids=buffer:ids_0 "
+                              "-o counts=buffer:counts_0 --server 127.0.0.1:8000")
     p.add_argument("graph", help="graph JSON file")
     p.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE.npy",
                    help="an input array (repeatable)")
@@ -31,7 +34,12 @@ def add_parsers(sub) -> None:
                    help="write an output to a .npy file (repeatable); outputs not named are printed")
     p.add_argument("--backend", default="numpy", choices=["numpy", "cupy"],
                    help="numpy (default), or cupy where CuPy sees a GPU")
-    client_cmds.add_server_options(p)  # --server URL: run on a segfuse server instead
+    # --server URL (default $SEGFUSE_SERVER): run on a segfuse server instead
+    client_cmds.add_server_options(p, os.environ.get("SEGFUSE_SERVER") or None, in_process=True)
+    p.add_argument("--local", action="store_true", help="run in-process even where $SEGFUSE_SERVER is set")
+    p.add_argument("--replace", action="store_true",
+                   help="with a server: register the graph file first, replacing a different graph of the "
+                        "same name (the server refuses that with 409 otherwise)")
     p.set_defaults(func=cmd_run)
 
 
@@ -54,8 +62,15 @@ def cmd_validate(args) -> int:
 
 def cmd_run(args) -> int:
     from ..engine import Engine
-    if args.server:
+    if args.server and not args.local:
         return client_cmds.run_remote(args)
+    for name, src in {**parse_pairs(args.input, "input"), **parse_pairs(args.output, "output")}.items():
+        if src.startswith(client_cmds.BUFFER_PREFIX):
+            raise UserError(f"'{name}={src}' names a server buffer: give --server URL (or set $SEGFUSE_SERVER) "
+                            "to run on a segfuse server; in-process runs read and write .npy files")
+    if args.replace:
+        raise UserError("--replace replaces a graph registered on a server: give --server URL (or set "
+                        "$SEGFUSE_SERVER)")
 
     f = load_graph(args.graph)
     inputs = {}

@@ -59,53 +59,19 @@ def cmd_explain(args) -> int:
     from ..engine import Engine
 
     f = load_graph(args.graph)
-    plan = Engine.default("numpy").plan(f, parse_shapes(args.shape, f))
+    shapes = parse_shapes(args.shape, f)
+    plan = Engine.default("numpy").plan(f, shapes)
     if args.json:
         print(plan.to_json())
         return 0
-    print_plan(plan, f)
+    print_plan(plan, f, {str(k): int(v) for k, v in f.bind(shapes).env.items()})
     return 0
 
 
-def _ops_text(plan, seg, fusion) -> str:
-    parts = [f"{fusion.nodes[p].op.name}→{fusion.nodes[p].outputs[0]}" for p in seg.nodes]
-    parts[:0] = []
-    for c in sorted(seg.copies, key=lambda c: -c.at):
-        parts.insert(c.at, f"copy {c.src}→{c.dst}")
-    return ", ".join(parts)
+def print_plan(plan, fusion, env: dict[str, int] | None = None) -> None:
+    """Readable at 80 columns; the shared-memory limit cited is the visible GPU's, else the
+    documented target's (explain_text.device_smem)."""
+    from ..segmenter_capability import DEFAULT_CAPABILITY
+    from .explain_text import device_smem, plan_lines
 
-
-def print_plan(plan, fusion) -> None:
-    from rich.console import Console
-    from rich.markup import escape
-    from rich.table import Table
-
-    console = Console()
-    table = Table(title=f"{fusion.name}: {len(plan.segments)} segments, {plan.kernel_count} launches "
-                        f"(shape class {plan.shape_class})", show_lines=True)
-    for col in ("#", "kind", "ops", "reads → writes", "launch", "reason"):
-        table.add_column(col, overflow="fold")
-    for seg in plan.segments:
-        h = seg.hints
-        if not h.get("launch", True):
-            launch = "none (view)"
-        elif "routine" in h:
-            launch = h["routine"]
-        elif h.get("single_block"):
-            launch = f"1 block × {h['threads']} threads, smem {h['smem_bytes']} B"
-        else:
-            blocks = h.get("blocks")
-            launch = f"{blocks} block{'' if blocks == 1 else 's'} × {h.get('threads')} threads"
-        io = f"{', '.join(seg.inputs) or '-'} → {', '.join(seg.outputs) or '-'}"
-        reason = seg.reason
-        for a in seg.aliases:
-            reason += f"\n[{a.mode}] {a.tensor} → buffer of {a.buffer}: {a.why}"
-        table.add_row(str(seg.id), seg.kind.value, escape(_ops_text(plan, seg, fusion)), escape(io),
-                      escape(launch), escape(reason))
-    console.print(table)
-    bufs = ", ".join(f"#{b.id} {b.kind} {b.nbytes} B [{' '.join(b.tensors)}]" for b in plan.buffers)
-    console.print(escape(f"buffers: {bufs}"), soft_wrap=True)
-    if plan.views:
-        console.print(escape("views (no data moves): " + ", ".join(f"{t}→{b}" for t, b in plan.views.items())))
-    for c in plan.heuristics.get("checks", []):
-        console.print(escape(f"size test: {c['what']}: {c['test']} → {c['holds']}"), soft_wrap=True)
+    print("\n".join(plan_lines(plan, fusion, env or {}, device_smem(), DEFAULT_CAPABILITY.smem_budget_bytes)))
