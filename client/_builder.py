@@ -3,8 +3,8 @@
 Each public client method is a *call*: a generator that yields `httpx.Request`s and receives
 the `httpx.Response` for each, then returns the method's result. It does no I/O itself, so the
 same call runs under `Client` (which sends with `httpx.Client.send`) and `AsyncClient` (which
-awaits `httpx.AsyncClient.send`). Most calls send one request; `plan` of an unregistered graph
-sends two.
+awaits `httpx.AsyncClient.send`). Most calls send one request; `plan` or `run` of a graph file
+not registered through this client yet sends two (the registration is remembered: `GraphPaths`).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ Call = Generator[httpx.Request, httpx.Response, Any]
 NPY = "application/x-npy"
 OCTET = "application/octet-stream"
 HEADER_LENGTH = "Inference-Header-Content-Length"  # the binary tensor data extension
+PROBE = "segfuse_no_status_retry"  # a request extension: its 429/503 is the answer (client/_retry.py)
 
 
 def normalize_url(url: str) -> str:
@@ -58,6 +59,49 @@ def graph_dict(fusion) -> dict:
             raise SegfuseError(f"graph file {fusion} is not valid JSON: {e}") from None
     raise TypeError(f"a fusion is a FusionDefinition, a dict or a path to a JSON file, "
                     f"not {type(fusion).__name__}")
+
+
+def is_graph_path(fusion) -> bool:
+    """A path (str or os.PathLike) to a graph JSON file, as opposed to a name or inline JSON."""
+    if isinstance(fusion, os.PathLike):
+        return True
+    return isinstance(fusion, str) and not fusion.lstrip().startswith("{") and not is_registered_name(fusion)
+
+
+class GraphPaths:
+    """Graph files already registered through this client: absolute path -> (the file's stat
+    stamp, FusionRef). A run of a path then goes by the fusion's id, without sending the graph
+    again; a changed file (mtime, size or inode) is registered again, and so is one the server
+    no longer knows (a 404 for its id)."""
+
+    LIMIT = 1024
+
+    def __init__(self):
+        self._refs: dict[str, tuple[tuple, FusionRef]] = {}
+
+    @staticmethod
+    def stamp(path) -> tuple[str, tuple | None]:
+        key = os.path.abspath(os.fspath(path))
+        try:
+            st = os.stat(key)
+        except OSError:
+            return key, None  # reading it will say why
+        return key, (st.st_mtime_ns, st.st_size, st.st_ino)
+
+    def get(self, path) -> FusionRef | None:
+        key, stamp = self.stamp(path)
+        entry = self._refs.get(key)
+        return entry[1] if entry is not None and stamp is not None and entry[0] == stamp else None
+
+    def put(self, key: str, stamp: tuple | None, ref: FusionRef) -> None:
+        if stamp is None:
+            return
+        if len(self._refs) >= self.LIMIT:
+            self._refs.pop(next(iter(self._refs)))
+        self._refs[key] = (stamp, ref)
+
+    def forget(self, path) -> None:
+        self._refs.pop(self.stamp(path)[0], None)
 
 
 def is_registered_name(fusion) -> bool:
@@ -289,13 +333,14 @@ class _Calls:
 
     def __init__(self, builder: _RequestBuilder):
         self.build = builder
+        self.paths = GraphPaths()
 
     def is_live(self) -> Call:
-        response = yield self.build.get("/v2/health/live")
+        response = yield self.build.get("/v2/health/live", extensions={PROBE: True})
         return response.status_code == 200
 
     def is_ready(self) -> Call:
-        response = yield self.build.get("/v2/health/ready")
+        response = yield self.build.get("/v2/health/ready", extensions={PROBE: True})
         return response.status_code == 200
 
     def metadata(self) -> Call:
@@ -318,8 +363,23 @@ class _Calls:
 
     def register(self, fusion, replace: bool = False) -> Call:
         params = {"replace": "true"} if replace else {}
+        key, stamp = self.paths.stamp(fusion) if is_graph_path(fusion) else (None, None)  # before reading
         response = yield self.build.request("POST", "/v2/fusions", json=graph_dict(fusion), params=params)
-        return decode_fusion_ref(response)
+        ref = decode_fusion_ref(response)
+        if key is not None:
+            self.paths.put(key, stamp, ref)
+        return ref
+
+    def _by_path(self, path, request_for) -> Call:
+        """The response to `request_for(ref)`, ref being the registered fusion of a graph file:
+        remembered (GraphPaths), else registered now; registered again after a 404 for it
+        (unregistered since, or the server restarted)."""
+        cached = self.paths.get(path)
+        response = yield request_for(cached or (yield from self.register(path)))
+        if response.status_code == 404 and cached is not None:
+            self.paths.forget(path)
+            response = yield request_for((yield from self.register(path)))
+        return response
 
     def fusions(self) -> Call:
         body = _json((yield self.build.get("/v2/fusions")))
@@ -332,15 +392,22 @@ class _Calls:
         _decode((yield self.build.request("DELETE", f"/v2/fusions/{_seg(_ref_id(ref))}")))
 
     def plan(self, fusion, shapes) -> Call:
+        def request_for(ref) -> httpx.Request:
+            return self.build.get(f"/v2/fusions/{_seg(_ref_id(ref))}/plan", params={"shape": format_shapes(shapes)})
+
         if isinstance(fusion, FusionRef) or is_registered_name(fusion):
-            ref = _ref_id(fusion)
-        else:
-            ref = (yield from self.register(fusion)).id
-        response = yield self.build.get(f"/v2/fusions/{_seg(ref)}/plan", params={"shape": format_shapes(shapes)})
-        return _json(response)
+            return _json((yield request_for(fusion)))
+        if is_graph_path(fusion):
+            return _json((yield from self._by_path(fusion, request_for)))
+        return _json((yield request_for((yield from self.register(fusion)))))
 
     def run(self, fusion, inputs: Mapping[str, Any] | None = None, outputs=None) -> Call:
-        return decode_infer((yield self.build.infer(fusion, inputs or {}, outputs)))
+        def request_for(ref) -> httpx.Request:
+            return self.build.infer(ref, inputs or {}, outputs)
+
+        if is_graph_path(fusion):  # registered once, then run by id (no graph sent, none validated)
+            return decode_infer((yield from self._by_path(fusion, request_for)))
+        return decode_infer((yield request_for(fusion)))
 
 
 def _ref_id(ref) -> str:

@@ -1,27 +1,32 @@
 """`Client` and `AsyncClient`: the same methods, one sending with httpx.Client, one awaiting
-httpx.AsyncClient. Everything else (URLs, bodies, decoding, errors) lives in `_builder`."""
+httpx.AsyncClient (and sleeping between retries). Everything else (URLs, bodies, decoding,
+errors) lives in `_builder`, the retry policy in `_retry`."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Mapping
 from typing import Any
 
 import httpx
 import numpy as np
 
-from ._builder import Call, _Calls, _RequestBuilder, transport_error
+from ._builder import Call, _Calls, _RequestBuilder
 from ._regions import RegionCalls
+from ._retry import RetryPolicy, retrying
 from ._types import FusionRef, Region, RunResult
 
 DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=5.0)  # a first GPU run may compile for seconds
 
 
 class _BaseClient:
-    def __init__(self, url: str, token: str | None, timeout):
+    def __init__(self, url: str, token: str | None, timeout, retries: int, backoff: float, max_backoff: float):
         self._build = _RequestBuilder(url, token)
         self._calls = _Calls(self._build)
         self._regions = RegionCalls(self._build)
         self.timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
+        self.retry = RetryPolicy(retries, backoff, max_backoff)
 
     @property
     def url(self) -> str:
@@ -41,23 +46,37 @@ class Client(_BaseClient):
 
     `url` is "host:port" or a full URL; `token` is the server's bearer token, if it has one.
     Every failure raises `SegfuseError`.
+
+    A request refused with 429 (run queue full) or 503 (not ready) is sent again up to `retries`
+    times, after the server's Retry-After or `backoff` * 2**n seconds (at most `max_backoff`);
+    so are connection failures, and GET/PUT/DELETE requests whose connection broke (a POST that
+    reached the server is not repeated: it may have run). `retries=0` sends every request once.
     """
 
     def __init__(self, url: str = "127.0.0.1:8000", token: str | None = None,
-                 timeout: float | httpx.Timeout = DEFAULT_TIMEOUT, *, transport: httpx.BaseTransport | None = None):
-        super().__init__(url, token, timeout)
+                 timeout: float | httpx.Timeout = DEFAULT_TIMEOUT, *, retries: int = 3, backoff: float = 0.25,
+                 max_backoff: float = 10.0, transport: httpx.BaseTransport | None = None):
+        super().__init__(url, token, timeout, retries, backoff, max_backoff)
+        if transport is None:  # httpx retries failed connects itself; given a transport, it is the caller's
+            transport = httpx.HTTPTransport(retries=retries)
         self._http = httpx.Client(timeout=self.timeout, transport=transport)
 
     def _send(self, call: Call):
-        """Drive one call: send each request it yields, hand back the response."""
+        """Drive one call (`_retry.retrying`): send each request it yields, sleep each delay."""
+        flow = retrying(call, self.retry)
         try:
-            request = next(call)
+            step = next(flow)
             while True:
+                if not isinstance(step, httpx.Request):
+                    time.sleep(step)
+                    step = flow.send(None)
+                    continue
                 try:
-                    response = self._http.send(request)
+                    response = self._http.send(step)
                 except httpx.TransportError as e:
-                    raise transport_error(e, request) from None
-                request = call.send(response)
+                    step = flow.throw(e)
+                else:
+                    step = flow.send(response)
         except StopIteration as done:
             return done.value
 
@@ -162,20 +181,28 @@ class AsyncClient(_BaseClient):
     """
 
     def __init__(self, url: str = "127.0.0.1:8000", token: str | None = None,
-                 timeout: float | httpx.Timeout = DEFAULT_TIMEOUT, *,
-                 transport: httpx.AsyncBaseTransport | None = None):
-        super().__init__(url, token, timeout)
+                 timeout: float | httpx.Timeout = DEFAULT_TIMEOUT, *, retries: int = 3, backoff: float = 0.25,
+                 max_backoff: float = 10.0, transport: httpx.AsyncBaseTransport | None = None):
+        super().__init__(url, token, timeout, retries, backoff, max_backoff)
+        if transport is None:
+            transport = httpx.AsyncHTTPTransport(retries=retries)
         self._http = httpx.AsyncClient(timeout=self.timeout, transport=transport)
 
     async def _send(self, call: Call):
+        flow = retrying(call, self.retry)
         try:
-            request = next(call)
+            step = next(flow)
             while True:
+                if not isinstance(step, httpx.Request):
+                    await asyncio.sleep(step)
+                    step = flow.send(None)
+                    continue
                 try:
-                    response = await self._http.send(request)
+                    response = await self._http.send(step)
                 except httpx.TransportError as e:
-                    raise transport_error(e, request) from None
-                request = call.send(response)
+                    step = flow.throw(e)
+                else:
+                    step = flow.send(response)
         except StopIteration as done:
             return done.value
 
