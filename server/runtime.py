@@ -130,7 +130,12 @@ class Runtime:
                              lambda batch: finish_batch(self, batch), asyncio.get_running_loop(),
                              initializer=self.arrays.activate)
         def run_here(batch):
-            execute_batch(self, batch)
+            try:
+                execute_batch(self, batch)
+            except BaseException as e:  # a bug in execute: fail the batch rather than leave it hanging
+                log.exception("run batch failed")
+                for job in batch:
+                    job.error = job.error or e
             finish_batch(self, batch)
 
         self.executor = RunExecutor(workers, s.max_queued_runs, run_here, initializer=self.arrays.activate)

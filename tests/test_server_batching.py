@@ -229,3 +229,23 @@ async def test_warm_runs_run_on_the_event_loop_together(live_server_factory, ser
     threads = [t for _n, t in rec.batches]
     assert sum(n for n, _t in rec.batches) == 26
     assert not any(t.startswith("segfuse-run") for t in threads[:-1]) and threads[-1].startswith("segfuse-run")
+
+
+class BrokenWarm(WarmRecorder):
+    def run_batch(self, calls, **kw):
+        raise RuntimeError("a bug in the engine")
+
+
+async def test_a_failing_batch_on_the_loop_answers_and_releases(live_server_factory, server_backend, moe_graph):
+    server = live_server_factory(backend=server_backend)
+    server.runtime.engine = BrokenWarm(server.runtime.engine)
+    async with client(server) as c:
+        await c.post("/v2/fusions", json=moe_graph)
+        await put(c, "b_ids", np.array([[1, 2]], np.int64))
+        r = await c.post("/v2/models/moe_problem_sizes/infer", json={
+            "inputs": [{"name": "topk_ids", "parameters": {"buffer": "b_ids"}}],
+            "outputs": [{"name": "counts", "parameters": {"buffer": "b_out"}}]})
+        assert r.status_code == 500 and "a bug in the engine" in r.json()["error"]
+        assert server.runtime.executor.admitted == 0 and server.runtime.store.pinned("b_ids") == (0, False)
+        assert (await c.get("/v2/buffers/b_out")).status_code == 404
+        assert (await c.delete("/v2/buffers/b_ids")).status_code == 200  # no pin left behind
