@@ -54,9 +54,9 @@ PUT_BODY = {
     "requestBody": {
         "required": True,
         "content": {
-            RAW: {"schema": {"type": "string", "format": "binary"},
-                  "description": "raw little-endian row-major bytes; dtype and shape as query parameters"},
-            NPY: {"schema": {"type": "string", "format": "binary"}, "description": "a .npy file"},
+            RAW: {"schema": {"type": "string", "format": "binary",
+                             "description": "raw little-endian row-major bytes; dtype and shape as query parameters"}},
+            NPY: {"schema": {"type": "string", "format": "binary", "description": "a .npy file"}},
             JSON: {"schema": {"$ref": "#/components/schemas/BufferJson"}},
         },
     }

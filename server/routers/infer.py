@@ -22,9 +22,10 @@ router = APIRouter(tags=["inference"])
 def _body_doc(schema: str) -> dict:
     return {"requestBody": {"required": True, "content": {
         "application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}},
-        CONTENT_TYPE: {"schema": {"type": "string", "format": "binary"},
-                       "description": "binary tensor data extension: the JSON header (its length in the "
-                                      "Inference-Header-Content-Length header), then raw tensor bytes"}}}}
+        CONTENT_TYPE: {"schema": {"type": "string", "format": "binary",  # (a media type has no description)
+                                  "description": "binary tensor data extension: the JSON header (its length in "
+                                                 "the Inference-Header-Content-Length header), then raw tensor "
+                                                 "bytes"}}}}}
 
 
 INFER_RESPONSES = {200: {"content": {CONTENT_TYPE: {"schema": {"type": "string", "format": "binary"}}},
