@@ -113,7 +113,8 @@ def test_compose_matches_the_image():
     assert "dockerfile: docker/Dockerfile\n" in text and "context: .." in text
     assert re.search(r"capabilities:\s*\[gpu\]", text) and "driver: nvidia" in text
     assert f"kernel-cache:{env['SEGFUSE_CACHE_DIR']}" in text
-    assert '"8000:8000"' in text
+    # published on loopback unless the operator names an interface (issue 17, item 22)
+    assert '"${SEGFUSE_PUBLISH:-127.0.0.1}:8000:8000"' in text
 
 
 def test_entrypoint_parses():
