@@ -1,8 +1,11 @@
 """KernelCache: generated source -> compiled module, in memory (LRU) and on disk (cubins).
 
-Key = sha256(source + options + arch). A restarted server finds its cubins on disk and loads
-them without compiling. Concurrent requests for one key compile it once (a lock per key).
-Counters (hits, disk hits, misses, compile seconds) feed the server's metrics.
+Key = sha256(source + options + arch + NVRTC's version). A restarted server finds its cubins on
+disk and loads them without compiling; each cubin has a sidecar with its size and sha256, checked
+before it is loaded (a corrupt or half-copied file is compiled again and replaced, never loaded).
+The directory is bounded (`max_bytes`): past it the least recently used cubins go. Concurrent
+requests for one key compile it once (a lock per key). Counters (hits, disk hits, misses, compile
+seconds, corrupt files) feed the server's metrics.
 
 Compilation goes through NVRTC via `cuda.bindings` when available (the same path CI uses
 offline), else through CuPy's RawModule (which has its own cache).
@@ -10,15 +13,35 @@ offline), else through CuPy's RawModule (which has its own cache).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import logging
 import os
-import tempfile
 import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from . import nvrtc
+
+log = logging.getLogger("segfuse.compiler")
+
+SIDECAR = ".sha256"  # beside each cubin: "<size> <sha256 hex>"
+DEFAULT_MAX_BYTES = 4 << 30  # SEGFUSE_KERNEL_CACHE_BYTES overrides it
+
+
+def default_directory() -> str:
+    """Per user, not a shared temporary directory: $XDG_CACHE_HOME/segfuse/kernels or
+    ~/.cache/segfuse/kernels."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "segfuse", "kernels")
+
+
+def _write_atomic(path: str, data: bytes) -> None:
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
 
 
 @dataclass
@@ -28,14 +51,16 @@ class CacheStats:
     misses: int = 0
     compile_s: float = 0.0
     last_compile_s: float = 0.0
+    corrupt: int = 0  # cubins on disk whose size or checksum did not match their sidecar
+    evicted: int = 0  # cubins removed to keep the directory under max_bytes
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
 
 
-def cache_key(source: str, options: list[str], arch: str) -> str:
+def cache_key(source: str, options: list[str], arch: str, compiler: str = "") -> str:
     h = hashlib.sha256()
-    for part in (source, "\0".join(options), arch):
+    for part in (source, "\0".join(options), arch, compiler):
         h.update(part.encode())
         h.update(b"\1")
     return h.hexdigest()[:32]
@@ -43,13 +68,15 @@ def cache_key(source: str, options: list[str], arch: str) -> str:
 
 class KernelCache:
     def __init__(self, directory: str | None = None, capacity: int = 1024, arch: str = "sm_90",
-                 loader=None):
+                 loader=None, max_bytes: int | None = None):
         """`loader(cubin_path, source, options)` turns a cubin into a runnable module (CuPy on the
         GPU); None keeps cubin bytes only (offline compile, CI)."""
-        self.dir = directory or os.environ.get("SEGFUSE_KERNEL_CACHE") or os.path.join(
-            tempfile.gettempdir(), "segfuse-kernels")
+        self.dir = directory or os.environ.get("SEGFUSE_KERNEL_CACHE") or default_directory()
         os.makedirs(self.dir, exist_ok=True)
         self.capacity, self.arch, self.loader = capacity, arch, loader
+        env_max = os.environ.get("SEGFUSE_KERNEL_CACHE_BYTES")
+        self.max_bytes = max_bytes if max_bytes is not None else int(env_max) if env_max else DEFAULT_MAX_BYTES
+        self.compiler = nvrtc.version()
         self._mem: OrderedDict = OrderedDict()
         self._locks: dict[str, threading.Lock] = {}
         self._glock = threading.Lock()
@@ -95,7 +122,7 @@ class KernelCache:
     def get(self, source: str):
         """The compiled module for `source` (loaded by `loader`, or cubin bytes)."""
         opts = self.options()
-        key = cache_key(source, opts, self.arch)
+        key = cache_key(source, opts, self.arch, self.compiler)
         with self._glock:
             hit = self._mem.get(key)
             if hit is not None:
@@ -109,8 +136,10 @@ class KernelCache:
                     self.stats.hits += 1
                     return hit
             path = self._path(key)
-            if os.path.exists(path):
+            if os.path.exists(path) and self._verified(path):
                 self.stats.disk_hits += 1
+                with contextlib.suppress(OSError):
+                    os.utime(path)  # recently used: eviction takes the oldest first
                 mod = self._load(path, source, opts)
             else:
                 mod = self._compile(source, opts, path)
@@ -132,10 +161,9 @@ class KernelCache:
                 if self.loader is None:
                     raise
         if cubin is not None:
-            tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-            with open(tmp, "wb") as f:
-                f.write(cubin)
-            os.replace(tmp, path)  # atomic: other processes never see half a file
+            _write_atomic(path, cubin)  # other processes never see half a file
+            _write_atomic(path + SIDECAR, f"{len(cubin)} {hashlib.sha256(cubin).hexdigest()}".encode())
+            self._evict()
             mod = self._load(path, source, opts)
         elif self.loader is not None:
             mod = self.loader(None, source, opts)  # CuPy compiles (and caches) itself
@@ -152,6 +180,45 @@ class KernelCache:
             with open(path, "rb") as f:
                 return f.read()
         return self.loader(path, source, opts)
+
+    def _verified(self, path: str) -> bool:
+        """Whether the cubin at `path` is the one its sidecar describes (size and sha256)."""
+        try:
+            with open(path + SIDECAR, "rb") as f:
+                size, digest = f.read().decode().split()
+            with open(path, "rb") as f:
+                data = f.read()
+            if len(data) == int(size) and hashlib.sha256(data).hexdigest() == digest:
+                return True
+        except (OSError, ValueError, UnicodeDecodeError):
+            pass
+        self.stats.corrupt += 1
+        log.warning("kernel cache: %s does not match its checksum; compiling it again", path)
+        return False
+
+    def _evict(self) -> None:
+        """Remove the least recently used cubins (and sidecars) while the directory holds more
+        than max_bytes; down to 90% of it, so that not every compile scans again."""
+        try:
+            entries = []
+            with os.scandir(self.dir) as it:
+                for e in it:
+                    if e.name.endswith(".cubin"):
+                        st = e.stat()
+                        entries.append((st.st_mtime, st.st_size, e.path))
+        except OSError:
+            return
+        total = sum(size for _, size, _ in entries)
+        if total <= self.max_bytes:
+            return
+        for _mtime, size, path in sorted(entries):
+            if total <= self.max_bytes * 0.9:
+                break
+            for p in (path, path + SIDECAR):
+                with contextlib.suppress(OSError):
+                    os.remove(p)
+            total -= size
+            self.stats.evicted += 1
 
     def clear_memory(self):
         with self._glock:

@@ -24,6 +24,18 @@ def available() -> bool:
     return True
 
 
+def version() -> str:
+    """NVRTC's version, e.g. "nvrtc-13.0" (part of the kernel cache's key: another compiler's
+    cubins are never served), or "nvrtc-none" where it cannot be loaded."""
+    try:
+        from cuda.bindings import nvrtc
+
+        _err, major, minor = nvrtc.nvrtcVersion()
+        return f"nvrtc-{major}.{minor}"
+    except Exception:  # no cuda.bindings, or no libnvrtc: CuPy's compiler, keyed by CuPy itself
+        return "nvrtc-none"
+
+
 def default_options(arch: str = "sm_90") -> list[str]:
     # lambdas inside kernels need C++17; sizes are baked in, so no other flags matter
     return [f"-arch={arch}", "--std=c++17"]
