@@ -89,9 +89,19 @@ def error_parts(e: BaseException, where: str = "") -> tuple[int, dict, dict | No
     return 500, error_body(f"internal error: {type(e).__name__}: {e}"), None
 
 
+def logged_error_parts(e: BaseException, scope) -> tuple[int, dict, dict | None]:
+    """error_parts, with the failure logged at INFO (5xx at ERROR, with the traceback) under the
+    request's id (GuardMiddleware's X-Request-ID), so an operator can find what a client saw."""
+    where = f"{scope.get('method', '')} {scope.get('path', '')} [{scope.get('segfuse.request_id', '-')}]"
+    status, body, headers = error_parts(e, where)
+    if status < 500:
+        log.info("%s -> %d: %s", where, status, body.get("error", ""))
+    return status, body, headers
+
+
 def install(app: FastAPI) -> None:
     async def handle(request: Request, e: Exception):
-        status, body, headers = error_parts(e, f"{request.method} {request.url.path}")
+        status, body, headers = logged_error_parts(e, request.scope)
         return JSONResponse(body, status_code=status, headers=headers)
 
     for cls in (ApiError, SegfuseError, RequestValidationError, StarletteHTTPException, Exception):

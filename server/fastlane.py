@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from .errors import ApiError, error_parts
+from .errors import ApiError, logged_error_parts
 from .jsonio import dumps
 from .routers.health import live_status, ready_status
 from .routers.infer import infer_bytes
@@ -74,7 +74,7 @@ class FastLane:
             status, body = live_status() if route is LIVE_ROUTE else ready_status(self.runtime)
             return await _send(send, status, _JSON, dumps(body))
         except Exception as e:
-            status, body, headers = error_parts(e, f"{scope['method']} {scope['path']}")
+            status, body, headers = logged_error_parts(e, scope)
             extra = [(k.lower().encode(), str(v).encode()) for k, v in (headers or {}).items()]
             return await _send(send, status, _JSON + extra, dumps(body))
 

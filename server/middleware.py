@@ -7,6 +7,9 @@ Auth and the body limit are middleware rather than route dependencies so they co
 from __future__ import annotations
 
 import hmac
+import itertools
+import os
+import secrets
 
 from fastapi import HTTPException
 
@@ -33,6 +36,20 @@ async def _send_json(send, status: int, body: dict, headers: list | None = None)
     await send({"type": "http.response.body", "body": raw})
 
 
+_PREFIX = f"{os.getpid():x}{secrets.token_hex(2)}"
+_COUNTER = itertools.count(1)
+
+
+def request_id(given: bytes | None) -> str:
+    """The client's X-Request-ID when it sent a sane one (printable, at most 128 characters), else
+    a new one: unique in this process and across restarts (pid, random, counter), cheap to make."""
+    if given and len(given) <= 128:
+        text = given.decode("latin-1")
+        if text.isprintable() and text.strip() == text:
+            return text
+    return f"{_PREFIX}-{next(_COUNTER):x}"
+
+
 class GuardMiddleware:
     def __init__(self, app, runtime):
         self.app = app
@@ -43,15 +60,19 @@ class GuardMiddleware:
             return await self.app(scope, receive, send)
         settings, metrics = self.runtime.settings, self.runtime.metrics
         status = 500
+        headers = dict(scope.get("headers") or [])
+        rid = request_id(headers.get(b"x-request-id"))
+        scope["segfuse.request_id"] = rid
+        rid_header = (b"x-request-id", rid.encode())
 
         async def send_counted(message):
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                message = {**message, "headers": [*message.get("headers", ()), rid_header]}
             await send(message)
 
         try:
-            headers = dict(scope.get("headers") or [])
             if settings.token and scope["path"] not in OPEN_PATHS:
                 given = headers.get(b"authorization", b"").decode("latin-1")
                 scheme, _, token = given.partition(" ")

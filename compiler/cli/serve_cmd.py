@@ -70,6 +70,18 @@ def settings_from_args(args):
         raise UserError(str(e)) from None
 
 
+def log_config(level: str) -> dict:
+    """uvicorn's logging configuration with segfuse's loggers (the backend chosen, failed requests
+    by request id, kernel-cache warnings) on the same handler and at the same level."""
+    import copy
+
+    from uvicorn.config import LOGGING_CONFIG
+
+    cfg = copy.deepcopy(LOGGING_CONFIG)
+    cfg["loggers"]["segfuse"] = {"handlers": ["default"], "level": level.upper(), "propagate": False}
+    return cfg
+
+
 def cmd_serve(args) -> int:
     try:
         import uvicorn
@@ -82,5 +94,6 @@ def cmd_serve(args) -> int:
         raise UserError("--backend cupy needs CuPy and a visible GPU (use --backend auto or numpy)")
     app = create_app(settings)
     app.state.runtime.freeze_gc = True
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level)
+    uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
+                log_config=log_config(settings.log_level))
     return 0
