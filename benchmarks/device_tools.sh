@@ -21,7 +21,7 @@ for a in "$@"; do
   esac
 done
 # lazy-importer: importlib-metadata 10 (fetched by fetch-wheels.sh, first on PYTHONPATH there) needs it
-EXTRA_WHEELS=(httptools orjson py-spy lazy-importer)
+EXTRA_WHEELS=(httptools orjson py-spy lazy-importer fastapi-offline)
 
 if [ "$wheels" = 1 ]; then
   fetch="$root/../shared/gpu-machine/fetch-wheels.sh"

@@ -9,7 +9,7 @@ from fastapi import FastAPI, Response
 from fastapi.openapi.utils import get_openapi
 from segfuse.compiler.schema import GraphSpec
 
-from . import errors
+from . import docs_pages, errors
 from .compression import CompressionMiddleware
 from .fastlane import FastLane
 from .middleware import GuardMiddleware
@@ -53,13 +53,15 @@ def create_app(settings: Settings | None = None) -> SegfuseApp:
             await starting
             await runtime.stop()
 
-    app = SegfuseApp(title="segfuse", version=__version__, description=DESCRIPTION, lifespan=lifespan)
+    app = SegfuseApp(title="segfuse", version=__version__, description=DESCRIPTION, lifespan=lifespan,
+                     **docs_pages.offline_docs_kwargs())
     app.state.runtime = runtime
     app.state.settings = settings
     app.state.fast_lane = True
     app.fast_lane = FastLane(runtime)
     app.fast_guarded = GuardMiddleware(CompressionMiddleware(app.fast_lane, settings=settings), runtime=runtime)
     errors.install(app)
+    docs_pages.install(app)  # /docs and /redoc with local scripts (no CDN)
     app.add_middleware(CompressionMiddleware, settings=settings)  # inside the guard: auth and limits first
     app.add_middleware(GuardMiddleware, runtime=runtime)
     # Fixed /v2/models/ routes (stats, ...) before infer's /v2/models/{model}.
