@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from dataclasses import dataclass
 
 from segfuse.compiler import Fusion, Limits
 
 from .errors import conflict, not_found, too_large
-from .jsonio import dumps
+from .jsonio import dumps, loads
 from .protocol import check_name
 from .tensors import kserve_name
 
@@ -25,12 +27,18 @@ def graph_bytes(fusion: Fusion) -> int:
 
 
 class FusionRegistry:
-    def __init__(self, limits: Limits, max_fusions: int = 1 << 30, max_fusion_bytes: int = 1 << 62):
+    def __init__(self, limits: Limits, max_fusions: int = 1 << 30, max_fusion_bytes: int = 1 << 62,
+                 directory: str | None = None):
         self.limits = limits
+        # a fusion repository (Triton's model repository): graphs there are registered at start,
+        # and registrations are kept there as <fusion id>.json (see load_directory)
+        self.directory = directory
         self.max_fusions, self.max_fusion_bytes = max_fusions, max_fusion_bytes
         self._by_id: dict[str, Fusion] = {}
         self._by_name: dict[str, str] = {}
         self._bytes: dict[str, int] = {}  # fusion id -> graph_bytes, of registered and unloaded ones
+        self._loading = False  # registering the directory's own files: nothing to write back
+        self._files: dict[str, str] = {}  # fusion id -> the directory's file it was loaded from
         # Fusions unloaded through the model repository API (POST .../unload): kept by name so that
         # a plain POST .../load registers them again; listed by the repository index as unloaded.
         self.unloaded: dict[str, Fusion] = {}
@@ -66,7 +74,55 @@ class FusionRegistry:
         self._by_id[fusion.id] = fusion
         self._by_name[fusion.name] = fusion.id
         self._bytes[fusion.id] = graph_bytes(fusion)
+        self._persist(fusion, old)
         return Registered(created=True, replaced=old)
+
+    # ---- the fusion repository directory ----------------------------------------------------
+    def _file(self, fusion_id: str) -> str:
+        """The file that holds a fusion: the one it was loaded from, else <id>.json (hex: safe)."""
+        return self._files.get(fusion_id) or os.path.join(self.directory, f"{fusion_id}.json")
+
+    def _persist(self, fusion: Fusion, replaced: str | None) -> None:
+        if not self.directory:
+            return
+        path = self._file(fusion.id)
+        if not os.path.exists(path) and not self._loading:
+            tmp = f"{path}.{os.getpid()}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(dumps(fusion.to_json()))
+            os.replace(tmp, path)  # atomic: a crash never leaves half a graph
+        if replaced is not None:
+            self._forget_file(replaced)
+
+    def _forget_file(self, fusion_id: str) -> None:
+        if self.directory:
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(self._file(fusion_id))
+            self._files.pop(fusion_id, None)
+
+    def load_directory(self) -> list[tuple[str, str]]:
+        """Register every *.json graph of the directory, in name order; returns (file, error) for
+        those that could not be (an invalid graph, a name another file's graph took)."""
+        if not self.directory:
+            return []
+        os.makedirs(self.directory, exist_ok=True)
+        failed = []
+        self._loading = True
+        try:
+            for name in sorted(os.listdir(self.directory)):
+                if not name.endswith(".json"):
+                    continue
+                path = os.path.join(self.directory, name)
+                try:
+                    with open(path, "rb") as f:
+                        fusion = self.parse(loads(f.read(), ["file", name], f"fusion file {name}"))
+                    if self.register(fusion).created:
+                        self._files[fusion.id] = path
+                except Exception as e:  # one bad file must not keep the others (or the server) down
+                    failed.append((name, str(e)))
+        finally:
+            self._loading = False
+        return failed
 
     def _check_room(self, fusion: Fusion, replaced: str | None) -> None:
         """413 when one more fusion (less the one it replaces) would pass the count or bytes limit."""
@@ -98,6 +154,7 @@ class FusionRegistry:
 
     def delete(self, key: str) -> Fusion:
         f = self.resolve(key)
+        self._forget_file(f.id)
         del self._by_id[f.id]
         if self._by_name.get(f.name) == f.id:
             del self._by_name[f.name]
@@ -106,8 +163,13 @@ class FusionRegistry:
         return f
 
     def unload(self, key: str) -> Fusion:
-        """Unregister, remembering the graph for a later `reload` (the repository API's unload)."""
-        f = self.delete(key)
+        """Unregister, remembering the graph for a later `reload` (the repository API's unload);
+        its file in the repository directory stays (a restart loads it again, as Triton does)."""
+        directory, self.directory = self.directory, None
+        try:
+            f = self.delete(key)
+        finally:
+            self.directory = directory
         self.unloaded[f.name] = f
         self._bytes[f.id] = graph_bytes(f)
         return f

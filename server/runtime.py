@@ -92,7 +92,8 @@ class Runtime:
         self.settings = settings
         self.metrics = Metrics()
         self.limits = Limits(max_ops=settings.max_ops, max_rank=settings.max_rank)
-        self.fusions = FusionRegistry(self.limits, settings.max_fusions, settings.max_fusion_bytes)
+        self.fusions = FusionRegistry(self.limits, settings.max_fusions, settings.max_fusion_bytes,
+                                      directory=settings.fusion_dir)
         self.codec = JsonCodec()  # large JSON tensor bodies, in a helper process (server/codec.py)
         self.stats = StatsRecorder(self.fusions)  # Triton-style per-fusion statistics
         self.regions = RegionStore(settings.max_region_bytes, on_change=metrics_updater(self.metrics))  # shared memory
@@ -116,6 +117,11 @@ class Runtime:
     async def start(self) -> None:
         """Initialise the backend off the event loop (CUDA context creation takes seconds)."""
         s = self.settings
+        for name, why in await asyncio.to_thread(self.fusions.load_directory):
+            log.error("fusion repository %s: %s not registered: %s", s.fusion_dir, name, why)
+        if s.fusion_dir:
+            log.info("fusion repository %s: %d fusion(s) registered", s.fusion_dir, len(self.fusions))
+            self.metrics.fusions.set(len(self.fusions))
         try:
             self.engine, self.arrays = await asyncio.to_thread(resolve, s.backend, s.device, s.cache_dir)
             await asyncio.to_thread(self.arrays.activate)

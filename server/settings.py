@@ -17,6 +17,7 @@ class Settings:
     backend: str = "auto"  # auto | cupy | numpy
     device: int = 0
     cache_dir: str | None = None  # kernel cache: segfuse's cubins in kernels/, CuPy's in cupy/
+    fusion_dir: str | None = None  # fusion repository: *.json registered at start, registrations kept there
     token: str | None = None  # bearer token; None or "" = no auth
     # Limits (413 beyond, except max_queued_runs: 429).
     max_body_bytes: int = 256 * MiB

@@ -7,7 +7,7 @@ import argparse
 from .common import UserError
 
 EPILOG = """environment variables (defaults for the flags): SEGFUSE_HOST, SEGFUSE_PORT, SEGFUSE_BACKEND,
-SEGFUSE_DEVICE, SEGFUSE_CACHE_DIR, SEGFUSE_TOKEN, SEGFUSE_MAX_BODY_BYTES, SEGFUSE_MAX_OPS,
+SEGFUSE_DEVICE, SEGFUSE_CACHE_DIR, SEGFUSE_FUSION_DIR, SEGFUSE_TOKEN, SEGFUSE_MAX_BODY_BYTES, SEGFUSE_MAX_OPS,
 SEGFUSE_MAX_RANK, SEGFUSE_MAX_BUFFER_BYTES, SEGFUSE_MAX_TOTAL_BYTES, SEGFUSE_MAX_REGION_BYTES, SEGFUSE_MAX_QUEUED_RUNS,
 SEGFUSE_MAX_FUSIONS, SEGFUSE_MAX_FUSION_BYTES, SEGFUSE_RUN_WORKERS, SEGFUSE_MAX_BATCH,
 SEGFUSE_LOG_LEVEL. Sizes take K/M/G suffixes (binary units).
@@ -27,6 +27,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--backend", choices=["auto", "cupy", "numpy"],
                    help="auto (default): CuPy when it imports and a GPU is visible, else NumPy")
     p.add_argument("--device", type=int, help="GPU index (default 0)")
+    p.add_argument("--fusion-dir", help="fusion repository: its *.json graphs are registered at start, and "
+                                        "fusions registered over HTTP are kept there (Triton's model repository)")
     p.add_argument("--cache-dir", help="kernel cache directory (segfuse's cubins in kernels/, CuPy's cache in cupy/)")
     p.add_argument("--token", help="require 'Authorization: Bearer TOKEN' (health checks stay open); "
                                    "prefer SEGFUSE_TOKEN, which does not show in ps")
@@ -60,7 +62,7 @@ def settings_from_args(args):
     from segfuse.server.settings import Settings
 
     overrides = {k: getattr(args, k, None) for k in (
-        "host", "port", "backend", "device", "cache_dir", "token", "max_body_bytes", "max_ops", "max_rank",
+        "host", "port", "backend", "device", "cache_dir", "fusion_dir", "token", "max_body_bytes", "max_ops", "max_rank",
         "max_buffer_bytes", "max_total_bytes", "max_region_bytes", "max_queued_runs", "max_fusions",
         "max_fusion_bytes", "run_workers", "max_batch",
         "log_level")}
