@@ -12,7 +12,7 @@ from segfuse.compiler.schema import GraphSpec
 from . import docs_pages, errors
 from .compression import CompressionMiddleware
 from .fastlane import FastLane
-from .middleware import GuardMiddleware
+from .middleware import OPEN_PATHS, GuardMiddleware
 from .models import BufferJson, BufferJsonOut, ErrorBody, ExecuteRequest, InferRequest
 from .routers import PROTOCOL_ROUTERS, buffers, fusions, health, infer, shm
 from .runtime import Runtime
@@ -91,11 +91,42 @@ def create_app(settings: Settings | None = None) -> SegfuseApp:
             comps_root = schema["components"]
             comps_root["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
             schema["security"] = [{"bearer": []}]
+        document_errors(schema, bool(settings.token))
         app.openapi_schema = schema
         return schema
 
     app.openapi = openapi
     return app
+
+
+_ERROR = {"$ref": "#/components/schemas/ErrorBody"}
+
+
+def document_errors(schema: dict, token: bool) -> None:
+    """The statuses the server really sends, with its own error body: FastAPI lists a 422
+    `HTTPValidationError` for every route with parameters, where segfuse answers a malformed
+    request with 400 and the ErrorBody; 400 wherever a route takes parameters or a body; 401 on
+    every route but health when a token is set."""
+    for path, item in schema.get("paths", {}).items():
+        for op in item.values():
+            if not isinstance(op, dict) or "responses" not in op:
+                continue
+            responses = op["responses"]
+            auto = responses.get("422", {})
+            ref = auto.get("content", {}).get("application/json", {}).get("schema", {}).get("$ref", "")
+            if ref.endswith("/HTTPValidationError"):
+                del responses["422"]
+            if op.get("parameters") or op.get("requestBody"):
+                responses.setdefault("400", {"description": "malformed request (a field, a parameter, the body)",
+                                             "content": {"application/json": {"schema": _ERROR}}})
+            if token and path not in OPEN_PATHS:
+                responses.setdefault("401", {"description": "missing or bad bearer token",
+                                             "content": {"application/json": {"schema": _ERROR}}})
+    comps = schema.get("components", {}).get("schemas", {})
+    uses = str(schema.get("paths", {}))
+    for name in ("HTTPValidationError", "ValidationError"):
+        if name in comps and f"/{name}'" not in uses:
+            del comps[name]
 
 
 async def wait_ready(app: FastAPI) -> None:

@@ -15,3 +15,41 @@ def test_openapi_document_is_valid(token):
     spec = create_app(Settings(backend="numpy", token=token)).openapi()
     errors = [f"{'/'.join(map(str, e.path))}: {e.message}" for e in OpenAPIV31SpecValidator(spec).iter_errors()]
     assert not errors, "\n".join(errors)
+
+
+def _schema(token=None):
+    from segfuse.server import create_app
+    from segfuse.server.settings import Settings
+
+    return create_app(Settings(backend="numpy", token=token)).openapi()
+
+
+def test_documented_statuses_are_the_ones_sent():
+    """No FastAPI 422 `HTTPValidationError` (segfuse answers a malformed request with 400 and its
+    own body); 400 documented wherever a route takes parameters or a body; 401 on every route but
+    health when a token is set."""
+    for token in (None, "tok"):
+        spec = _schema(token)
+        assert "HTTPValidationError" not in str(spec)
+        for path, item in spec["paths"].items():
+            for method, op in item.items():
+                if not isinstance(op, dict) or "responses" not in op:
+                    continue
+                if op.get("parameters") or op.get("requestBody"):
+                    assert "400" in op["responses"], (method, path)
+                if token and not path.startswith("/v2/health/"):
+                    assert "401" in op["responses"], (method, path)
+
+
+@pytest.mark.anyio
+async def test_failures_answer_a_documented_status(asgi_server):
+    spec = _schema()
+    cases = [("get", "/v2/buffers/{name}", "/v2/buffers/a%0A"), ("get", "/v2/buffers/{name}", "/v2/buffers/missing"),
+             ("put", "/v2/buffers/{name}", "/v2/buffers/x"), ("post", "/v2/fusions", "/v2/fusions"),
+             ("get", "/v2/fusions/{key}/plan", "/v2/fusions/none/plan"),
+             ("post", "/v2/models/{model}/infer", "/v2/models/none/infer")]
+    async with asgi_server() as c:
+        for method, template, url in cases:
+            r = await c.request(method.upper(), url, content=b"{bad", headers={"content-type": "application/json"})
+            assert r.status_code >= 400 and set(r.json()) == {"error", "details"}, (url, r.text)
+            assert str(r.status_code) in spec["paths"][template][method]["responses"], (url, r.status_code)
