@@ -67,3 +67,17 @@ def join_body(header: dict, chunks: list[bytes]) -> tuple[bytes, int]:
     """(body, header length) for a response with binary outputs."""
     head = dumps(header)
     return b"".join([head, *chunks]), len(head)
+
+
+async def fill_body(chunks, view, size: int) -> None:
+    """Copy a body of `size` bytes (its Content-Length) into `view` chunk by chunk as it arrives:
+    no whole-body join on the event loop. 400 when it is longer or shorter than declared."""
+    pos = 0
+    async for chunk in chunks:
+        end = pos + len(chunk)
+        if end > size:
+            raise bad_request(f"the body is longer than its Content-Length of {size} bytes", ["body"])
+        view[pos:end] = chunk
+        pos = end
+    if pos != size:
+        raise bad_request(f"the body ended after {pos} of its {size} bytes", ["body"])

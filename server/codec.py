@@ -31,7 +31,8 @@ from multiprocessing import shared_memory
 import numpy as np
 
 from . import codec_worker
-from .errors import ApiError, bad_request
+from .binary import fill_body
+from .errors import ApiError
 
 log = logging.getLogger("segfuse.server")
 
@@ -108,16 +109,8 @@ class JsonCodec:
     async def stream_body(self, chunks: AsyncIterator[bytes], size: int) -> shared_memory.SharedMemory:
         """The request body (`size` bytes, its Content-Length) copied into a new segment as it arrives."""
         seg = self._body_segment(size)
-        pos = 0
         try:
-            async for chunk in chunks:
-                end = pos + len(chunk)
-                if end > size:
-                    raise bad_request(f"the body is longer than its Content-Length of {size} bytes", ["body"])
-                seg.buf[pos:end] = chunk
-                pos = end
-            if pos != size:
-                raise bad_request(f"the body ended after {pos} of its {size} bytes", ["body"])
+            await fill_body(chunks, seg.buf, size)
         except BaseException:
             self._recycle(seg)
             raise

@@ -8,6 +8,7 @@ import numpy as np
 from fastapi import APIRouter, Query, Request, Response
 from fastapi.responses import StreamingResponse
 
+from ..binary import fill_body
 from ..codec import LARGE, release
 from ..deps import ReadyRuntime, errors
 from ..errors import bad_request, not_found, unprocessable
@@ -118,15 +119,8 @@ async def _store(rt: Runtime, response: Response, name: str, host) -> BufferPut:
 
 async def _read_into(request: Request, size: int, host_buffer) -> memoryview:
     """A body of `size` bytes (its Content-Length), written chunk by chunk into one buffer."""
-    view, pos = memoryview(host_buffer(size)), 0
-    async for chunk in request.stream():
-        end = pos + len(chunk)
-        if end > size:
-            raise bad_request(f"the body is longer than its Content-Length of {size} bytes", ["body"])
-        view[pos:end] = chunk
-        pos = end
-    if pos != size:
-        raise bad_request(f"the body ended after {pos} of its {size} bytes", ["body"])
+    view = memoryview(host_buffer(size))
+    await fill_body(request.stream(), view, size)
     return view
 
 
