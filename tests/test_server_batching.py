@@ -125,6 +125,7 @@ async def test_runs_on_a_shared_buffer_keep_their_order(gated, moe_graph):
         for _ in range(3):
             reads.append(_infer(c, "two_outputs", {"inputs": [{"name": "x", "parameters": {"buffer": "o_y"}}],
                                                    "outputs": [{"name": "doubled"}]}))
+        await _queued(server, 5)  # the reads arrived (each on its own connection) before the overwrite is sent
         again = _infer(c, "two_outputs", {"inputs": [{"name": "x", "parameters": {"buffer": "o_y"}}],
                                           "outputs": [{"name": "doubled", "parameters": {"buffer": "o_y",
                                                                                          "overwrite": True}}]})
