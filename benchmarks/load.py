@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import json
 import os
 import platform
 import socket
@@ -37,7 +36,7 @@ import load_python
 import load_wrk
 import numpy as np
 from load_profile import find_py_spy, profiled
-from load_report import table
+from load_report import save, table
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = ("infer", "health", "bytes", "stall")
@@ -213,7 +212,7 @@ def run_clients(args, url: str, headers: dict, fusion_id: str, pid: int | None, 
         for conc in sorted({1, top}):
             name = f"infer-{client}-c{conc}"
             level, prof = profiled(py_spy, pid, Path(args.profile), name, max(1, round(args.duration)),
-                                   args.profile_rate, infer(client, conc))
+                                   args.profile_rate, infer(client, conc), args.profile_native)
             result["infer"].append({**level, "profiled": True})
             result["profiles"].append(prof)
 
@@ -324,6 +323,7 @@ def parse_args(argv=None):
     p.add_argument("--profile", metavar="DIR", help="py-spy the server during extra wrk levels at 1 and top connections")
     p.add_argument("--py-spy", help="the py-spy binary (default: on PATH or next to this Python)")
     p.add_argument("--profile-rate", type=int, default=1000, help="py-spy samples per second")
+    p.add_argument("--profile-native", action="store_true", help="py-spy --native: C frames too")
     p.add_argument("--quick", action="store_true", help="1 s per level, T=256, 1 MiB bodies (a smoke run)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "out"), help="directory for the JSON result")
     args = p.parse_args(argv)
@@ -355,11 +355,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     result = bench(args)
     print(table(result))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / f"load-{result['server']['backend']}-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    path.write_text(json.dumps(result, indent=2))
-    print(f"\nwrote {path}")
+    save(result, args.out, f"load-{result['server']['backend']}")
     if result["error_lines"]:
         print(f"\n{len(result['error_lines'])} ERROR(S): see the list at the top of the tables", file=sys.stderr)
         return 1

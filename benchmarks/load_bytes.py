@@ -27,6 +27,7 @@ class RawHTTP:
         self.sock = socket.create_connection((self.host, self.port), timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.pending = b""
+        self._buf = bytearray(0)  # reused for response bodies: a fresh one per response page-faults in
 
     def close(self) -> None:
         self.sock.close()
@@ -60,8 +61,9 @@ class RawHTTP:
         if "content-length" not in headers:
             raise ConnectionError(f"response {status} without Content-Length: {headers}")
         n = int(headers["content-length"])
-        buf = bytearray(n)
-        view = memoryview(buf)
+        if len(self._buf) < n:
+            self._buf = bytearray(n)
+        view = memoryview(self._buf)[:n]
         have = min(n, len(rest))
         view[:have] = rest[:have]
         self.pending = rest[have:]

@@ -23,10 +23,12 @@ def find_py_spy(path: str | None) -> str | None:
     return str(near) if near.exists() else None
 
 
-def profiled(py_spy: str, pid: int, out: Path, name: str, seconds: int, rate: int, level_fn) -> tuple[dict, dict]:
+def profiled(py_spy: str, pid: int, out: Path, name: str, seconds: int, rate: int, level_fn,
+             native: bool = False) -> tuple[dict, dict]:
     """Runs level_fn() (a blocking load level of about `seconds`) and, from 0.5 s into it, py-spy
     for max(1, seconds - 1) s: raw collapsed stacks with thread names and full file names, no
-    native frames. Returns (the level's result, the profile's summary or error)."""
+    native frames unless `native` (C frames too: where time inside uvloop, httptools, CuPy and
+    the kernel's syscalls goes). Returns (the level's result, the profile's summary or error)."""
     out.mkdir(parents=True, exist_ok=True)
     raw = out / f"{name}.txt"
     box: dict = {}
@@ -35,7 +37,7 @@ def profiled(py_spy: str, pid: int, out: Path, name: str, seconds: int, rate: in
     time.sleep(0.5)
     record = max(1, seconds - 1)
     cmd = [py_spy, "record", "--pid", str(pid), "--format", "raw", "--rate", str(rate), "-d", str(record),
-           "--threads", "--full-filenames", "-o", str(raw)]
+           "--threads", "--full-filenames", "-o", str(raw)] + (["--native"] if native else [])
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=record + 60)
         err = None if p.returncode == 0 and raw.exists() else f"py-spy status {p.returncode}: {p.stderr.strip()[-400:]}"

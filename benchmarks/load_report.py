@@ -2,6 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import time
+from pathlib import Path
+
+
+def save(result: dict, out: str, stem: str) -> Path:
+    """Writes the result as out/<stem>-<time>.json and prints where."""
+    d = Path(out)
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    path.write_text(json.dumps(result, indent=2))
+    print(f"\nwrote {path}")
+    return path
+
 
 def _f(x, fmt: str = ".0f") -> str:
     return "n/a" if x is None or x != x else format(x, fmt)

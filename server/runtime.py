@@ -17,6 +17,7 @@ from .codec import JsonCodec
 from .errors import ApiError
 from .fusions import FusionRegistry
 from .metrics import Metrics
+from .parsed_requests import ParsedRequests
 from .regions import RegionStore, metrics_updater
 from .runs import execute_batch, finish_batch
 from .settings import Settings
@@ -96,6 +97,7 @@ class Runtime:
                                       directory=settings.fusion_dir)
         self.codec = JsonCodec()  # large JSON tensor bodies, in a helper process (server/codec.py)
         self.stats = StatsRecorder(self.fusions)  # Triton-style per-fusion statistics
+        self.parsed_requests = ParsedRequests()  # repeated small infer bodies, parsed once
         self.regions = RegionStore(settings.max_region_bytes, on_change=metrics_updater(self.metrics))  # shared memory
         self.engine = None
         self.arrays: ArrayBackend | None = None

@@ -149,3 +149,19 @@ def test_wrk_report_errors_are_counted(monkeypatch):
     assert (lv["requests"], lv["errors"], lv["rps"]) == (93, 10, 46.5)
     assert lv["error_detail"] == "7 non-2xx (first: 429 too many runs); 1 read errors; 2 timeout errors"
     assert [load_wrk.threads_for(c, 4) for c in (1, 2, 6, 7, 32, 64)] == [1, 2, 3, 1, 4, 4]
+
+
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="wrk is not on PATH (Debian: apt-get install wrk)")
+def test_shards_sum_the_servers(tmp_path):
+    """benchmarks/load_shards.py: each level's row sums the levels of its servers, none failed."""
+    cmd = [sys.executable, str(BENCH / "load_shards.py"), "--backend", "numpy", "--servers", "1,2",
+           "--connections", "2", "--duration", "1", "--tokens", "64", "--out", str(tmp_path)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=150, cwd=ROOT)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    [path] = tmp_path.glob("load-shards-numpy-*.json")
+    r = json.loads(path.read_text())
+    assert [row["servers"] for row in r["infer"]] == [1, 2] == [row["servers"] for row in r["health"]]
+    for row in r["infer"] + r["health"]:
+        assert row["errors"] == 0 and row["requests"] > 0 and len(row["per_server_rps"]) == row["servers"]
+        assert math.isclose(row["rps"], sum(row["per_server_rps"]), abs_tol=row["servers"])
+    assert r["in_process"]["calls"] > 0 and "| servers | connections each |" in p.stdout

@@ -10,6 +10,7 @@ from ..deps import AnyRuntime, ReadyRuntime, errors
 from ..fusions import tensor_meta
 from ..jsonio import dumps
 from ..models import ExecuteRequest, InferRequest, InferResponse, ModelMetadata
+from ..parsed_requests import ParsedRequests
 from ..protocol import MODEL_VERSION, check_request, check_version
 from ..run_request import parse_request, response
 from ..runs import run
@@ -36,9 +37,17 @@ INFER_RESPONSES = {200: {"content": {CONTENT_TYPE: {"schema": {"type": "string",
 async def run_infer(rt: Runtime, fusion, req, tail, model_name: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
     """One inference, from a validated request to the response's bytes and headers. The FastAPI
     routes below and the fast lane (server/fastlane.py) both answer through it."""
+    return await _run_plan(rt, req, _plan(rt, fusion, req, tail), model_name)
+
+
+def _plan(rt: Runtime, fusion, req, tail):
     deadline = check_request(fusion, req)  # KServe fields, Triton parameters (server/protocol.py)
     plan = parse_request(rt, fusion, req, tail)
     plan.deadline = deadline
+    return plan
+
+
+async def _run_plan(rt: Runtime, req, plan, model_name: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
     outcome = await run(rt, plan)
     body, chunks = response(model_name, req.id, plan, outcome)
     body["model_version"] = MODEL_VERSION
@@ -49,13 +58,22 @@ async def run_infer(rt: Runtime, fusion, req, tail, model_name: str) -> tuple[by
 
 
 async def infer_bytes(rt: Runtime, model: str, body: bytes, header_length: str | None, version: str | None = None):
-    """POST /v2/models/{model}[/versions/{version}]/infer on a request body."""
+    """POST /v2/models/{model}[/versions/{version}]/infer on a request body. A small body seen
+    before for the same fusion reuses its parsed plan (server/parsed_requests.py)."""
     rt.require_ready()
     fusion = rt.fusions.resolve(model)
     if version is not None:
         check_version(fusion, version)
-    req, tail = decode_request(InferRequest, body, header_length)
-    return await run_infer(rt, fusion, req, tail, fusion.name)
+    key = ParsedRequests.key(model, version, body, header_length)
+    hit = rt.parsed_requests.get(key, fusion) if key is not None else None
+    if hit is not None:
+        req, plan = hit
+    else:
+        req, tail = decode_request(InferRequest, body, header_length)
+        plan = _plan(rt, fusion, req, tail)
+        if key is not None:
+            rt.parsed_requests.put(key, fusion, req, plan)
+    return await _run_plan(rt, req, plan, fusion.name)
 
 
 def _response(payload: bytes, headers: list[tuple[bytes, bytes]]) -> Response:
