@@ -13,8 +13,12 @@ buffers live there): here each wrk talks to one shard only."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -59,7 +63,44 @@ def combined(levels: list[dict], servers: int, connections: int) -> dict:
             "per_server_rps": [round(lv["rps"]) for lv in levels]}
 
 
+@contextlib.contextmanager
+def mps_daemon(enabled: bool):
+    """With `enabled`: NVIDIA's MPS control daemon for the servers started inside, its pipe and log
+    folders in a fresh temporary folder (the servers find it through the environment), quit at
+    the end. MPS lets the shards' kernels share the GPU instead of time-slicing between their
+    contexts. It changes no setting of the GPU (compute mode, clocks) and ends with the block."""
+    if not enabled:
+        yield None
+        return
+    control = shutil.which("nvidia-cuda-mps-control")
+    if control is None:
+        raise SystemExit("--mps: nvidia-cuda-mps-control is not on PATH")
+    with tempfile.TemporaryDirectory(prefix="segfuse-mps-") as d:
+        env = {"CUDA_MPS_PIPE_DIRECTORY": os.path.join(d, "pipe"), "CUDA_MPS_LOG_DIRECTORY": os.path.join(d, "log")}
+        for v in env.values():
+            os.makedirs(v)
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        subprocess.run([control, "-d"], check=True, timeout=30)
+        try:
+            yield control
+        finally:
+            subprocess.run([control], input="quit\n", text=True, timeout=60)
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
 def bench(args) -> dict:
+    with mps_daemon(args.mps):
+        result = _bench(args)
+    result["mps"] = args.mps
+    return result
+
+
+def _bench(args) -> dict:
     top = max(args.servers)
     headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
     procs, urls, fusion_ids, ids = [], [], [], None
@@ -99,7 +140,7 @@ def bench(args) -> dict:
 def table(result: dict) -> str:
     base = result["in_process"]
     lines = [f"## Shards on one host: {result['server']['backend']} on {result['server']['device']}, "
-             f"{result['machine']['cpus']} CPUs, {result['time']}",
+             f"{result['machine']['cpus']} CPUs, {'MPS, ' if result['mps'] else ''}{result['time']}",
              f"moe_problem_sizes T={result['tokens']} K={result['topk']} E={result['experts']}, wrk "
              f"{result['wrk_version']}, {result['duration_s']:g} s per level; in-process Engine.run p50 "
              f"{base['p50_us']:.0f} us", "",
@@ -122,6 +163,8 @@ def parse_args(argv=None):
     p.add_argument("--connections", type=int, default=16, help="wrk connections per server")
     p.add_argument("--wrk-threads", type=int, default=1, help="threads of each server's wrk")
     p.add_argument("--wrk", help="the wrk binary (default: wrk on PATH)")
+    p.add_argument("--mps", action="store_true",
+                   help="run the servers under an MPS control daemon started (and quit) by this script")
     p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--topk", type=int, default=8)
     p.add_argument("--experts", type=int, default=256)
