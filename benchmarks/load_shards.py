@@ -85,7 +85,12 @@ def mps_daemon(enabled: bool):
         try:
             yield control
         finally:
-            subprocess.run([control], input="quit\n", text=True, timeout=60)
+            try:
+                subprocess.run([control], input="quit\n", text=True, timeout=20)
+            except subprocess.TimeoutExpired:  # a hung MPS server: end it rather than wait
+                subprocess.run(["pkill", "-f", "nvidia-cuda-mps"], timeout=10)
+            for log in sorted(Path(env["CUDA_MPS_LOG_DIRECTORY"]).glob("*.log")):
+                print(f"--- {log.name} (last lines)\n" + "\n".join(log.read_text().splitlines()[-8:]), flush=True)
             for k, v in saved.items():
                 if v is None:
                     os.environ.pop(k, None)
@@ -95,12 +100,15 @@ def mps_daemon(enabled: bool):
 
 def bench(args) -> dict:
     with mps_daemon(args.mps):
-        result = _bench(args)
+        result, ids = _bench(args)
     result["mps"] = args.mps
+    # After the daemon quit: a CUDA context of this process would be an MPS client it waits for.
+    result["in_process"] = load.in_process_baseline(result["server"]["backend"], ids, args.experts,
+                                                    min(args.duration, 2.0))
     return result
 
 
-def _bench(args) -> dict:
+def _bench(args) -> tuple[dict, object]:
     top = max(args.servers)
     headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
     procs, urls, fusion_ids, ids = [], [], [], None
@@ -132,9 +140,7 @@ def _bench(args) -> dict:
             proc.terminate()
         for proc in procs:
             proc.wait(30)
-    result["in_process"] = load.in_process_baseline(result["server"]["backend"], ids, args.experts,
-                                                    min(args.duration, 2.0))
-    return result
+    return result, ids
 
 
 def table(result: dict) -> str:

@@ -165,3 +165,34 @@ def test_shards_sum_the_servers(tmp_path):
         assert row["errors"] == 0 and row["requests"] > 0 and len(row["per_server_rps"]) == row["servers"]
         assert math.isclose(row["rps"], sum(row["per_server_rps"]), abs_tol=row["servers"])
     assert r["in_process"]["calls"] > 0 and "| servers | connections each |" in p.stdout
+
+
+def test_profile_costs_per_request(tmp_path, monkeypatch):
+    """benchmarks/profile_costs.py on hand-written stacks: each sample goes to the cost centre of its
+    innermost frame that names one, per-request time is share x busy / rate."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import profile_costs
+
+    site, repo = "/venv/lib/python3.12/site-packages", "/src/segfuse"
+    loop = "thread (1): MainThread;Runner.run (/usr/lib/python3.12/asyncio/runners.py:118)"
+    fast = f"{loop};FastLane.__call__ ({repo}/server/fastlane.py:60)"
+    stacks = tmp_path / "raw.txt"
+    stacks.write_text("\n".join([
+        f"{loop} 2",  # the loop itself
+        f"{fast};RequestResponseCycle.send ({site}/uvicorn/protocols/http/httptools_impl.py:463) 3",
+        f"{fast};run ({repo}/server/runs.py:90);Engine.run_batch ({repo}/compiler/engine.py:150) 4",
+        f"{fast};run ({repo}/server/runs.py:90);MutexValue.inc ({site}/prometheus_client/values.py:20) 1",
+        f"{fast};run ({repo}/server/runs.py:90);__init__ (<string>:2) 2",  # no centre: its caller's
+        f"{fast};infer_bytes ({repo}/server/routers/infer.py:80);"
+        f"decode_request ({repo}/server/binary.py:40) 3",
+        "thread (2): segfuse-run-0;Thread.run (/usr/lib/python3.12/threading.py:982) 9",  # other thread
+    ]) + "\n")
+    c, total = profile_costs.costs(stacks)
+    assert total == 15
+    assert c == {"event loop (uvloop, asyncio)": 2, "socket write (uvicorn's send)": 3,
+                 "GPU launch and completion (segfuse.compiler, CuPy)": 4, "metrics and statistics": 1,
+                 "run admission, pins, batching, commit (server/runs.py ...)": 2,
+                 "request decoding and checks": 3}
+    md = profile_costs.markdown(stacks, rps=1000, rate=1000, seconds=0.03)  # busy 15/30
+    assert "busy 50%" in md and "500 us of its time per request" in md
+    assert "| GPU launch and completion (segfuse.compiler, CuPy) | 26.7% | 133.3 |" in md
