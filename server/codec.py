@@ -37,7 +37,9 @@ from .errors import ApiError
 log = logging.getLogger("segfuse.server")
 
 LARGE = 1 << 20  # bodies from this size up go through the helper process
-CHUNK = 1 << 20  # response chunks
+# response chunks: reading a fresh segment maps its pages on the event loop, about 1 ms per MiB
+# on the GPU host's VM, so a chunk is kept to a fraction of the health target (5 ms)
+CHUNK = 256 << 10
 SPARE_SEGMENTS, SPARE_MAX_BYTES = 2, 512 << 20  # request-body segments kept for reuse
 
 
@@ -54,6 +56,16 @@ def _drop(seg: shared_memory.SharedMemory) -> None:
         seg.close()
     with suppress(Exception):
         seg.unlink()
+
+
+async def drop_later(seg: shared_memory.SharedMemory) -> None:
+    """`_drop` on a worker thread: unmapping and unlinking a segment of tens of MiB frees its pages,
+    6-18 ms measured on this machine, which on the event loop is a stall of every request."""
+    try:
+        await asyncio.to_thread(_drop, seg)
+    except BaseException:  # cancelled, or no loop to run the thread from (a generator's late close)
+        _drop(seg)
+        raise
 
 
 class JsonCodec:
@@ -74,11 +86,11 @@ class JsonCodec:
                 return self._spare.pop(k)
         return _segment(size)
 
-    def _recycle(self, seg: shared_memory.SharedMemory) -> None:
+    async def _recycle(self, seg: shared_memory.SharedMemory) -> None:
         if len(self._spare) < SPARE_SEGMENTS and seg.size <= SPARE_MAX_BYTES:
             self._spare.append(seg)
         else:
-            _drop(seg)
+            await drop_later(seg)
 
     def shutdown(self) -> None:
         while self._spare:
@@ -112,7 +124,7 @@ class JsonCodec:
         try:
             await fill_body(chunks, seg.buf, size)
         except BaseException:
-            self._recycle(seg)
+            await self._recycle(seg)
             raise
         return seg
 
@@ -123,7 +135,7 @@ class JsonCodec:
             _, dtype, shape, name = await self._call(codec_worker.decode_buffer_json, body.name, size, max_rank,
                                                      max_bytes)
         finally:
-            self._recycle(body)
+            await self._recycle(body)
         from segfuse.compiler.dtypes import DType
 
         seg = _attach(name)
@@ -138,7 +150,7 @@ class JsonCodec:
             _, out_name, size = await self._call(codec_worker.encode_buffer_json, seg.name, name, dtype,
                                                  list(host.shape))
         finally:
-            _drop(seg)
+            await drop_later(seg)
         out = _attach(out_name)
 
         async def chunks() -> AsyncIterator[bytes]:
@@ -146,10 +158,11 @@ class JsonCodec:
                 for pos in range(0, size, CHUNK):
                     yield bytes(out.buf[pos:min(pos + CHUNK, size)])
             finally:
-                _drop(out)
+                await drop_later(out)
 
         return size, chunks()
 
 
-def release(seg: shared_memory.SharedMemory) -> None:
-    _drop(seg)
+async def release(seg: shared_memory.SharedMemory) -> None:
+    """Gives back a segment `decode_buffer` returned, once its array was copied."""
+    await drop_later(seg)

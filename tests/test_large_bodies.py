@@ -62,3 +62,35 @@ async def test_bad_large_bodies_are_refused_and_store_nothing(live_server_factor
         assert r.status_code == status, r.text
         assert words in r.json()["error"]
         assert (await c.get("/v2/buffers/bad")).status_code == 404
+
+
+async def test_large_segments_are_freed_off_the_event_loop(live_server_factory, monkeypatch):
+    """Unmapping and unlinking a body's or a response's shared-memory segment frees tens of MiB
+    (milliseconds): every such free runs where no event loop runs (a worker thread)."""
+    from segfuse.server import codec
+
+    freed = []
+    real = codec._drop
+
+    def recording_drop(seg):
+        try:
+            asyncio.get_running_loop()
+            on_loop = True
+        except RuntimeError:
+            on_loop = False
+        freed.append((seg.size, on_loop))
+        real(seg)
+
+    monkeypatch.setattr(codec, "_drop", recording_drop)
+    monkeypatch.setattr(codec, "SPARE_SEGMENTS", 0)  # no body segment kept for reuse: each is freed
+    server = live_server_factory(backend="numpy")
+    ids = np.arange(300_000, dtype=np.int64) * 7
+    body = json.dumps({"dtype": "int64", "shape": [ids.size], "data": ids.tolist()}).encode()
+    async with client(server) as c:
+        r = await c.put("/v2/buffers/big", content=body, headers={"content-type": "application/json"})
+        assert r.status_code == 201, r.text
+        doc = (await c.get("/v2/buffers/big", headers={"accept": "application/json"})).json()
+        np.testing.assert_array_equal(np.asarray(doc["data"], np.int64), ids)
+    # PUT: the body's segment and the decoded array's; GET: the array's copy and the JSON text's
+    assert len(freed) >= 4, freed
+    assert not [f for f in freed if f[1]], freed

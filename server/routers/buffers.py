@@ -134,7 +134,7 @@ async def _put_large_json(rt: Runtime, request: Request, response: Response, nam
         return await _store(rt, response, name, host)
     finally:
         del host
-        release(seg)
+        await release(seg)
 
 
 GET_RESPONSES = {
