@@ -16,6 +16,7 @@ import weakref
 import numpy as np
 import pytest
 from cupy_standin import Array, fake_cupy
+from segfuse.compiler.cuda import arrays
 from segfuse.compiler.cuda import runtime as rtmod
 from segfuse.compiler.errors import DeferredRunError, RunError
 from segfuse.compiler.ir import Fusion
@@ -93,7 +94,7 @@ def _hist_step(launches: list):
         if rec is None:
             rec = st.params[token] = [(ctypes.c_uint64 * 3)(), None, 0, True]
         out = st.buffers.get(token)
-        if out is None or rtmod.getrefcount(out) > rtmod._FREE_REFS:
+        if out is None or arrays.getrefcount(out) > arrays._FREE_REFS:
             out = st.buffers[token] = np.zeros(BINS, np.int64).view(Array)
         env["c"] = out
         for a in (env["i"], out):

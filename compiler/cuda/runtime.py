@@ -12,10 +12,7 @@ to the NumPy reference implementation on the host, so every plan runs.
 from __future__ import annotations
 
 import ctypes
-import math
 import os
-import re
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -24,10 +21,16 @@ import numpy as np
 
 from ..codegen.lazy import Unsupported
 from ..codegen.segment import generate
-from ..dtypes import DType, from_numpy
-from ..errors import BindError, DeferredRunError, Issue, RunError
+from ..dtypes import DType
+from ..errors import DeferredRunError, Issue, RunError
 from ..numpy_backend import eval_node
-from .cache import KernelCache
+from ..plan import Segment, SegmentKind
+from ..segmenter_cache import SHARED_PLANS
+from ..segmenter_reference import split_nodes
+from ..segmenter_sort_epilogue import ROUTINE
+from .arrays import contiguous_strides, cp_dtype, host_view, is_small, output_buffer, signature, to_device
+from .device import get_device
+from .library_sorts import LIBRARY, library_run, sort_epilogue_run
 
 _ERR_WORDS = 5
 # deferred runs in flight per thread before a run waits for the oldest ones (see _ThreadState)
@@ -36,21 +39,6 @@ DEFERRED_SLOTS = 64
 GRAPH_BLOCKS = 64
 GRAPHS_PER_CALL = 4  # graphs kept per prepared signature and thread (distinct parameter sets)
 _ZERO_RING = bytes((DEFERRED_SLOTS + GRAPH_BLOCKS) * _ERR_WORDS * 8)
-
-
-def _cp():
-    import cupy
-
-    return cupy
-
-
-def cp_dtype(dt: DType):
-    # CuPy has no bfloat16: such tensors live on the GPU as their uint16 bit patterns
-    return np.dtype(np.uint16) if dt is DType.bfloat16 else dt.np
-
-
-def _host_view(a: np.ndarray, dt: DType) -> np.ndarray:
-    return a.view(dt.np) if dt is DType.bfloat16 else a
 
 
 @dataclass
@@ -279,14 +267,14 @@ class _RunCtx:
 
 
 class CupyRuntime:
-    def __init__(self, cache_dir: str | None = None, planner=None):
-        cp = _cp()
-        self.cp = cp
-        dev = cp.cuda.Device()
-        self.sm_count = dev.attributes["MultiProcessorCount"]
-        self.arch = f"sm_{dev.compute_capability}"
-        self.cache = KernelCache(cache_dir, arch=self.arch, loader=self._load_module)
-        self.cache.warm_compiler()
+    def __init__(self, cache_dir: str | None = None, planner=None, cache=None):
+        """`planner(fusion, types) -> Plan`: how runs handed no plan are planned (default: the
+        process's plan cache, as an Engine plans). `cache`: a kernel cache to share (the default
+        runtime shares the device's), else one of its own in `cache_dir`."""
+        device = get_device()
+        self.cp = device.cp
+        self.sm_count, self.arch = device.sm_count, device.arch
+        self.cache = cache if cache is not None else device.kernel_cache(cache_dir)
         self.planner = planner
         # CUDA graphs for repeated kernels-only runs (SEGFUSE_CUDA_GRAPHS=0 turns them off); off
         # for good, with the reason kept, if a capture ever fails
@@ -297,19 +285,6 @@ class CupyRuntime:
         self._plock = threading.Lock()
         self._tls = threading.local()
 
-    # ---- modules -------------------------------------------------------------------------
-    def _load_module(self, path, source, opts):
-        if path is not None:
-            try:
-                mod = self.cp.RawModule(path=path)
-                m = re.search(r"sf_k_[0-9a-f]+_0", source)
-                if m:
-                    mod.get_function(m.group(0))  # load now: a cubin this driver rejects falls back
-                return mod
-            except Exception:
-                pass
-        return self.cp.RawModule(code=source, options=tuple(opts), backend="nvrtc")
-
     def _thread_state(self):
         st = getattr(self._tls, "st", None)
         if st is None:
@@ -318,15 +293,10 @@ class CupyRuntime:
 
     # ---- planning ------------------------------------------------------------------------
     def _plan(self, fusion, types, bound):
+        """The plan for a run handed none (the Engine always hands its cached plan)."""
         if self.planner is not None:
             return self.planner(fusion, types)
-        try:
-            from ..segmenter import segment as real_segment
-        except Exception:  # pragma: no cover - the segmenter is part of the package
-            from .simple_plan import simple_plan
-
-            return simple_plan(fusion, types)
-        return real_segment(fusion, bound)
+        return SHARED_PLANS.get(fusion, bound)[0]
 
     def prepare(self, fusion, shapes: dict, dtypes: dict, strides: dict, plan=None) -> Prepared:
         key = (fusion.id, id(plan), tuple((k, shapes[k], dtypes[k], strides[k]) for k in shapes))
@@ -345,8 +315,6 @@ class CupyRuntime:
                 for c in getattr(seg, "copies", []) or []:
                     types.setdefault(c.dst, types[c.src])
             t0 = time.perf_counter()
-            if plan is None:
-                plan = self._plan(fusion, types, bound)
             prep = Prepared(plan, types, [])
             prep.staged = [o.alias_of for o in fusion.outputs if o.alias_of is not None]
             c0 = self.cache.stats.compile_s
@@ -366,20 +334,25 @@ class CupyRuntime:
                 return prep
         return None
 
-    def warmup(self, fusion, shapes: dict, dtypes: dict | None = None) -> Prepared:
-        """Compile a graph's kernels for these input shapes without running it."""
+    def warmup(self, fusion, shapes: dict, dtypes: dict | None = None, plan=None) -> Prepared:
+        """Compile a graph's kernels for these input shapes without running it. Given the plan a
+        run will be handed (Engine.warmup passes its cached one), the entry is the one that run
+        finds (contiguous inputs)."""
         dtypes = dtypes or {n: t.dtype for n, t in fusion.inputs}
-        strides = {n: _contig(shapes[n]) for n in shapes}
-        return self.prepare(fusion, {k: tuple(v) for k, v in shapes.items()}, dtypes, strides)
+        strides = {n: contiguous_strides(shapes[n]) for n in shapes}
+        return self.prepare(fusion, {k: tuple(v) for k, v in shapes.items()}, dtypes, strides, plan)
 
     # ---- steps ---------------------------------------------------------------------------
     def _step(self, fusion, seg, types, in_strides, prep) -> Step:
         kind = getattr(seg.kind, "value", seg.kind)
         if not seg.nodes:
             return Step("copy", seg, _copy_step(self, seg, types), "copy")
-        fused = _sort_epilogue_step(self, fusion, seg, types, prep)
+        fused = sort_epilogue_run(self, fusion, seg, types)
         if fused is not None:
-            return fused
+            run, may_fail = fused
+            prep.kernels += 1
+            prep.may_fail = prep.may_fail or may_fail  # (a checked divisor writes the error word)
+            return Step("library", seg, run, ROUTINE)
         # A scatter writes straight into its self's buffer only when that buffer is materialized
         # before the segment (in place, ordered, or a staged alias_of input). Otherwise the kernel
         # initializes its own output from self (which is what a private copy means).
@@ -397,7 +370,7 @@ class CupyRuntime:
                 continue
             aliased.add(a.tensor)
             alias_buf[a.tensor] = a.buffer
-        strides = {n: in_strides.get(n) or _contig(types[n].shape) for n in seg.inputs}
+        strides = {n: in_strides.get(n) or contiguous_strides(types[n].shape) for n in seg.inputs}
         try:
             mod = generate(fusion, seg, types, strides, aliased=aliased, sm_count=self.sm_count,
                            single_block=(kind == "single_block"))
@@ -419,29 +392,27 @@ class CupyRuntime:
 
     def _split_step(self, fusion, seg, types, strides, prep, why) -> Step:
         """The segment as several launches: one per anchor (grid mode), CuPy or host for the rest."""
-        from ..plan import Segment, SegmentKind
-        from .simple_plan import split_nodes
 
         subs = []
         for nodes, ins, outs in split_nodes(fusion, seg.nodes, seg.inputs, seg.outputs):
             sub = Segment(seg.id, SegmentKind.pointwise, nodes, ins, outs, "split")
             try:
-                mod = generate(fusion, sub, types, {n: strides.get(n) or _contig(types[n].shape) for n in ins},
+                mod = generate(fusion, sub, types, {n: strides.get(n) or contiguous_strides(types[n].shape) for n in ins},
                                sm_count=self.sm_count, single_block=False)
                 subs.append(self._kernel(mod, types, {}, prep, sub))
             except Unsupported as e:
-                lib = _library_step(self, fusion, sub, types)
+                lib = library_run(self, fusion, sub, types)
                 anchor = fusion.nodes[nodes[-1]] if nodes else None
-                if lib is None and anchor is not None and anchor.op.name in _LIBRARY and len(nodes) > 1:
+                if lib is None and anchor is not None and anchor.op.name in LIBRARY and len(nodes) > 1:
                     # materialize the sort's (lazily computed) input with a kernel, then CuPy sorts it
                     x = anchor.inputs[0]
                     if x not in ins:
                         pre = Segment(seg.id, SegmentKind.pointwise, nodes[:-1], ins, [x], "split")
-                        pmod = generate(fusion, pre, types, {n: strides.get(n) or _contig(types[n].shape) for n in ins},
+                        pmod = generate(fusion, pre, types, {n: strides.get(n) or contiguous_strides(types[n].shape) for n in ins},
                                         sm_count=self.sm_count, single_block=False)
                         subs.append(self._kernel(pmod, types, {}, prep, pre))
                     one = Segment(seg.id, SegmentKind.library, [nodes[-1]], [x], outs, "split")
-                    lib = _library_step(self, fusion, one, types)
+                    lib = library_run(self, fusion, one, types)
                 if lib is not None:
                     prep.fallbacks.append(f"segment {seg.id}: library ({e})")
                     subs.append(Step("library", sub, lib, str(e)))
@@ -457,32 +428,6 @@ class CupyRuntime:
         return Step("split", seg, run, why)
 
     # ---- running -------------------------------------------------------------------------
-    def to_device(self, fusion, inputs: dict):
-        """CuPy arrays for the inputs (NumPy ones are uploaded), with their shapes/dtypes/strides."""
-        cp = self.cp
-        shapes, dtypes, strides, arrays, issues = {}, {}, {}, {}, []
-        for name, a in inputs.items():
-            if isinstance(a, cp.ndarray):
-                g = a
-                dt = _dtype_of(fusion, name, a.dtype)
-            else:
-                h = np.asarray(a)
-                try:
-                    dt = from_numpy(h.dtype)
-                except ValueError as e:
-                    issues.append(Issue(("inputs", name), str(e)))
-                    continue
-                g = cp.asarray(h.view(np.uint16) if dt is DType.bfloat16 else h)
-            if dt is None:
-                issues.append(Issue(("inputs", name), f"unsupported dtype {a.dtype}"))
-                continue
-            shapes[name], dtypes[name] = tuple(g.shape), dt
-            strides[name] = tuple(s // max(g.itemsize, 1) for s in g.strides)
-            arrays[name] = g
-        if issues:
-            raise BindError(issues)
-        return shapes, dtypes, strides, arrays
-
     def run(self, fusion, inputs: dict, plan=None, deferred: bool = False) -> tuple[dict, dict]:
         """Run `fusion` on `inputs` (the general path). With `deferred`, a plan whose kernels
         check data returns once launched, unless it updates an input in place; its failure is
@@ -493,7 +438,7 @@ class CupyRuntime:
         if st.pending:
             st.settle()
         with stream:
-            shapes, dtypes, strides, arrays = self.to_device(fusion, inputs)
+            shapes, dtypes, strides, arrays = to_device(self.cp, fusion, inputs)
             prep = self.prepare(fusion, shapes, dtypes, strides, plan)
             t1 = time.perf_counter()
             env = dict(arrays)
@@ -547,7 +492,7 @@ class CupyRuntime:
         error words and buffers)."""
         st0 = self._thread_state()
         with st0.stream:
-            shapes, dtypes, strides, arrays = self.to_device(fusion, inputs)
+            shapes, dtypes, strides, arrays = to_device(self.cp, fusion, inputs)
         prep = self.prepare(fusion, shapes, dtypes, strides, plan)
         if signature(fusion, inputs) is None:
             return None  # host (NumPy) inputs are uploaded per call: the general path does that
@@ -747,9 +692,8 @@ class CupyRuntime:
         """A lean callable for one input signature (shapes/dtypes/strides of `inputs`): the
         serving fast path once a graph is warm. Other signatures take the general path."""
         if plan is None:
-            from ..engine import Engine
-
-            plan = Engine.default("cupy").plan(fusion, {k: tuple(v.shape) for k, v in inputs.items()})
+            bound = fusion.bind({k: tuple(v.shape) for k, v in inputs.items()})
+            plan = self._plan(fusion, dict(bound.types), bound)
         call = self.prepared_call(fusion, inputs, plan)
         key = signature(fusion, inputs)
         if call is None or key is None:
@@ -770,7 +714,7 @@ class CupyRuntime:
         st = self._thread_state()
         stream = st.stream
         with stream:
-            shapes, dtypes, strides, arrays = self.to_device(fusion, inputs)
+            shapes, dtypes, strides, arrays = to_device(self.cp, fusion, inputs)
             prep = self.prepare(fusion, shapes, dtypes, strides, None)
             ctx = _RunCtx(self, st, prep)
             envs = [dict(arrays) for _ in range(reps + warmup)]
@@ -824,46 +768,6 @@ def _spin_kernel(cp):
     return _SPIN[0]
 
 
-def signature(fusion, inputs: dict):
-    """Hashable key of a run's inputs (graph, names, shapes, strides, dtypes) when all are CuPy
-    arrays; None otherwise (host arrays take the general path)."""
-    nd = _ndarray_type()
-    key = [fusion.id]
-    for k, a in inputs.items():
-        if type(a) is not nd:
-            return None
-        key.append((k, a.shape, a.strides, a.dtype))
-    return tuple(key)
-
-
-_ND = []
-
-
-def _ndarray_type():
-    if not _ND:
-        _ND.append(_cp().ndarray)
-    return _ND[0]
-
-
-def _dtype_of(fusion, name, np_dtype):
-    try:
-        dt = from_numpy(np_dtype)
-    except ValueError:
-        return None
-    for n, t in fusion.inputs:
-        if n == name and t.dtype is DType.bfloat16 and np.dtype(np_dtype) == np.uint16:
-            return DType.bfloat16  # bfloat16 travels as uint16 bits on the GPU
-    return dt
-
-
-def _contig(shape):
-    s, acc = [], 1
-    for d in reversed(tuple(shape)):
-        s.append(acc)
-        acc *= d
-    return tuple(reversed(s))
-
-
 _ERROR_TEXT = {
     1: lambda op, v, d, s: f"{op}: index {v} is out of bounds for dimension {d} with size {s}",
     2: lambda op, v, d, s: "integer division by zero",
@@ -878,33 +782,6 @@ def _device_error(fusion, w, cls=RunError):
     if cls is DeferredRunError:
         text = f"an earlier run of graph '{fusion.name}' failed: {text}"
     return cls([Issue(("ops", op_index, "inputs", 1), text)])
-
-
-getrefcount = sys.getrefcount
-# References to a cached buffer nobody else holds: the cache's dict, the local name, the argument.
-_FREE_REFS = 3
-_REUSE_BYTES = 1 << 20
-
-
-def is_small(shape, dt) -> bool:
-    """Whether an output buffer of this shape and dtype is kept per thread for reuse (up to 1 MiB;
-    larger ones go back to the pool, where the allocation cost is noise next to their kernels')."""
-    return math.prod(shape) * np.dtype(dt).itemsize <= _REUSE_BYTES
-
-
-def output_buffer(ctx, key, shape, dt, small: bool, empty):
-    """An output buffer for a step of a run on this thread. A small one is this thread's buffer
-    `key` from an earlier run once nobody else holds it (the caller dropped that result; runs on
-    one thread are serialized): a per-signature free list, ~2 us less than the memory pool."""
-    if not small:
-        with ctx.stream:  # the pool hands out memory ordered on this stream
-            return empty(shape, dt)
-    buffers = ctx.state.buffers
-    a = buffers.get(key)
-    if a is None or getrefcount(a) > _FREE_REFS:
-        with ctx.stream:
-            a = buffers[key] = empty(shape, dt)
-    return a
 
 
 def _kernel_step(rt, mod, kernels, types, alias_buf):
@@ -1003,12 +880,12 @@ def _host_step(rt, fusion, seg, types):
     def run(env, ctx):
         values = {}
         for n in seg.inputs:
-            values[n] = _host_view(cp.asnumpy(env[n], stream=ctx.stream), types[n].dtype)
+            values[n] = host_view(cp.asnumpy(env[n], stream=ctx.stream), types[n].dtype)
         ctx.stream.synchronize()
         for nd in nodes:
             for x in nd.inputs:
                 if isinstance(x, str) and x not in values:
-                    values[x] = _host_view(cp.asnumpy(env[x], stream=ctx.stream), types[x].dtype)
+                    values[x] = host_view(cp.asnumpy(env[x], stream=ctx.stream), types[x].dtype)
             eval_node(nd, values, types)
         for o in seg.outputs:
             h = np.require(values[o], requirements="C")  # keeps 0-d (ascontiguousarray makes 1-d)
@@ -1019,120 +896,8 @@ def _host_step(rt, fusion, seg, types):
     return run
 
 
-def _sort_epilogue_step(rt, fusion, seg, types, prep):
-    """A plan's argsort region with fused consumers (compiler/codegen/sort_epilogue.py): one
-    launch of the radix sort's fused variant, or None (then the general path runs it)."""
-    from ..codegen import sort_epilogue
-
-    if (seg.hints or {}).get("routine") != sort_epilogue.ROUTINE:
-        return None
-    made = sort_epilogue.runtime_step(rt, fusion, seg, types)
-    if made is None:
-        return None
-    run, may_fail = made
-    prep.kernels += 1
-    prep.may_fail = prep.may_fail or may_fail  # (a checked divisor writes the error word)
-    return Step("library", seg, run, sort_epilogue.ROUTINE)
-
-
-def _library_step(rt, fusion, seg, types):
-    """CuPy routines for single-op sort/scan segments the codegen cannot emit (rows too long)."""
-    nodes = [fusion.nodes[p] for p in seg.nodes]
-    anchors = [nd for nd in nodes if nd.op.name in _LIBRARY]
-    if len(nodes) != 1 or not anchors:
-        return None
-    nd = nodes[0]
-    if any(types[x].dtype is DType.bfloat16 for x in nd.inputs if isinstance(x, str)):
-        return None
-    fn = _LIBRARY[nd.op.name]
-    cp = rt.cp
-    x0 = nd.inputs[0]
-    if nd.op.name == "argsort" and isinstance(x0, str) and len(types[x0].shape) >= 1:
-        from . import radix_sort
-
-        t = types[x0]
-        axis = nd.attrs.dim % len(t.shape)
-        if radix_sort.takes(t.shape, cp_dtype(t.dtype), axis):
-            # the prepared signature fixes shape and dtype: our radix sort for every call, decided
-            # once here; per call only the launch (the output is already contiguous int64)
-            out_name, desc = nd.outputs[0], bool(nd.attrs.descending)
-
-            def run_radix(env, ctx):
-                env[out_name] = radix_sort.argsort(cp, env[x0], axis, desc, ctx.state)
-
-            return run_radix
-
-    def run(env, ctx):
-        args = [env[x] if isinstance(x, str) else x.value for x in nd.inputs]
-        if args[0].ndim == 0:  # one element is sorted: itself, index 0 (as the NumPy reference)
-            zero = cp.zeros((), dtype=np.int64)
-            outs = [zero] if nd.op.name == "argsort" else [args[0].copy(), zero]
-        else:
-            outs = fn(cp, args, nd.attrs, [types[o] for o in nd.outputs], ctx.state)
-        for o, v in zip(nd.outputs, outs):
-            env[o] = cp.ascontiguousarray(v) if v.ndim else v  # (ascontiguousarray makes 0-d 1-d)
-
-    return run
-
-
-def _argsort(cp, x, axis, descending, state=None):
-    """Stable argsort along `axis`, int64 indices. `state`: the runtime thread state, if any."""
-    from . import radix_sort
-
-    if radix_sort.supported(x, axis):  # one row: our one-launch stable radix sort (int64 indices)
-        return radix_sort.argsort(cp, x, axis, descending, state)
-    if not descending:
-        i = cp.argsort(x, axis=axis)  # CuPy's argsort is a stable (thrust) sort
-    elif x.dtype.kind in "iu":  # ~x reverses the order of integers exactly: one stable ascending sort
-        i = cp.argsort(~x, axis=axis)
-    else:
-        rev = cp.flip(x, axis=axis)
-        n = x.shape[axis]
-        i = cp.flip(n - 1 - cp.argsort(rev, axis=axis), axis=axis)
-    return i.astype(np.int64, copy=False)
-
-
-def _lib_argsort(cp, args, attrs, outs, state=None):
-    x = args[0]
-    return [_argsort(cp, x, attrs.dim % x.ndim, attrs.descending, state)]
-
-
-def _lib_sort(cp, args, attrs, outs, state=None):
-    x = args[0]
-    ax = attrs.dim % x.ndim
-    i = _argsort(cp, x, ax, attrs.descending, state)
-    return [cp.take_along_axis(x, i, axis=ax), i]
-
-
-def _lib_topk(cp, args, attrs, outs, state=None):
-    x = args[0]
-    ax = attrs.dim % x.ndim
-    k = outs[0].shape[ax]
-    i = _argsort(cp, x, ax, attrs.largest, state)
-    i = cp.take(i, cp.arange(k), axis=ax)
-    return [cp.take_along_axis(x, i, axis=ax), i]
-
-
-_LIBRARY = {"argsort": _lib_argsort, "sort": _lib_sort, "topk": _lib_topk}
-
 _RUNTIME = None
 _RLOCK = threading.Lock()
-
-
-_ZERO8 = bytearray(8)
-
-
-def shape_proxies(fusion, inputs: dict) -> dict:
-    """Zero-byte NumPy stand-ins with each input's shape and dtype (for binding on the host)."""
-    out = {}
-    for k, v in inputs.items():
-        if hasattr(v, "__cuda_array_interface__"):
-            dt = _dtype_of(fusion, k, v.dtype)
-            npdt = dt.np if dt is not None else np.dtype(v.dtype)
-            out[k] = np.ndarray(tuple(v.shape), npdt, buffer=_ZERO8, strides=(0,) * v.ndim)
-        else:
-            out[k] = np.asarray(v)
-    return out
 
 
 def _defers(fusion, st) -> bool:
@@ -1141,45 +906,12 @@ def _defers(fusion, st) -> bool:
     return st.mapped and all(o.alias_of is None for o in fusion.outputs)
 
 
-def _engine_runner(plan, fusion, bound, inputs, deferred: bool = False):
-    rt = get_runtime()
-    misses, spent = rt.cache.stats.misses, rt.cache.stats.compile_s
-    outs, info = rt.run(fusion, inputs, plan, deferred)
-    # compile time of this call only (a warm run reports 0, not its preparation's)
-    return outs, {"compile": (rt.cache.stats.compile_s - spent) * 1e6,
-                  "kernel_cache_misses": rt.cache.stats.misses - misses}
-
-
-def unavailable() -> str | None:
-    """Why the cupy backend cannot run in this process (no CuPy, no driver, no visible GPU), or None."""
-    try:
-        import cupy
-
-        n = cupy.cuda.runtime.getDeviceCount()
-    except Exception as e:  # ImportError, or CUDA's own errors without a driver or device
-        return f"CuPy and a CUDA GPU are needed ({type(e).__name__}: {e})"
-    return None if n > 0 else "CuPy sees no CUDA GPU"
-
-
-def register() -> None:
-    """Make Engine("cupy") available (called lazily by Engine)."""
-    from ..engine import register_backend
-
-    register_backend("cupy", _engine_runner, device="cuda",
-                     warmup=lambda fusion, shapes: get_runtime().warmup(fusion, shapes),
-                     fast=(signature, lambda plan, fusion, inputs, deferred=False:
-                           get_runtime().prepared_call(fusion, inputs, plan, deferred)),
-                     synchronize=lambda: get_runtime().synchronize(),
-                     batch=(lambda: get_runtime().begin_batch(), lambda owner: get_runtime().batch_owner(owner),
-                            lambda: get_runtime().end_batch(), DEFERRED_SLOTS))
-
-
 def get_runtime() -> CupyRuntime:
     global _RUNTIME
     with _RLOCK:
         if _RUNTIME is None:
             try:
-                _RUNTIME = CupyRuntime()
+                _RUNTIME = CupyRuntime(cache=get_device().cache)
             except ImportError as e:
                 raise RuntimeError(f"the cupy backend needs CuPy and a CUDA GPU ({e})") from None
         return _RUNTIME
