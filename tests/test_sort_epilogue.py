@@ -202,7 +202,7 @@ def test_fused_plans_run_on_numpy(make):
 
 # ---- the runtime hook, with a stand-in for the GPU ------------------------------------------
 def test_runtime_step_launches_once_with_the_epilogue(monkeypatch):
-    from segfuse.compiler.cuda import library_sorts, runtime
+    from segfuse.compiler.cuda import library_sorts, prepare
 
     calls, prepared = [], []
     monkeypatch.setattr(radix_sort, "prepare", lambda dt, epi: prepared.append((dt, epi)))
@@ -222,8 +222,8 @@ def test_runtime_step_launches_once_with_the_epilogue(monkeypatch):
     T = 4096
     p = plan(f, T)
     types = f.bind({"topk_ids": (T, K)}).types
-    prep = runtime.Prepared(p, types, [])
-    step = runtime.CupyRuntime._step(FakeRt(), f, p.segments[0], types, {}, prep)
+    prep = prepare.Prepared(p, types, [])
+    step = prepare.segment_step(FakeRt(), f, p.segments[0], types, {}, prep)
     assert step.kind == "library" and prep.kernels == 1 and not prep.fallbacks
     assert not prep.may_fail  # `order // 8` cannot fail: the run need not synchronize
     assert prepared and prepared[0][0] == np.dtype(np.int32)
@@ -247,8 +247,8 @@ def test_runtime_step_launches_once_with_the_epilogue(monkeypatch):
     div0 = graph("div0", BASE + [argsort_op(False), {"op": "floor_divide", "out": "q", "inputs": ["order", 0]}],
                  ["q"])
     p0 = plan(div0, T)
-    prep0 = runtime.Prepared(p0, div0.bind(shapes(div0, T)).types, [])
-    assert runtime.CupyRuntime._step(FakeRt(), div0, p0.segments[0], prep0.types, {}, prep0).kind == "library"
+    prep0 = prepare.Prepared(p0, div0.bind(shapes(div0, T)).types, [])
+    assert prepare.segment_step(FakeRt(), div0, p0.segments[0], prep0.types, {}, prep0).kind == "library"
     assert prep0.may_fail and prep0.kernels == 1
     # a segment without the routine hint is not taken
     other = dataclasses.replace(p.segments[0], hints={})

@@ -106,6 +106,37 @@ def shape_proxies(fusion, inputs: dict) -> dict:
     return out
 
 
+def commit_outputs(outputs, env, inputs: dict, arrays: dict, st, device_array) -> dict:
+    """A run's results, by the one commit rule of the CUDA backend, applied only once the run
+    succeeded (or was launched, when it cannot fail or defers its errors): an output declaring
+    `alias_of` is written into that input and returned as it (a host input through a copy); an
+    output that is an input's own array is returned as a copy, so an output never exposes an
+    input's buffer; every other output is returned as it is. `outputs`: (name, alias_of) pairs;
+    `arrays`: the inputs as device arrays (`inputs` itself on the fast path); `device_array`:
+    CuPy's ndarray type. Writes and copies are ordered on the thread state `st`'s stream."""
+    res = {}
+    for name, alias in outputs:
+        v = env[name]
+        if alias is not None:
+            dst = inputs[alias]
+            if isinstance(dst, device_array):
+                with st.stream:
+                    dst[...] = v
+                v = dst
+            else:  # a host array (np.copyto: bfloat16 travels as uint16 bits)
+                with st.stream:
+                    h = v.get()
+                np.copyto(dst, h.view(dst.dtype) if h.dtype != dst.dtype else h)
+        else:
+            for a in arrays.values():
+                if v is a:
+                    with st.stream:
+                        v = v.copy()
+                    break
+        res[name] = v
+    return res
+
+
 def to_device(cp, fusion, inputs: dict):
     """CuPy arrays for the inputs (NumPy ones are uploaded), with their shapes/dtypes/strides."""
     shapes, dtypes, strides, arrays, issues = {}, {}, {}, {}, []

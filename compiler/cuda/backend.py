@@ -4,7 +4,8 @@ registers (compiler/engine.py imports this module, never the other way round).""
 from __future__ import annotations
 
 from .arrays import signature
-from .runtime import DEFERRED_SLOTS, get_runtime
+from .runtime import get_runtime
+from .thread_state import DEFERRED_SLOTS
 
 
 def unavailable() -> str | None:
