@@ -26,7 +26,7 @@ import numpy as np
 from .ir import Fusion
 from .numpy_backend import input_types
 from .plan import Plan
-from .segmenter_cache import PlanCache
+from .segmenter_cache import SHARED_PLANS, PlanCache
 
 
 @dataclass
@@ -43,13 +43,12 @@ def _run_numpy(plan: Plan, fusion: Fusion, bound, inputs: dict, deferred: bool =
     return run_plan(plan, fusion, bound.types, inputs), {}
 
 
-SHARED_PLANS = PlanCache()
 
-# Backend name -> runner(plan, fusion, bound, inputs, deferred) -> (outputs, extra timings). The GPU
-# backend registers itself here (register_backend) instead of editing Engine.
+# Backend name -> runner(plan, fusion, bound, inputs, deferred) -> (outputs, extra timings). A backend
+# is added by register_backend (Engine("cupy") registers compiler/cuda/backend.py's hooks).
 BACKENDS: dict[str, Callable] = {"numpy": _run_numpy}
 DEVICES: dict[str, str] = {"numpy": "cpu"}
-# Backend name -> warmup(fusion, shapes): compiles a graph's kernels without running it.
+# Backend name -> warmup(plan, fusion, shapes): compiles the plan's kernels without running it.
 WARMUPS: dict[str, Callable] = {}
 # Backend name -> (signature(fusion, inputs) -> hashable | None, make(plan, fusion, inputs, deferred)
 # -> call(inputs) -> outputs | None): the per-signature fast path of a warm graph.
@@ -85,12 +84,12 @@ class Engine:
 
     def __init__(self, backend: str = "numpy", plan_cache: PlanCache | None = None, errors: str = "raise"):
         if backend == "cupy" and backend not in BACKENDS:
-            from .cuda.runtime import register, unavailable  # imports CuPy only when it runs
+            from .cuda import backend as cuda_backend  # imports CuPy only when it runs
 
-            why = unavailable()
+            why = cuda_backend.unavailable()
             if why:  # refused here, not at the first run
                 raise ValueError(f"the cupy backend is not available here: {why}")
-            register()
+            register_backend("cupy", **cuda_backend.hooks())
         if backend not in BACKENDS:
             raise ValueError(f"unknown backend '{backend}' (available: {', '.join(sorted(BACKENDS))})")
         if errors not in ERROR_MODES:
@@ -98,7 +97,7 @@ class Engine:
         self.backend = backend
         self.errors = errors
         self._deferred = errors == "deferred"
-        # One cache per process unless given: plans depend on the graph and the shape class only.
+        # One cache per process unless given (segmenter_cache.SHARED_PLANS)
         self.plans = plan_cache if plan_cache is not None else SHARED_PLANS
         # input signature -> prepared call: a warm graph skips binding, planning and lookups
         self._fast = FAST_PATHS.get(backend)
@@ -132,7 +131,7 @@ class Engine:
         """Plan for these input shapes and compile every kernel of the plan, without running it."""
         plan = self.plan(fusion, shapes)
         if self.backend in WARMUPS:
-            WARMUPS[self.backend](fusion, shapes)
+            WARMUPS[self.backend](plan, fusion, shapes)  # the cached plan: runs find its kernels
         return plan
 
     def plan(self, fusion: Fusion, shapes: dict[str, tuple]) -> Plan:
@@ -197,7 +196,7 @@ class Engine:
                 return RunResult(outputs, {"plan": 0.0, "compile": 0.0, "run": (time.perf_counter() - t0) * 1e6}, 1, 0)
         t0 = time.perf_counter()
         if DEVICES.get(self.backend) == "cuda":  # NumPy or CuPy arrays in, CuPy arrays out
-            from .cuda.runtime import shape_proxies
+            from .cuda.arrays import shape_proxies
 
             shapes, dtypes = input_types(shape_proxies(fusion, inputs))
         else:

@@ -42,6 +42,7 @@ from .segmenter_capability import (
 )
 from .segmenter_graph import COPY, OTHER, WorkGraph, access, build
 from .segmenter_shapes import Checks, base_key, class_types, evaluate, fmt, nbytes, numel
+from .segmenter_sort_epilogue import fuse_plan
 
 INPLACE, ORDERED, COPIED, INPUT = "inplace", "ordered", "copy", "input"
 
@@ -250,8 +251,6 @@ class _Segmenter:
             segs.insert(0, seg)
         segs = self.merge_small(g, segs, must_follow)
         if self.cap.fuse_sort_epilogues:  # a library argsort with its producers/consumers: one launch
-            from .codegen.sort_epilogue import fuse_plan
-
             segs = fuse_plan(self.fusion, g, segs, self.checks)
         return self.build_plan(g, segs, decisions)
 

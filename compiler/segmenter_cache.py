@@ -70,3 +70,8 @@ class PlanCache:
         with self._lock:
             self._entries.clear()
             self._exact.clear()
+
+
+# The process's plan cache: every Engine's unless given one, and the CUDA runtime's for runs it is
+# handed no plan for (plans depend on the graph and the shape class only).
+SHARED_PLANS = PlanCache()

@@ -1,4 +1,4 @@
-"""A stand-in for the parts of CuPy that the runtime's per-thread state uses (`_ThreadState`):
+"""A stand-in for the parts of CuPy that the runtime's per-thread state uses (`ThreadState`):
 mapped host memory is ordinary host memory (its device pointer is its address), arrays are NumPy
 arrays with a `.data.ptr`. Tests pass their own stream class."""
 
@@ -27,4 +27,4 @@ def fake_cupy(stream_cls):
     runtime = types.SimpleNamespace(hostAlloc=host_alloc, hostGetDevicePointer=lambda p, flags: p,
                                     hostAllocMapped=2, hostAllocPortable=1)
     return types.SimpleNamespace(cuda=types.SimpleNamespace(Stream=stream_cls, runtime=runtime),
-                                 zeros=lambda n, dtype: np.zeros(n, dtype).view(Array), _keep=keep)
+                                 zeros=lambda n, dtype: np.zeros(n, dtype).view(Array), ndarray=Array, _keep=keep)

@@ -1,4 +1,4 @@
-"""The fast path's CUDA-graph logic (`CupyRuntime._graphed_call`) without a GPU: when a run is
+"""The fast path's CUDA-graph logic (`compiler/cuda/graphs.py`) without a GPU: when a run is
 captured, when a graph is replayed, which error block a run writes and which failure a later
 call raises, eviction, and what happens when a capture fails. A stand-in for CuPy records
 "launches"; a stand-in kernel computes the histogram with NumPy when it runs (directly, or when
@@ -16,7 +16,9 @@ import weakref
 import numpy as np
 import pytest
 from cupy_standin import Array, fake_cupy
+from segfuse.compiler.cuda import arrays, graphs
 from segfuse.compiler.cuda import runtime as rtmod
+from segfuse.compiler.cuda import thread_state as ts
 from segfuse.compiler.errors import DeferredRunError, RunError
 from segfuse.compiler.ir import Fusion
 
@@ -93,7 +95,7 @@ def _hist_step(launches: list):
         if rec is None:
             rec = st.params[token] = [(ctypes.c_uint64 * 3)(), None, 0, True]
         out = st.buffers.get(token)
-        if out is None or rtmod.getrefcount(out) > rtmod._FREE_REFS:
+        if out is None or arrays.getrefcount(out) > arrays._FREE_REFS:
             out = st.buffers[token] = np.zeros(BINS, np.int64).view(Array)
         env["c"] = out
         for a in (env["i"], out):
@@ -112,7 +114,7 @@ def _hist_step(launches: list):
             bad = (ins < 0) | (ins >= BINS)
             out[...] = np.bincount(ins[~bad], minlength=BINS)
             if bad.any():
-                w = (ctypes.c_int64 * rtmod._ERR_WORDS).from_address(err_ptr)
+                w = (ctypes.c_int64 * ts.ERR_WORDS).from_address(err_ptr)
                 if w[0] == 0:
                     w[0], w[1], w[2], w[3], w[4] = 1, 2, int(ins[bad][0]), 0, BINS
 
@@ -140,7 +142,7 @@ class _Setup:
         cp = _fake_cupy()
         self.rt = rtmod.CupyRuntime.__new__(rtmod.CupyRuntime)
         self.rt.cp, self.rt.use_graphs, self.rt.graph_fallback_reason, self.rt.graph_captures = cp, True, "", 0
-        self.st = rtmod._ThreadState(cp)
+        self.st = ts.ThreadState(cp)
         _STREAMS[self.st.stream.ptr] = self.st.stream
         orig = cp.cuda.Stream
 
@@ -153,18 +155,17 @@ class _Setup:
         self.fusion = Fusion.from_json(GRAPH)
         self.launches: list = []
         prep = types.SimpleNamespace(steps=[types.SimpleNamespace(kind="kernel", run=_hist_step(self.launches))],
-                                     may_fail=True)
+                                     may_fail=True, outputs=(("c", None),))
         tls = threading.local()
         tls.st = self.st
         token = object()
 
         def new_ctx(st):
-            ctx = st.params[token] = rtmod._RunCtx(self.rt, st, prep)
+            ctx = st.params[token] = ts.RunCtx(self.rt, st, prep)
             return ctx
 
         self.token = token
-        self.call = self.rt._graphed_call(self.fusion, prep, defer, tls, lambda: self.st, token, new_ctx,
-                                          lambda env, ins, st: {"c": env["c"]})
+        self.call = graphs.graphed_call(self.rt, self.fusion, prep, defer, tls, lambda: self.st, token, new_ctx)
 
     def ctx(self):
         return self.st.params[self.token]
@@ -240,7 +241,7 @@ def test_a_failing_ring_run_is_reported_first_and_a_failing_replay_counted():
     s.run(ids)  # direct: takes a ring slot
     s.run(ids)  # captured: replays write the graph's block
     slot = s.st.claim_slot(s.fusion)  # another run in flight...
-    (ctypes.c_int64 * rtmod._ERR_WORDS).from_address(slot)[:] = [1, 2, 11, 0, BINS]  # ...that failed
+    (ctypes.c_int64 * ts.ERR_WORDS).from_address(slot)[:] = [1, 2, 11, 0, BINS]  # ...that failed
     ids[0] = 8
     with pytest.raises(DeferredRunError, match="index 11") as e:
         s.run(ids)  # a replay that fails too: checked after its launch
@@ -250,14 +251,14 @@ def test_a_failing_ring_run_is_reported_first_and_a_failing_replay_counted():
 
 def test_the_oldest_graph_goes_and_its_block_is_freed_after_its_runs_drained():
     s = _Setup(True)
-    bufs = [_ids(k % BINS, 1) for k in range(rtmod.GRAPHS_PER_CALL + 1)]
+    bufs = [_ids(k % BINS, 1) for k in range(graphs.GRAPHS_PER_CALL + 1)]
     free0 = len(s.st.graph_free)
     for b in bufs:
         s.run(b)
         s.run(b)
     assert s.rt.graph_captures == len(bufs)
-    assert len(s.ctx().graphs) == rtmod.GRAPHS_PER_CALL
-    assert len(s.st.graph_free) == free0 - rtmod.GRAPHS_PER_CALL  # the evicted graph's block came back
+    assert len(s.ctx().graphs) == graphs.GRAPHS_PER_CALL
+    assert len(s.st.graph_free) == free0 - graphs.GRAPHS_PER_CALL  # the evicted graph's block came back
     assert s.st.stream.syncs >= 1  # its replays were waited for before its block was reused
     for b in bufs:
         np.testing.assert_array_equal(s.run(b), np.bincount(b, minlength=BINS))

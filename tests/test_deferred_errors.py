@@ -1,5 +1,5 @@
 """Deferred device errors (`Engine(errors="deferred")`) without a GPU: the engine's option, and the
-per-thread ring of error blocks (`_ThreadState`) driven through a stand-in for CuPy whose "mapped
+per-thread ring of error blocks (`ThreadState`) driven through a stand-in for CuPy whose "mapped
 host memory" is ordinary host memory. A test plays the kernel by writing a block's words; what a
 later call raises is checked against what was written. The GPU suite runs the same rules for real
 (tests/gpu/test_deferred_errors_gpu.py)."""
@@ -11,7 +11,7 @@ import ctypes
 import numpy as np
 import pytest
 from cupy_standin import fake_cupy
-from segfuse.compiler.cuda import runtime as rtmod
+from segfuse.compiler.cuda import thread_state as ts
 from segfuse.compiler.engine import Engine
 from segfuse.compiler.errors import DeferredRunError, RunError
 from segfuse.compiler.ir import Fusion
@@ -45,13 +45,13 @@ def _fake_cupy():
 
 def _fail(state, slot_ptr: int, op_index: int, value: int):
     """What a kernel does on a bad index: claim word 0 (the code), then fill the rest."""
-    words = (ctypes.c_int64 * rtmod._ERR_WORDS).from_address(slot_ptr)
+    words = (ctypes.c_int64 * ts.ERR_WORDS).from_address(slot_ptr)
     words[0], words[1], words[2], words[3], words[4] = 1, op_index, value, 0, 4
 
 
 @pytest.fixture
 def state():
-    return rtmod._ThreadState(_fake_cupy())
+    return ts.ThreadState(_fake_cupy())
 
 
 def test_engine_takes_the_error_mode_and_rejects_others():
@@ -76,7 +76,7 @@ def test_the_host_backend_raises_at_once_in_either_mode():
 def test_each_deferred_run_gets_its_own_block(state):
     f = Fusion.from_json(GRAPH)
     ptrs = [state.claim_slot(f) for _ in range(5)]
-    step = rtmod._ERR_WORDS * 8
+    step = ts.ERR_WORDS * 8
     assert ptrs == [state.sync_err_ptr + step * (k + 1) for k in range(5)]  # block 0 stays the synchronous one
     state.settle()  # no kernel wrote: nothing to raise, the runs may still be in flight
     assert len(state.pending) == 5 and state.stream.syncs == 0
@@ -113,12 +113,12 @@ def test_the_first_of_several_failures_is_reported_and_the_rest_counted(state):
 
 def test_a_full_ring_drains_the_stream_before_reusing_blocks(state):
     f = Fusion.from_json(GRAPH)
-    first = [state.claim_slot(f) for _ in range(rtmod.DEFERRED_SLOTS)]
-    assert len(set(first)) == rtmod.DEFERRED_SLOTS and state.stream.syncs == 0
+    first = [state.claim_slot(f) for _ in range(ts.DEFERRED_SLOTS)]
+    assert len(set(first)) == ts.DEFERRED_SLOTS and state.stream.syncs == 0
     again = state.claim_slot(f)
     assert state.stream.syncs == 1 and again == first[0] and len(state.pending) == 1
     # a failure among a full ring is raised when the ring drains, before a block is reused
-    for _ in range(rtmod.DEFERRED_SLOTS - 1):
+    for _ in range(ts.DEFERRED_SLOTS - 1):
         p = state.claim_slot(f)
     _fail(state, p, op_index=2, value=99)
     with pytest.raises(DeferredRunError, match="index 99"):
@@ -137,14 +137,14 @@ def test_synchronous_blocks_are_untouched_by_deferred_runs(state):
 
 def test_defers_only_runs_without_in_place_outputs(state):
     f = Fusion.from_json(GRAPH)
-    assert rtmod._defers(f, state)
+    assert ts.defers(f, state)
     inplace = Fusion.from_json({**GRAPH, "inputs": GRAPH["inputs"] + [{"name": "d", "dtype": "int64", "shape": [4]}],
                                 "ops": [{"op": "full_like", "out": "one", "inputs": ["i"], "value": 1, "dtype": "int64"},
                                         {"op": "scatter", "out": "c", "inputs": ["d", "i", "one"], "dim": 0,
                                          "reduce": "add"}],
                                 "outputs": [{"name": "c", "alias_of": "d"}]})
-    assert not rtmod._defers(inplace, state)
+    assert not ts.defers(inplace, state)
     want = run_graph(inplace, {"i": np.array([1, 1]), "d": np.zeros(4, np.int64)})["c"]
     np.testing.assert_array_equal(want, [0, 2, 0, 0])
     state.mapped = False  # error words copied back from device memory: always checked at once
-    assert not rtmod._defers(f, state)
+    assert not ts.defers(f, state)

@@ -5,7 +5,7 @@ of the source, compiler/cuda/cache.py) stay the same. Pure Python, no GPU, no NV
 Covered, per graph and input shapes (key: graph | shapes | what | segment index):
 - `plan`: the segmenter's plan (Engine("numpy").plan) with `generate` per segment, as
   tests/test_codegen_compile.py does; a sort-epilogue segment (hints.routine) digests the fused
-  radix-sort source that sort_epilogue.match/render and radix_sort.source produce;
+  radix-sort source that segmenter_sort_epilogue.match, sort_epilogue.render and radix_sort.source produce;
 - `grid` / `block`: the corpus's forced lowerings (corpus.modules_for, block mode skipped for the
   pw_/mv_ cases like the compile test);
 - `radix|<dtype>`: the library radix sort's plain template per key dtype.
@@ -26,12 +26,12 @@ import os
 from pathlib import Path
 
 import numpy as np
-from segfuse.compiler.codegen import sort_epilogue
+from segfuse.compiler import segmenter_sort_epilogue
+from segfuse.compiler.codegen import radix_sort, sort_epilogue
 from segfuse.compiler.codegen.corpus import all_cases, case_inputs, modules_for, moe_graphs
 from segfuse.compiler.codegen.lazy import Unsupported
 from segfuse.compiler.codegen.segment import generate
-from segfuse.compiler.cuda import radix_sort
-from segfuse.compiler.cuda.runtime import cp_dtype
+from segfuse.compiler.cuda.arrays import cp_dtype
 from segfuse.compiler.engine import Engine
 from segfuse.compiler.ir import Fusion
 
@@ -57,8 +57,8 @@ def _plan_digests(eng, f: Fusion, shapes: dict, name: str, out: dict) -> None:
     for i, seg in enumerate(eng.plan(f, shapes).segments):
         if not seg.nodes:
             continue  # a copy segment: no generated kernel
-        if (seg.hints or {}).get("routine") == sort_epilogue.ROUTINE:
-            m = sort_epilogue.match(f, seg.nodes, seg.inputs, seg.outputs, types, copies=getattr(seg, "copies", ()))
+        if (seg.hints or {}).get("routine") == segmenter_sort_epilogue.ROUTINE:
+            m = segmenter_sort_epilogue.match(f, seg.nodes, seg.inputs, seg.outputs, types, copies=getattr(seg, "copies", ()))
             if m is not None:
                 epi, _ = sort_epilogue.render(f, m, types)
                 out[f"{base}|{i}|sort_epilogue"] = _sha(radix_sort.source(np.dtype(cp_dtype(types[m.key].dtype)), epi)[0])

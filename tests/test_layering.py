@@ -32,14 +32,12 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("ops", ["segfuse.compiler.ops", "segfuse.compiler.ops.*"]),
     ("ir", ["segfuse.compiler.schema", "segfuse.compiler.ir"]),
     # the plan model, the segmenter and its parts, the plan cache, the reference planner
-    ("plan", ["segfuse.compiler.plan", "segfuse.compiler.segmenter", "segfuse.compiler.segmenter_*",
-              "segfuse.compiler.cuda.simple_plan"]),
+    ("plan", ["segfuse.compiler.plan", "segfuse.compiler.segmenter", "segfuse.compiler.segmenter_*"]),
     # pure text; the corpus is test data that drives the code generator (issue 14 moves it out)
     ("codegen", ["segfuse.compiler.codegen.*"]),
     # the CPU backend (numpy reference evaluator, plan executor) and the CUDA one
     ("backends", ["segfuse.compiler.numpy_backend", "segfuse.compiler.plan_executor", "segfuse.compiler.cuda",
-                  "segfuse.compiler.cuda.cache", "segfuse.compiler.cuda.nvrtc", "segfuse.compiler.cuda.radix_sort",
-                  "segfuse.compiler.cuda.runtime"]),
+                  "segfuse.compiler.cuda.*"]),
     ("engine", ["segfuse.compiler.engine"]),
     ("frontend", ["segfuse.compiler.builder"]),
     # the package facade re-exports the builder, so it sits above it

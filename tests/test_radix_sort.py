@@ -9,30 +9,31 @@ import re
 
 import numpy as np
 import pytest
+from segfuse.compiler.codegen import radix_sort as radix_text
 from segfuse.compiler.cuda import nvrtc, radix_sort
 
 
 @pytest.mark.skipif(not nvrtc.available(), reason="needs cuda-bindings (NVRTC)")
-@pytest.mark.parametrize("dtype", radix_sort.SUPPORTED)
+@pytest.mark.parametrize("dtype", radix_text.SUPPORTED)
 def test_source_compiles_for_sm90(dtype):
-    src, name = radix_sort.source(dtype)
+    src, name = radix_text.source(dtype)
     cubin, _ = nvrtc.compile_cubin(src, nvrtc.default_options("sm_90"))
     assert cubin and name.encode() in cubin
 
 
 def test_names_are_hashes_and_sources_differ_per_dtype():
     seen = {}
-    for dt in radix_sort.SUPPORTED:
-        src, name = radix_sort.source(dt)
+    for dt in radix_text.SUPPORTED:
+        src, name = radix_text.source(dt)
         assert re.fullmatch(r"sf_k_[0-9a-f]{16}_0", name)
         assert f" {name}(" in src and "__global__" in src
-        assert radix_sort.source(dt) == (src, name)  # deterministic: the disk cache finds it again
+        assert radix_text.source(dt) == (src, name)  # deterministic: the disk cache finds it again
         seen[name] = dt
-    assert len(seen) == len(radix_sort.SUPPORTED)
+    assert len(seen) == len(radix_text.SUPPORTED)
 
 
 def test_supported_rows():
-    s = radix_sort.supported
+    s = radix_text.supported
     assert s(np.zeros(10, np.int64), 0)
     assert s(np.zeros((1, 10), np.float32), 1)  # a single row along the sort axis
     assert s(np.zeros((10, 1), np.uint8), 0)
@@ -45,7 +46,7 @@ def test_supported_rows():
 def test_shared_memory_fits_two_blocks_per_sm():
     # the grid barrier relies on every block being resident: two per H100/H200 SM (228 KiB)
     for kb in (4, 8):
-        assert 2 * (radix_sort.smem_bytes(kb) + 1024) <= 228 * 1024
+        assert 2 * (radix_text.smem_bytes(kb) + 1024) <= 228 * 1024
 
 
 def test_takes_matches_supported():
@@ -54,19 +55,19 @@ def test_takes_matches_supported():
         try:
             a = np.zeros(shape, dt)
         except TypeError:
-            assert not radix_sort.takes(shape, dt, ax)
+            assert not radix_text.takes(shape, dt, ax)
             continue
-        assert radix_sort.takes(shape, dt, ax) == radix_sort.supported(a, ax)
+        assert radix_text.takes(shape, dt, ax) == radix_text.supported(a, ax)
 
 
 def test_kernel_takes_six_parameters_and_clears_its_counters():
     # the host's parameter block has six slots: x, n, desc, out, scratch, counters
-    src, name = radix_sort.source("int32")
+    src, name = radix_text.source("int32")
     sig = src[src.index(f" {name}("):]
     sig = sig[:sig.index(")")]
     assert sig.count(",") == 5
     assert "atomicAdd(&bar[1], 1u) == gridDim.x - 1" in src  # the last block out clears the counters
-    assert radix_sort.CTR_BYTES == 8 * 256 * 4 + 2 * 8 + 2 * 4
+    assert radix_text.CTR_BYTES == 8 * 256 * 4 + 2 * 8 + 2 * 4
 
 
 class _Ptr:
@@ -143,7 +144,7 @@ def test_host_side_fills_the_parameter_block_and_shrinks_a_grid_the_device_refus
         launches.append((fptr, gx, bx, smem, stream, [ctypes.c_uint64.from_address(p).value for p in ptrs]))
 
     monkeypatch.setattr(radix_sort, "_DRIVER", [(coop, Driver)])
-    k = radix_sort._Kernel(0xF00, radix_sort.smem_bytes(4), 264, 4)
+    k = radix_sort._Kernel(0xF00, radix_text.smem_bytes(4), 264, 4)
     monkeypatch.setitem(radix_sort._KERNELS, np.dtype(np.int32), k)
     monkeypatch.setattr(radix_sort, "_TLS", __import__("threading").local())
     n = 300 * radix_sort.TILE
@@ -192,5 +193,5 @@ def test_runtime_state_holds_the_parameter_block_and_lends_the_scratch(monkeypat
     n = 100000
     radix_sort.argsort(_FakeCp, _Arr(n, np.int64, (1, n)), 1, False, st)
     grid = -(-n // radix_sort.TILE)
-    assert st.asked == [radix_sort.scratch_bytes(n, 8, grid)] and seen[0][1] == grid
+    assert st.asked == [radix_text.scratch_bytes(n, 8, grid)] and seen[0][1] == grid
     assert radix_sort._STATE_KEY in st.params

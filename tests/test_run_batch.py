@@ -1,7 +1,7 @@
 """`Engine.run_batch`: several runs launched back to back with one wait, each with its own outcome.
 
 The NumPy backend runs the batch for real (a failing run fails alone, the others' outputs match
-the independent NumPy reference). The GPU bookkeeping (`_ThreadState.begin_batch/end_batch`: one
+the independent NumPy reference). The GPU bookkeeping (`ThreadState.begin_batch/end_batch`: one
 error block per run, nothing raised between runs, each failure named by its run) is driven
 through the CuPy stand-in, a test playing the kernel by writing a block's words. The GPU suite
 runs the same batches on CuPy (tests/gpu/test_run_batch_gpu.py)."""
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from cupy_standin import fake_cupy
-from segfuse.compiler.cuda import runtime as rtmod
+from segfuse.compiler.cuda import thread_state as ts
 from segfuse.compiler.engine import Engine, RunResult
 from segfuse.compiler.errors import DeferredRunError, RunError
 from segfuse.compiler.ir import Fusion
@@ -44,7 +44,7 @@ def test_numpy_batch_of_nothing_and_of_other_failures():
 
 @pytest.fixture
 def state():
-    return rtmod._ThreadState(fake_cupy(_Stream))
+    return ts.ThreadState(fake_cupy(_Stream))
 
 
 def test_batch_names_each_failed_run_and_waits_once(state):
@@ -86,7 +86,7 @@ def test_a_replayed_graph_block_fails_the_runs_that_replayed_it(state):
 def test_a_clean_batch_reports_nothing(state):
     f = Fusion.from_json(GRAPH)
     state.begin_batch()
-    for owner in range(rtmod.DEFERRED_SLOTS):
+    for owner in range(ts.DEFERRED_SLOTS):
         state.owner = owner
         state.claim_slot(f)
     with pytest.raises(RuntimeError, match="at most"):

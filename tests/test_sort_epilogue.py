@@ -12,6 +12,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from segfuse.compiler import segmenter_sort_epilogue as sep
 from segfuse.compiler.codegen import sort_epilogue as se
 from segfuse.compiler.codegen.corpus import _graph, moe_graphs, sort_consumers_graph
 from segfuse.compiler.cuda import nvrtc, radix_sort
@@ -63,13 +64,13 @@ def plan(f, T, cap=DEFAULT_CAPABILITY):
 
 
 def fused(p):
-    return [s for s in p.segments if s.hints.get("routine") == se.ROUTINE]
+    return [s for s in p.segments if s.hints.get("routine") == sep.ROUTINE]
 
 
 def matched(f, T):
     (seg,) = fused(plan(f, T))
     types = f.bind(shapes(f, T)).types
-    return seg, se.match(f, seg.nodes, seg.inputs, seg.outputs, types), types
+    return seg, sep.match(f, seg.nodes, seg.inputs, seg.outputs, types), types
 
 
 # ---- plans --------------------------------------------------------------------------------
@@ -79,7 +80,7 @@ def test_moe_argsort_is_one_library_segment(idt, T):
     f = moe(idt)
     p = plan(f, T)
     (seg,) = p.segments
-    assert seg.kind.value == "library" and seg.hints["routine"] == se.ROUTINE and p.kernel_count == 1
+    assert seg.kind.value == "library" and seg.hints["routine"] == sep.ROUTINE and p.kernel_count == 1
     assert seg.nodes == list(range(len(f.nodes))) and seg.inputs == ["topk_ids"]
     assert set(seg.outputs) == {"input_permutation", "output_permutation"}
     assert "one launch" in seg.reason and "fit shared memory" in seg.reason
@@ -153,11 +154,11 @@ def test_no_match_returns_none():
     types = f.bind({"topk_ids": (4096, K)}).types
     nodes = list(range(len(f.nodes)))
     outs = ["input_permutation", "output_permutation"]
-    assert se.match(f, nodes, ["topk_ids"], outs, types) is not None
-    assert se.match(f, nodes, ["topk_ids"], outs + ["flat"], types) is None  # the view is needed outside
-    assert se.match(f, nodes, [], outs, types) is None  # keys are not a segment input
-    assert se.match(f, nodes[:1] + nodes[2:], ["topk_ids"], outs, types) is None  # no argsort
-    assert se.match(f, nodes, ["topk_ids"], outs, types, copies=[object()]) is None
+    assert sep.match(f, nodes, ["topk_ids"], outs, types) is not None
+    assert sep.match(f, nodes, ["topk_ids"], outs + ["flat"], types) is None  # the view is needed outside
+    assert sep.match(f, nodes, [], outs, types) is None  # keys are not a segment input
+    assert sep.match(f, nodes[:1] + nodes[2:], ["topk_ids"], outs, types) is None  # no argsort
+    assert sep.match(f, nodes, ["topk_ids"], outs, types, copies=[object()]) is None
 
 
 # ---- the kernel's source --------------------------------------------------------------------
@@ -201,7 +202,7 @@ def test_fused_plans_run_on_numpy(make):
 
 # ---- the runtime hook, with a stand-in for the GPU ------------------------------------------
 def test_runtime_step_launches_once_with_the_epilogue(monkeypatch):
-    from segfuse.compiler.cuda import runtime
+    from segfuse.compiler.cuda import library_sorts, prepare
 
     calls, prepared = [], []
     monkeypatch.setattr(radix_sort, "prepare", lambda dt, epi: prepared.append((dt, epi)))
@@ -221,8 +222,8 @@ def test_runtime_step_launches_once_with_the_epilogue(monkeypatch):
     T = 4096
     p = plan(f, T)
     types = f.bind({"topk_ids": (T, K)}).types
-    prep = runtime.Prepared(p, types, [])
-    step = runtime._sort_epilogue_step(FakeRt(), f, p.segments[0], types, prep)
+    prep = prepare.Prepared(p, types, [])
+    step = prepare.segment_step(FakeRt(), f, p.segments[0], types, {}, prep)
     assert step.kind == "library" and prep.kernels == 1 and not prep.fallbacks
     assert not prep.may_fail  # `order // 8` cannot fail: the run need not synchronize
     assert prepared and prepared[0][0] == np.dtype(np.int32)
@@ -246,9 +247,9 @@ def test_runtime_step_launches_once_with_the_epilogue(monkeypatch):
     div0 = graph("div0", BASE + [argsort_op(False), {"op": "floor_divide", "out": "q", "inputs": ["order", 0]}],
                  ["q"])
     p0 = plan(div0, T)
-    prep0 = runtime.Prepared(p0, div0.bind(shapes(div0, T)).types, [])
-    assert runtime._sort_epilogue_step(FakeRt(), div0, p0.segments[0], prep0.types, prep0) is not None
+    prep0 = prepare.Prepared(p0, div0.bind(shapes(div0, T)).types, [])
+    assert prepare.segment_step(FakeRt(), div0, p0.segments[0], prep0.types, {}, prep0).kind == "library"
     assert prep0.may_fail and prep0.kernels == 1
     # a segment without the routine hint is not taken
     other = dataclasses.replace(p.segments[0], hints={})
-    assert runtime._sort_epilogue_step(FakeRt(), f, other, types, prep) is None
+    assert library_sorts.sort_epilogue_run(FakeRt(), f, other, types) is None

@@ -1,4 +1,4 @@
-"""CUDA graphs on the kernels-only fast path (`CupyRuntime._graphed_call`): a run whose kernel
+"""CUDA graphs on the kernels-only fast path (`compiler/cuda/graphs.py`): a run whose kernel
 parameters (tensor pointers) repeat the last run's is captured once and replayed after that.
 Every result is checked against NumPy's reference (`run_graph`); the tests also change the
 data inside buffers a graph has baked in, put bad ids into them (synchronous and deferred
@@ -14,7 +14,7 @@ import pytest
 cp = pytest.importorskip("cupy")
 
 from segfuse.compiler.codegen.corpus import moe_graphs  # noqa: E402
-from segfuse.compiler.cuda import runtime as rtmod  # noqa: E402
+from segfuse.compiler.cuda import graphs  # noqa: E402
 from segfuse.compiler.cuda.runtime import get_runtime  # noqa: E402
 from segfuse.compiler.engine import Engine  # noqa: E402
 from segfuse.compiler.errors import DeferredRunError, RunError  # noqa: E402
@@ -145,7 +145,7 @@ def test_more_parameter_sets_than_a_call_keeps_graphs_for():
     eng.run(f, {"topk_ids": cp.asarray(mk(128)(np.random.default_rng(0))["topk_ids"])})
     st = rt._thread_state()
     free_before = len(st.graph_free)
-    hosts = [mk(128)(np.random.default_rng(10 + k)) for k in range(rtmod.GRAPHS_PER_CALL + 2)]
+    hosts = [mk(128)(np.random.default_rng(10 + k)) for k in range(graphs.GRAPHS_PER_CALL + 2)]
     bufs = [cp.asarray(h["topk_ids"]) for h in hosts]
     before = rt.graph_captures
     for _round in range(2):
@@ -156,7 +156,7 @@ def test_more_parameter_sets_than_a_call_keeps_graphs_for():
                 del got
     eng.synchronize()
     assert rt.graph_captures - before == 2 * len(hosts)  # each pair captured again in round 2
-    assert len(st.graph_free) >= free_before - rtmod.GRAPHS_PER_CALL
+    assert len(st.graph_free) >= free_before - graphs.GRAPHS_PER_CALL
 
 
 def test_threads_capture_and_replay_while_others_use_the_default_stream():
@@ -166,7 +166,7 @@ def test_threads_capture_and_replay_while_others_use_the_default_stream():
     f, mk = _graph(0)
     eng = Engine("cupy", errors="deferred")
     wrong, errors = [], []
-    n_bufs = rtmod.GRAPHS_PER_CALL + 2
+    n_bufs = graphs.GRAPHS_PER_CALL + 2
 
     def worker(t):
         try:

@@ -12,12 +12,12 @@ cp = pytest.importorskip("cupy")
 
 from segfuse.compiler.codegen.corpus import all_cases, case_inputs, moe_graphs  # noqa: E402
 from segfuse.compiler.cuda.runtime import CupyRuntime, get_runtime  # noqa: E402
-from segfuse.compiler.cuda.simple_plan import simple_plan  # noqa: E402
 from segfuse.compiler.dtypes import DType, from_numpy  # noqa: E402
 from segfuse.compiler.engine import Engine  # noqa: E402
 from segfuse.compiler.errors import RunError  # noqa: E402
 from segfuse.compiler.ir import Fusion  # noqa: E402
 from segfuse.compiler.numpy_backend import run_graph  # noqa: E402
+from segfuse.compiler.segmenter_reference import simple_plan  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

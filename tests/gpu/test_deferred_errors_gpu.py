@@ -13,7 +13,7 @@ import pytest
 cp = pytest.importorskip("cupy")
 
 from segfuse.compiler.codegen.corpus import moe_graphs  # noqa: E402
-from segfuse.compiler.cuda import runtime as rtmod  # noqa: E402
+from segfuse.compiler.cuda import thread_state as ts  # noqa: E402
 from segfuse.compiler.engine import Engine  # noqa: E402
 from segfuse.compiler.errors import DeferredRunError, RunError  # noqa: E402
 from segfuse.compiler.ir import Fusion  # noqa: E402
@@ -118,7 +118,7 @@ def test_synchronize_raises_a_pending_failure_once(spin):
 def test_a_failure_among_more_runs_than_the_ring_holds():
     f, mk = _hist()
     eng = Engine("cupy", errors="deferred")
-    n = rtmod.DEFERRED_SLOTS * 2 + 5
+    n = ts.DEFERRED_SLOTS * 2 + 5
     host = mk(128)(np.random.default_rng(0))
     want = run_graph(f, host)["counts"]
     ins = {k: cp.asarray(v) for k, v in host.items()}
@@ -127,7 +127,7 @@ def test_a_failure_among_more_runs_than_the_ring_holds():
     outs = {}
     for k in range(n):
         try:
-            outs[k] = eng.run(f, bad if k == rtmod.DEFERRED_SLOTS + 10 else ins).outputs["counts"]
+            outs[k] = eng.run(f, bad if k == ts.DEFERRED_SLOTS + 10 else ins).outputs["counts"]
         except DeferredRunError as e:
             assert "index 1000" in str(e)
             raised_at = k
@@ -135,11 +135,11 @@ def test_a_failure_among_more_runs_than_the_ring_holds():
         with pytest.raises(DeferredRunError, match="index 1000"):
             eng.synchronize()
     else:
-        assert raised_at > rtmod.DEFERRED_SLOTS + 10
+        assert raised_at > ts.DEFERRED_SLOTS + 10
         eng.synchronize()
     assert len(outs) == n - (raised_at is not None)
     for k, o in outs.items():
-        if k != rtmod.DEFERRED_SLOTS + 10:
+        if k != ts.DEFERRED_SLOTS + 10:
             np.testing.assert_array_equal(cp.asnumpy(o), want)
 
 

@@ -15,6 +15,7 @@ import pytest
 cp = pytest.importorskip("cupy")
 torch = pytest.importorskip("torch")
 
+from segfuse.compiler import segmenter_sort_epilogue as sep  # noqa: E402
 from segfuse.compiler.codegen import sort_epilogue as se  # noqa: E402
 from segfuse.compiler.codegen.corpus import _graph, moe_graphs, sort_consumers_graph  # noqa: E402
 from segfuse.compiler.cuda import radix_sort  # noqa: E402
@@ -83,7 +84,7 @@ def test_one_launch(T):
         f = run_moe(ids, True, calls=1)
         prep = get_runtime().prepared_for(f, {"topk_ids": cp.asarray(ids)})
         assert prep.kernels == 1 and len(prep.steps) == 1, prep.fallbacks
-        assert prep.steps[0].desc == se.ROUTINE and not any("split" in x for x in prep.fallbacks)
+        assert prep.steps[0].desc == sep.ROUTINE and not any("split" in x for x in prep.fallbacks)
 
 
 def wide(idt):
@@ -130,7 +131,7 @@ def test_direct_call_without_a_thread_state():
     f = moe("int32", False)
     types = f.bind({"topk_ids": (T, K)}).types
     (seg,) = segment(f, f.bind({"topk_ids": (T, K)})).segments
-    m = se.match(f, seg.nodes, seg.inputs, seg.outputs, types)
+    m = sep.match(f, seg.nodes, seg.inputs, seg.outputs, types)
     epi, params = se.render(f, m, types)
     h = np.random.default_rng(3).integers(0, 256, (T, K)).astype(np.int32)
     outs = [cp.empty(T * K, np.int64) for _ in params]

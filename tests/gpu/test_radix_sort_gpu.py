@@ -15,6 +15,7 @@ import pytest
 cp = pytest.importorskip("cupy")
 torch = pytest.importorskip("torch")
 
+from segfuse.compiler.codegen import radix_sort as radix_text  # noqa: E402
 from segfuse.compiler.codegen.corpus import moe_graphs  # noqa: E402
 from segfuse.compiler.cuda import radix_sort  # noqa: E402
 from segfuse.compiler.engine import Engine  # noqa: E402
@@ -23,7 +24,7 @@ from segfuse.compiler.numpy_backend import run_graph  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
-DTYPES = list(radix_sort.SUPPORTED)
+DTYPES = list(radix_text.SUPPORTED)
 FLOATS = ("float16", "float32", "float64")
 
 
@@ -40,7 +41,7 @@ def oracle(h: np.ndarray, desc: bool) -> np.ndarray:
 
 def ours(h: np.ndarray, desc: bool) -> np.ndarray:
     x = cp.asarray(h)
-    assert radix_sort.supported(x, 0)
+    assert radix_text.supported(x, 0)
     r = radix_sort.argsort(cp, x, 0, desc)
     assert r.dtype == np.int64 and r.shape == h.shape
     return cp.asnumpy(r)
@@ -125,7 +126,7 @@ def test_rows_of_other_shapes_and_a_side_stream():
 
 
 def test_runtime_dispatch_keeps_multi_row_fallback():
-    from segfuse.compiler.cuda.runtime import _argsort
+    from segfuse.compiler.cuda.library_sorts import argsort as _argsort
 
     h = np.random.default_rng(4).integers(0, 9, (3, 5000)).astype(np.int64)
     for desc in (False, True):

@@ -15,10 +15,10 @@ torch = pytest.importorskip("torch")
 from segfuse.compiler.codegen import scatter as sc  # noqa: E402
 from segfuse.compiler.codegen.corpus import scatter_graph  # noqa: E402
 from segfuse.compiler.cuda.runtime import CupyRuntime  # noqa: E402
-from segfuse.compiler.cuda.simple_plan import simple_plan  # noqa: E402
 from segfuse.compiler.engine import Engine  # noqa: E402
 from segfuse.compiler.errors import RunError  # noqa: E402
 from segfuse.compiler.ir import Fusion  # noqa: E402
+from segfuse.compiler.segmenter_reference import simple_plan  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

@@ -1,4 +1,6 @@
-"""A minimal planner for the CuPy runtime, used when the real segmenter is unavailable.
+"""A minimal reference planner: a second, simpler way to cut a graph into segments, which tests and
+benchmarks hand to the CUDA runtime (`CupyRuntime(planner=...)`) to force lowerings the segmenter
+would not pick; `split_nodes` also serves the runtime when the codegen refuses a segment.
 
 Small graphs (every tensor at most SMALL elements) become one single-block segment: one kernel
 launch for the whole graph (the MoE prologue case). Otherwise every anchor op (reduction, scan,
@@ -10,8 +12,8 @@ from __future__ import annotations
 
 import math
 
-from ..codegen.lazy import LAZY_KINDS
-from ..plan import Plan, Segment, SegmentKind
+from .plan import Plan, Segment, SegmentKind
+from .segmenter_graph import HEAVY
 
 SMALL = 8192
 
@@ -38,7 +40,7 @@ def simple_plan(fusion, types: dict, small: int = SMALL) -> Plan:
             if isinstance(x, str):
                 needed_later.setdefault(x, set()).add(pos)
     for pos, nd in enumerate(fusion.nodes):
-        if nd.op.kind in LAZY_KINDS:
+        if nd.op.kind not in HEAVY:  # lazy: inlined into its consumers
             continue
         cone = _cone(fusion, pos, materialized)
         ins = sorted({x for p in cone for x in fusion.nodes[p].inputs if isinstance(x, str)
@@ -78,7 +80,7 @@ def split_nodes(fusion, nodes: list[int], inputs: list[str], outputs: list[str])
     mine = set(nodes)
     for pos in nodes:
         nd = fusion.nodes[pos]
-        if nd.op.kind in LAZY_KINDS:
+        if nd.op.kind not in HEAVY:  # lazy: inlined into its consumers
             continue
         cone = _cone(fusion, pos, materialized) & mine
         ins = sorted({x for p in cone for x in fusion.nodes[p].inputs if isinstance(x, str) and x in materialized})

@@ -1,0 +1,163 @@
+"""Arrays of the CUDA backend: dtypes as they live on the GPU, input signatures, and the
+per-thread reusable output buffers of small results."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import numpy as np
+
+from ..dtypes import DType, from_numpy
+from ..errors import BindError, Issue
+from .device import cupy_module
+
+
+def cp_dtype(dt: DType):
+    # CuPy has no bfloat16: such tensors live on the GPU as their uint16 bit patterns
+    return np.dtype(np.uint16) if dt is DType.bfloat16 else dt.np
+
+
+def host_view(a: np.ndarray, dt: DType) -> np.ndarray:
+    return a.view(dt.np) if dt is DType.bfloat16 else a
+
+
+def signature(fusion, inputs: dict):
+    """Hashable key of a run's inputs (graph, names, shapes, strides, dtypes) when all are CuPy
+    arrays; None otherwise (host arrays take the general path)."""
+    nd = _ndarray_type()
+    key = [fusion.id]
+    for k, a in inputs.items():
+        if type(a) is not nd:
+            return None
+        key.append((k, a.shape, a.strides, a.dtype))
+    return tuple(key)
+
+
+_ND = []
+
+
+def _ndarray_type():
+    if not _ND:
+        _ND.append(cupy_module().ndarray)
+    return _ND[0]
+
+
+def dtype_of(fusion, name, np_dtype):
+    try:
+        dt = from_numpy(np_dtype)
+    except ValueError:
+        return None
+    for n, t in fusion.inputs:
+        if n == name and t.dtype is DType.bfloat16 and np.dtype(np_dtype) == np.uint16:
+            return DType.bfloat16  # bfloat16 travels as uint16 bits on the GPU
+    return dt
+
+
+def contiguous_strides(shape):
+    """Row-major strides, in elements."""
+    s, acc = [], 1
+    for d in reversed(tuple(shape)):
+        s.append(acc)
+        acc *= d
+    return tuple(reversed(s))
+
+
+getrefcount = sys.getrefcount
+# References to a cached buffer nobody else holds: the cache's dict, the local name, the argument.
+_FREE_REFS = 3
+_REUSE_BYTES = 1 << 20
+
+
+def is_small(shape, dt) -> bool:
+    """Whether an output buffer of this shape and dtype is kept per thread for reuse (up to 1 MiB;
+    larger ones go back to the pool, where the allocation cost is noise next to their kernels')."""
+    return math.prod(shape) * np.dtype(dt).itemsize <= _REUSE_BYTES
+
+
+def output_buffer(ctx, key, shape, dt, small: bool, empty):
+    """An output buffer for a step of a run on this thread. A small one is this thread's buffer
+    `key` from an earlier run once nobody else holds it (the caller dropped that result; runs on
+    one thread are serialized): a per-signature free list, ~2 us less than the memory pool."""
+    if not small:
+        with ctx.stream:  # the pool hands out memory ordered on this stream
+            return empty(shape, dt)
+    buffers = ctx.state.buffers
+    a = buffers.get(key)
+    if a is None or getrefcount(a) > _FREE_REFS:
+        with ctx.stream:
+            a = buffers[key] = empty(shape, dt)
+    return a
+
+
+_ZERO8 = bytearray(8)
+
+
+def shape_proxies(fusion, inputs: dict) -> dict:
+    """Zero-byte NumPy stand-ins with each input's shape and dtype (for binding on the host)."""
+    out = {}
+    for k, v in inputs.items():
+        if hasattr(v, "__cuda_array_interface__"):
+            dt = dtype_of(fusion, k, v.dtype)
+            npdt = dt.np if dt is not None else np.dtype(v.dtype)
+            out[k] = np.ndarray(tuple(v.shape), npdt, buffer=_ZERO8, strides=(0,) * v.ndim)
+        else:
+            out[k] = np.asarray(v)
+    return out
+
+
+def commit_outputs(outputs, env, inputs: dict, arrays: dict, st, device_array) -> dict:
+    """A run's results, by the one commit rule of the CUDA backend, applied only once the run
+    succeeded (or was launched, when it cannot fail or defers its errors): an output declaring
+    `alias_of` is written into that input and returned as it (a host input through a copy); an
+    output that is an input's own array is returned as a copy, so an output never exposes an
+    input's buffer; every other output is returned as it is. `outputs`: (name, alias_of) pairs;
+    `arrays`: the inputs as device arrays (`inputs` itself on the fast path); `device_array`:
+    CuPy's ndarray type. Writes and copies are ordered on the thread state `st`'s stream."""
+    res = {}
+    for name, alias in outputs:
+        v = env[name]
+        if alias is not None:
+            dst = inputs[alias]
+            if isinstance(dst, device_array):
+                with st.stream:
+                    dst[...] = v
+                v = dst
+            else:  # a host array (np.copyto: bfloat16 travels as uint16 bits)
+                with st.stream:
+                    h = v.get()
+                np.copyto(dst, h.view(dst.dtype) if h.dtype != dst.dtype else h)
+        else:
+            for a in arrays.values():
+                if v is a:
+                    with st.stream:
+                        v = v.copy()
+                    break
+        res[name] = v
+    return res
+
+
+def to_device(cp, fusion, inputs: dict):
+    """CuPy arrays for the inputs (NumPy ones are uploaded), with their shapes/dtypes/strides."""
+    shapes, dtypes, strides, arrays, issues = {}, {}, {}, {}, []
+    for name, a in inputs.items():
+        if isinstance(a, cp.ndarray):
+            g = a
+            dt = dtype_of(fusion, name, a.dtype)
+        else:
+            h = np.asarray(a)
+            try:
+                dt = from_numpy(h.dtype)
+            except ValueError as e:
+                issues.append(Issue(("inputs", name), str(e)))
+                continue
+            g = cp.asarray(h.view(np.uint16) if dt is DType.bfloat16 else h)
+        if dt is None:
+            issues.append(Issue(("inputs", name), f"unsupported dtype {a.dtype}"))
+            continue
+        shapes[name], dtypes[name] = tuple(g.shape), dt
+        strides[name] = tuple(s // max(g.itemsize, 1) for s in g.strides)
+        arrays[name] = g
+    if issues:
+        raise BindError(issues)
+    return shapes, dtypes, strides, arrays

@@ -1,0 +1,88 @@
+"""The per-signature fast path's run paths (`CupyRuntime.prepared_call`): a warm graph's runs skip
+binding, planning and the prepared-entry lookup. Kernels-only plans launch their parameter blocks
+directly or replay CUDA graphs (compiler/cuda/graphs.py); other plans run step by step in the
+thread's stream context."""
+
+from __future__ import annotations
+
+from .arrays import commit_outputs
+from .graphs import graphed_call
+from .thread_state import RunCtx, defers
+
+
+def make_call(rt, fusion, prep, st0, deferred: bool):
+    """The call for one prepared signature (see `CupyRuntime.prepared_call`); `st0`: the calling
+    thread's state."""
+    tls, new_state = rt._tls, rt._thread_state
+    outputs, device_array = prep.outputs, rt.cp.ndarray
+    steps = tuple(s.run for s in prep.steps)
+    staged = tuple(prep.staged)
+    may_fail = prep.may_fail
+    defer = may_fail and deferred and defers(fusion, st0)
+    token = object()  # this call's run context in each thread's state
+
+    def new_ctx(st):
+        ctx = st.params[token] = RunCtx(rt, st, prep)
+        return ctx
+
+    def context():
+        st = getattr(tls, "st", None) or new_state()
+        if st.pending:
+            st.settle()  # an earlier deferred run's failure, once visible, fails this call
+        return st, st.params.get(token) or new_ctx(st)
+
+    if all(s.kind == "kernel" for s in prep.steps) and not staged and rt.use_graphs and st0.mapped:
+        return graphed_call(rt, fusion, prep, defer, tls, new_state, token, new_ctx)
+
+    if all(s.kind == "kernel" for s in prep.steps) and not staged:
+        # kernels only: their steps allocate on the thread's stream themselves, so the call
+        # needs no stream context (a few microseconds per call at decode sizes)
+        def call(ins: dict) -> dict:
+            st = getattr(tls, "st", None) or new_state()
+            ctx = st.params.get(token) or new_ctx(st)
+            env = dict(ins)
+            if may_fail and not defer:
+                st.reset()
+                for run in steps:
+                    run(env, ctx)
+                res = commit_outputs(outputs, env, ins, ins, st, device_array)  # (no input writes: while the GPU works)
+                st.outcome(fusion)  # (raises an earlier deferred run's failure first)
+                return res
+            if defer:
+                st.launch_deferred(fusion, steps, env, ctx)
+            else:
+                for run in steps:
+                    run(env, ctx)
+            if st.pending:
+                # an earlier deferred run's failure, once visible, fails this call. Checked
+                # after the launch, while the GPU works: this run's outputs are then dropped
+                # (its own failure, if any, is counted among the later ones)
+                st.settle()
+            return commit_outputs(outputs, env, ins, ins, st, device_array)
+
+        return call
+
+    def call_general(ins: dict) -> dict:
+        st, ctx = context()
+        stream = st.stream
+        with stream:
+            env = dict(ins)
+            for name in staged:
+                env[name] = ins[name].copy()
+            if defer:
+                st.launch_deferred(fusion, steps, env, ctx)
+            elif may_fail:
+                st.reset()
+                for run in steps:
+                    run(env, ctx)
+                st.outcome(fusion)
+            else:
+                for run in steps:
+                    run(env, ctx)
+            res = commit_outputs(outputs, env, ins, ins, st, device_array)
+            if staged:
+                stream.synchronize()
+        return res
+
+    return call_general
+

@@ -1,0 +1,113 @@
+"""CUDA graphs for the kernels-only fast path: repeated launches with the same parameter blocks are
+captured once and replayed with one `cuGraphLaunch`."""
+
+from __future__ import annotations
+
+from .arrays import commit_outputs
+from .thread_state import ERR_WORDS
+
+GRAPHS_PER_CALL = 4  # graphs kept per prepared signature and thread (distinct parameter sets)
+
+
+def graphed_call(rt, fusion, prep, defer, tls, new_state, token, new_ctx):
+    """The kernels-only fast path with CUDA graphs. A run binds every kernel's parameter block
+    first (tensor pointers, outputs allocated); when those bytes equal the last run's, the
+    launches are captured once into a graph, and later runs with the same parameters replay
+    it: one `cuGraphLaunch` instead of a `cuLaunchKernel` per kernel (on the H200 host 1.6 us
+    against 5.8 us for one kernel; benchmarks/README.md). Parameters seen for the first time
+    launch directly, so runs on ever new buffers never pay for a capture. Errors: a checked
+    plan's graph writes the thread's synchronous error block like a direct run; a deferred
+    plan's graph has an error block of its own (`ThreadState.graph_owner`)."""
+    binds = tuple(s.run.bind for s in prep.steps)
+    fires = tuple(s.run.fire for s in prep.steps)
+    may_fail = prep.may_fail
+    outputs, device_array = prep.outputs, rt.cp.ndarray
+    checked = may_fail and not defer  # waits for the outcome before returning
+    block_bytes = ERR_WORDS * 8
+
+    def release(st, blk):
+        st.graph_owner[blk] = None
+        st.graph_free.append(blk)
+
+    def capture(st, ctx, key, recs):
+        if not rt.use_graphs:
+            return None
+        graphs = ctx.graphs
+        full = len(graphs) >= GRAPHS_PER_CALL
+        if full and st.batch is not None:
+            return None  # no eviction inside a batch: a dropped graph's block may hold a failure
+        if defer and not full and not st.graph_free:
+            return None  # every graph block is taken (by other plans' graphs)
+        if full:  # the oldest goes (a deferred plan's frees its block)
+            _graph, old = graphs.pop(next(iter(graphs)))
+            if old is not None:
+                try:
+                    st.synchronize()  # its replays may still write its block (raises their failure)
+                finally:
+                    release(st, old)
+        blk, err = None, st.sync_err_ptr
+        if defer:
+            if not st.graph_free:
+                return None
+            blk = st.graph_free.pop()
+            st.graph_owner[blk] = fusion
+            err = st.gblock_dev + blk * block_bytes
+        # captured on a non-blocking stream of the thread's own: capturing a blocking stream
+        # makes other threads' work on the legacy stream fail (cudaErrorStreamCaptureImplicit)
+        # while it lasts. Replays run on the thread's blocking stream, ordered as direct runs.
+        stream = st.capture_stream
+        if stream is None:
+            stream = st.capture_stream = rt.cp.cuda.Stream(non_blocking=True)
+        try:
+            stream.begin_capture()
+            try:
+                for rec, fire in zip(recs, fires):
+                    fire(rec, err, stream.ptr)
+            finally:
+                graph = stream.end_capture()
+        except Exception as e:  # no graphs on this runtime from now on; this run launches directly
+            rt.use_graphs = False
+            rt.graph_fallback_reason = f"{type(e).__name__}: {e}"
+            if blk is not None:
+                release(st, blk)
+            return None
+        g = graphs[key] = (graph, blk)
+        rt.graph_captures += 1
+        return g
+
+    def call(ins: dict) -> dict:
+        st = getattr(tls, "st", None) or new_state()
+        ctx = st.params.get(token) or new_ctx(st)
+        env = dict(ins)
+        recs = [bind(env, ctx) for bind in binds]
+        key = b"".join([bytes(r[0]) for r in recs])  # every parameter but the error block's
+        g = ctx.graphs.get(key)
+        if g is None:
+            if key == ctx.last_key:  # the same parameters twice in a row: capture them
+                g = capture(st, ctx, key, recs)
+            else:
+                ctx.last_key = key
+        if checked:
+            st.reset()
+            if g is None:
+                for rec, fire in zip(recs, fires):
+                    fire(rec, st.sync_err_ptr, ctx.sp)
+            else:
+                g[0].launch(st.stream)
+            res = commit_outputs(outputs, env, ins, ins, st, device_array)  # (no input writes: while the GPU works)
+            st.outcome(fusion)  # (raises an earlier deferred run's failure first)
+            return res
+        if g is None:
+            err = st.claim_slot(fusion) if defer else st.sync_err_ptr
+            for rec, fire in zip(recs, fires):
+                fire(rec, err, ctx.sp)
+        else:
+            g[0].launch(st.stream)
+            if g[1] is not None:
+                st.graph_replayed(g[1])
+        if st.pending or st.graph_runs:
+            st.settle()  # after the launch, as in prepared_call's other kernels-only path
+        return commit_outputs(outputs, env, ins, ins, st, device_array)
+
+    return call
+

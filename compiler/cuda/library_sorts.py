@@ -1,0 +1,133 @@
+"""Library sorts of the CUDA backend: segments the codegen leaves to a routine.
+
+- the sort epilogue's segments (plan: compiler/segmenter_sort_epilogue.py, text:
+  compiler/codegen/sort_epilogue.py): one launch of the radix sort's fused variant;
+- single-op argsort/sort/topk segments whose rows are too long for one block: our multi-block
+  radix sort where it takes the row (compiler/cuda/radix_sort.py), else CuPy's sorts.
+Each maker returns a step's `run(env, ctx)`, or None when it does not take the segment.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..codegen.radix_sort import supported, takes
+from ..codegen.sort_epilogue import render
+from ..dtypes import DType
+from ..segmenter_sort_epilogue import ROUTINE, match
+from . import radix_sort
+from .arrays import cp_dtype, is_small, output_buffer
+
+
+def sort_epilogue_run(rt, fusion, seg, types):
+    """(run(env, ctx), may_fail) for a segment whose hints name the sort epilogue's ROUTINE, at
+    these concrete types: `run` launches the fused kernel; `may_fail` says whether it can write the
+    error word (a checked divisor), so the run must synchronize to learn its outcome. None: not
+    such a segment, or it no longer matches; the general path runs it."""
+    if (seg.hints or {}).get("routine") != ROUTINE:
+        return None
+    m = match(fusion, seg.nodes, seg.inputs, seg.outputs, types, copies=getattr(seg, "copies", ()))
+    if m is None:
+        return None
+    kt = types[m.key]
+    # bfloat16 travels as uint16 bits, which would sort as integers
+    if kt.dtype is DType.bfloat16 or not takes((int(m.n),), cp_dtype(kt.dtype), 0):
+        return None
+    epi, params = render(fusion, m, types)
+    key_dt = np.dtype(cp_dtype(kt.dtype))
+    radix_sort.prepare(key_dt, epi)
+    cp = rt.cp
+    specs = tuple((p, tuple(types[p].shape), cp_dtype(types[p].dtype)) for p in params)
+    specs = tuple((p, shape, dt, is_small(shape, dt)) for p, shape, dt in specs)
+    key, desc = m.key, m.descending
+    token = object()  # this step's reusable outputs in each thread's state
+    empty = cp.empty
+
+    def run(env, ctx):
+        x = env[key]
+        if x.ndim != 1:
+            x = x.reshape(-1)  # a view of a contiguous input (CuPy copies a strided one)
+        outs = [output_buffer(ctx, (token, i), shape, dt, small, empty)
+                for i, (_, shape, dt, small) in enumerate(specs)]
+        radix_sort.argsort(cp, x, 0, desc, ctx.state, epilogue=epi, outputs=outs)
+        for (name, _, _, _), a in zip(specs, outs):
+            env[name] = a
+
+    return run, "sf_err" in epi.store + epi.scatter + epi.init
+
+
+def library_run(rt, fusion, seg, types):
+    """CuPy routines for single-op sort/scan segments the codegen cannot emit (rows too long)."""
+    nodes = [fusion.nodes[p] for p in seg.nodes]
+    anchors = [nd for nd in nodes if nd.op.name in LIBRARY]
+    if len(nodes) != 1 or not anchors:
+        return None
+    nd = nodes[0]
+    if any(types[x].dtype is DType.bfloat16 for x in nd.inputs if isinstance(x, str)):
+        return None
+    fn = LIBRARY[nd.op.name]
+    cp = rt.cp
+    x0 = nd.inputs[0]
+    if nd.op.name == "argsort" and isinstance(x0, str) and len(types[x0].shape) >= 1:
+        t = types[x0]
+        axis = nd.attrs.dim % len(t.shape)
+        if takes(t.shape, cp_dtype(t.dtype), axis):
+            # the prepared signature fixes shape and dtype: our radix sort for every call, decided
+            # once here; per call only the launch (the output is already contiguous int64)
+            out_name, desc = nd.outputs[0], bool(nd.attrs.descending)
+
+            def run_radix(env, ctx):
+                env[out_name] = radix_sort.argsort(cp, env[x0], axis, desc, ctx.state)
+
+            return run_radix
+
+    def run(env, ctx):
+        args = [env[x] if isinstance(x, str) else x.value for x in nd.inputs]
+        if args[0].ndim == 0:  # one element is sorted: itself, index 0 (as the NumPy reference)
+            zero = cp.zeros((), dtype=np.int64)
+            outs = [zero] if nd.op.name == "argsort" else [args[0].copy(), zero]
+        else:
+            outs = fn(cp, args, nd.attrs, [types[o] for o in nd.outputs], ctx.state)
+        for o, v in zip(nd.outputs, outs):
+            env[o] = cp.ascontiguousarray(v) if v.ndim else v  # (ascontiguousarray makes 0-d 1-d)
+
+    return run
+
+
+def argsort(cp, x, axis, descending, state=None):
+    """Stable argsort along `axis`, int64 indices. `state`: the runtime thread state, if any."""
+    if supported(x, axis):  # one row: our one-launch stable radix sort (int64 indices)
+        return radix_sort.argsort(cp, x, axis, descending, state)
+    if not descending:
+        i = cp.argsort(x, axis=axis)  # CuPy's argsort is a stable (thrust) sort
+    elif x.dtype.kind in "iu":  # ~x reverses the order of integers exactly: one stable ascending sort
+        i = cp.argsort(~x, axis=axis)
+    else:
+        rev = cp.flip(x, axis=axis)
+        n = x.shape[axis]
+        i = cp.flip(n - 1 - cp.argsort(rev, axis=axis), axis=axis)
+    return i.astype(np.int64, copy=False)
+
+
+def _lib_argsort(cp, args, attrs, outs, state=None):
+    x = args[0]
+    return [argsort(cp, x, attrs.dim % x.ndim, attrs.descending, state)]
+
+
+def _lib_sort(cp, args, attrs, outs, state=None):
+    x = args[0]
+    ax = attrs.dim % x.ndim
+    i = argsort(cp, x, ax, attrs.descending, state)
+    return [cp.take_along_axis(x, i, axis=ax), i]
+
+
+def _lib_topk(cp, args, attrs, outs, state=None):
+    x = args[0]
+    ax = attrs.dim % x.ndim
+    k = outs[0].shape[ax]
+    i = argsort(cp, x, ax, attrs.largest, state)
+    i = cp.take(i, cp.arange(k), axis=ax)
+    return [cp.take_along_axis(x, i, axis=ax), i]
+
+
+LIBRARY = {"argsort": _lib_argsort, "sort": _lib_sort, "topk": _lib_topk}

@@ -1,0 +1,185 @@
+"""Preparation: a plan at one input signature becomes steps, each a `run(env, ctx)` -- a kernel
+launch through its parameter block, a library sort, a copy, or (last resort) the NumPy reference on
+the host -- with the plan's kernels compiled and loaded, once per signature."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..codegen.lazy import Unsupported
+from ..codegen.segment import generate
+from ..dtypes import DType
+from ..numpy_backend import eval_node
+from ..plan import Segment, SegmentKind
+from ..segmenter_reference import split_nodes
+from ..segmenter_sort_epilogue import ROUTINE
+from .arrays import contiguous_strides, host_view
+from .library_sorts import LIBRARY, library_run, sort_epilogue_run
+from .param_blocks import kernel_step
+
+
+@dataclass
+class Step:
+    kind: str  # kernel | library | host | copy
+    seg: object
+    run: object  # callable(env, ctx)
+    desc: str = ""
+
+
+@dataclass
+class Prepared:
+    plan: object
+    types: dict
+    steps: list
+    compile_s: float = 0.0
+    kernels: int = 0
+    fallbacks: list = field(default_factory=list)
+    # some kernel checks indices or divisors (writes the error word): a run must synchronize to
+    # learn its outcome before it returns. Plans that cannot fail return once launched.
+    may_fail: bool = False
+    # inputs the plan updates in place (alias_of): a run writes a copy and commits it at the end
+    staged: list = field(default_factory=list)
+    outputs: tuple = ()  # (name, alias_of) per graph output, as the commit rule takes them
+    plan_s: float = 0.0  # time spent preparing (compiles included)
+
+
+def prepare_plan(rt, fusion, plan, bound, strides: dict) -> Prepared:
+    """Steps for `plan` at the bound input sizes and dtypes and these input strides (`rt`: the
+    CupyRuntime, for its kernel cache, SM count and CuPy)."""
+    types = dict(bound.types)
+    for seg in plan.segments:  # private copies of scatter selfs have their source's type
+        for c in getattr(seg, "copies", []) or []:
+            types.setdefault(c.dst, types[c.src])
+    t0 = time.perf_counter()
+    prep = Prepared(plan, types, [], staged=[o.alias_of for o in fusion.outputs if o.alias_of is not None],
+                    outputs=tuple((o.name, o.alias_of) for o in fusion.outputs))
+    c0 = rt.cache.stats.compile_s
+    for seg in plan.segments:
+        prep.steps.append(segment_step(rt, fusion, seg, types, strides, prep))
+    prep.compile_s = rt.cache.stats.compile_s - c0
+    prep.plan_s = time.perf_counter() - t0
+    return prep
+
+
+def segment_step(rt, fusion, seg, types, in_strides, prep) -> Step:
+    """The step that runs one segment of the plan (its launches counted into `prep`)."""
+    kind = getattr(seg.kind, "value", seg.kind)
+    if not seg.nodes:
+        return Step("copy", seg, _copy_step(rt, seg, types), "copy")
+    fused = sort_epilogue_run(rt, fusion, seg, types)
+    if fused is not None:
+        run, may_fail = fused
+        prep.kernels += 1
+        prep.may_fail = prep.may_fail or may_fail  # (a checked divisor writes the error word)
+        return Step("library", seg, run, ROUTINE)
+    # A scatter writes straight into its self's buffer only when that buffer is materialized
+    # before the segment (in place, ordered, or a staged alias_of input). Otherwise the kernel
+    # initializes its own output from self (which is what a private copy means).
+    aliased, alias_buf = set(), {}
+    graph_inputs = set(fusion.input_names)
+    staged = {o.alias_of for o in fusion.outputs if o.alias_of is not None}
+    for a in getattr(seg, "aliases", []) or []:
+        mode = getattr(a, "mode", "inplace")
+        if a.buffer not in seg.inputs:
+            continue
+        if a.buffer in graph_inputs and a.buffer not in staged:
+            continue
+        node = next((fusion.nodes[p] for p in seg.nodes if a.tensor in fusion.nodes[p].outputs), None)
+        if node is None or (node.inputs[0] != a.buffer and mode != "copy"):
+            continue
+        aliased.add(a.tensor)
+        alias_buf[a.tensor] = a.buffer
+    strides = {n: in_strides.get(n) or contiguous_strides(types[n].shape) for n in seg.inputs}
+    try:
+        mod = generate(fusion, seg, types, strides, aliased=aliased, sm_count=rt.sm_count,
+                       single_block=(kind == "single_block"))
+    except Unsupported as e:
+        return _split_step(rt, fusion, seg, types, strides, prep, str(e))
+    return _kernel(rt, mod, types, alias_buf, prep, seg)
+
+
+def _kernel(rt, mod, types, alias_buf, prep, seg) -> Step:
+    rawmod = rt.cache.get(mod.source)
+    prep.kernels += len(mod.launches)
+    prep.may_fail = prep.may_fail or mod.may_fail
+    kernels = []
+    for ln in mod.launches:
+        k = rawmod.get_function(ln.kernel)
+        if ln.smem > 48 * 1024:
+            k.max_dynamic_shared_size_bytes = ln.smem
+        kernels.append((k, ln))
+    return Step("kernel", seg, kernel_step(rt, mod, kernels, types, alias_buf), mod.key)
+
+
+def _split_step(rt, fusion, seg, types, strides, prep, why) -> Step:
+    """The segment as several launches: one per anchor (grid mode), CuPy or host for the rest."""
+    subs = []
+    for nodes, ins, outs in split_nodes(fusion, seg.nodes, seg.inputs, seg.outputs):
+        sub = Segment(seg.id, SegmentKind.pointwise, nodes, ins, outs, "split")
+        try:
+            mod = generate(fusion, sub, types, {n: strides.get(n) or contiguous_strides(types[n].shape) for n in ins},
+                           sm_count=rt.sm_count, single_block=False)
+            subs.append(_kernel(rt, mod, types, {}, prep, sub))
+        except Unsupported as e:
+            lib = library_run(rt, fusion, sub, types)
+            anchor = fusion.nodes[nodes[-1]] if nodes else None
+            if lib is None and anchor is not None and anchor.op.name in LIBRARY and len(nodes) > 1:
+                # materialize the sort's (lazily computed) input with a kernel, then CuPy sorts it
+                x = anchor.inputs[0]
+                if x not in ins:
+                    pre = Segment(seg.id, SegmentKind.pointwise, nodes[:-1], ins, [x], "split")
+                    pmod = generate(fusion, pre, types, {n: strides.get(n) or contiguous_strides(types[n].shape) for n in ins},
+                                    sm_count=rt.sm_count, single_block=False)
+                    subs.append(_kernel(rt, pmod, types, {}, prep, pre))
+                one = Segment(seg.id, SegmentKind.library, [nodes[-1]], [x], outs, "split")
+                lib = library_run(rt, fusion, one, types)
+            if lib is not None:
+                prep.fallbacks.append(f"segment {seg.id}: library ({e})")
+                subs.append(Step("library", sub, lib, str(e)))
+            else:
+                prep.fallbacks.append(f"segment {seg.id}: host ({e})")
+                subs.append(Step("host", sub, _host_step(rt, fusion, sub, types), str(e)))
+    prep.fallbacks.append(f"segment {seg.id}: split into {len(subs)} launches ({why})")
+
+    def run(env, ctx):
+        for s in subs:
+            s.run(env, ctx)
+
+    return Step("split", seg, run, why)
+
+
+def _copy_step(rt, seg, types):
+    pairs = [(c.src, c.dst) for c in getattr(seg, "copies", []) or []] or list(zip(seg.inputs, seg.outputs))
+
+    def run(env, ctx):
+        for i, o in pairs:
+            env[o] = env[i].copy()
+
+    return run
+
+
+def _host_step(rt, fusion, seg, types):
+    """Last resort: the NumPy references on the host (exact semantics, slow)."""
+    cp = rt.cp
+    nodes = [fusion.nodes[p] for p in seg.nodes]
+
+    def run(env, ctx):
+        values = {}
+        for n in seg.inputs:
+            values[n] = host_view(cp.asnumpy(env[n], stream=ctx.stream), types[n].dtype)
+        ctx.stream.synchronize()
+        for nd in nodes:
+            for x in nd.inputs:
+                if isinstance(x, str) and x not in values:
+                    values[x] = host_view(cp.asnumpy(env[x], stream=ctx.stream), types[x].dtype)
+            eval_node(nd, values, types)
+        for o in seg.outputs:
+            h = np.require(values[o], requirements="C")  # keeps 0-d (ascontiguousarray makes 1-d)
+            if types[o].dtype is DType.bfloat16:
+                h = h.view(np.uint16)
+            env[o] = cp.asarray(h)
+
+    return run
