@@ -1,4 +1,4 @@
-"""Building blocks of the grid-mode scatter kernels (used by `SegmentCodegen._scatter_grid`).
+"""Building blocks of the grid-mode scatter kernels (used by `ScatterKernels._scatter_grid`, scatter_kernels.py).
 
 Two things make a streaming scatter fast on a GPU with ~4 TB/s of DRAM and ~50 MB of L2:
 
@@ -42,6 +42,8 @@ ATOMIC_VEC_BLOCKS_PER_SM = 4
 WINDOW_BYTES = 16 << 20
 WINDOW_MIN_SOURCES = 1 << 20
 MAX_WINDOWS = 8
+PRIV_SMEM = 48 * 1024  # privatized (shared-memory histogram) kernels: the target's replicas fit this
+ATOMIC_BLOCKS_PER_SM = 1 << 20  # scalar global-atomic kernels: one thread per source (latency-bound)
 
 
 def windows(target_bytes: int, n_sources: int) -> int:
