@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .dtypes import DType
-from .ops.registry import OpKind
+from .ops.registry import REGISTRY, OpKind
 
 GRID = "grid"
 SINGLE_BLOCK = "single_block"
@@ -70,27 +70,20 @@ class Capability:
     fuse_copies: bool = True
     # Index arithmetic is 32-bit while every tensor has fewer elements than this.
     index32_limit: int = 2**31 - 1
-    # CuPy routines for library segments, by op name (default: a generic host-side fallback).
-    library_routines: dict = field(default_factory=lambda: {
-        "argsort": "cupy.argsort", "sort": "cupy.sort", "topk": "cupy.argpartition+cupy.sort",
-        "cumsum": "cupy.cumsum", "cumprod": "cupy.cumprod", "scatter": "cupyx.scatter_add/max/min",
-        "index_add": "cupyx.scatter_add", "index_put": "cupy.ndarray.__setitem__"})
-
     def library_routine(self, op_name: str) -> str:
-        return self.library_routines.get(op_name, f"cupy {op_name}")
+        """What a library segment of the op runs: its registry entry's `library` (the GPU runtime
+        has library routines for sorts only; any other library segment is still lowered to a
+        kernel in grid mode, or run on the host)."""
+        return REGISTRY[op_name].library or "a grid kernel, else the host reference"
 
 
 DEFAULT_CAPABILITY = Capability()
 
 
 def scatter_reduce_of(node) -> str:
-    """The accumulation a scatter-family op performs: none, add, mul, amax or amin."""
-    a = node.attrs
-    if hasattr(a, "reduce"):
-        return a.reduce
-    if hasattr(a, "accumulate"):
-        return "add" if a.accumulate else "none"
-    return "add"  # index_add
+    """The accumulation a scatter-family op performs: none, add, mul, amax or amin (an attribute
+    trait of every scatter-family op's attributes, see compiler/ops/indexing.py)."""
+    return node.attrs.reduce
 
 
 def max_sort_row(dtype: DType, cap: Capability, mode: str = GRID, rank: int = 2) -> int:

@@ -7,10 +7,10 @@ A mixin of `SegmentCodegen` (segment.py): it reads the driver's types, locations
 
 from __future__ import annotations
 
-from ..ops.registry import OpKind, Scalar, TensorType
+from ..ops.registry import LAZY_KINDS, Lowering, OpKind, Scalar, TensorType
 from . import ctypes_ as ct
 from .layout import contiguous_strides, numel
-from .lazy import LAZY_KINDS, coords, delinearize, render_lazy
+from .lazy import coords, delinearize, render_lazy
 
 
 class LambdaCtx:
@@ -116,7 +116,7 @@ class PointwiseKernels:
                 nd = self.producer[n]
                 if nd.op.kind is OpKind.pointwise:
                     r = all(isinstance(x, Scalar) or ok(x) for x in nd.inputs)
-                elif nd.op.name in ("full", "full_like"):
+                elif nd.op.lowering is Lowering.fill:  # (an iota depends on its position)
                     r = True
                 else:
                     r = False

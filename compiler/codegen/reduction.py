@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from ..ops.pointwise import opmath
+from ..ops.registry import Combiner, Lowering
 from . import ctypes_ as ct
 from .geometry import THREADS
 from .layout import numel
@@ -19,18 +20,18 @@ class ReductionKernels:
         x = nd.inputs[0]
         xt = self.types[x]
         ot = self.types[nd.outputs[0]]
-        name = nd.op.name
-        if name in ("argmax", "argmin"):
+        op = nd.op
+        if op.lowering is Lowering.argreduce:
             rd = tuple(range(xt.rank)) if nd.attrs.dim is None else ((nd.attrs.dim % xt.rank,) if xt.rank else ())
         else:
             rd = reduced_dims(xt, nd.attrs.dims)
         kd = [k for k in range(xt.rank) if k not in rd]
         R = numel([xt.shape[k] for k in kd])
         K = numel([xt.shape[k] for k in rd])
-        return x, xt, ot, name, rd, kd, R, K
+        return x, xt, ot, op, rd, kd, R, K
 
     def _reduce_body(self, nd, row0, rowstep, lane, lanes, reducer, dst_ref) -> str:
-        x, xt, ot, name, rd, kd, R, K = self._reduce_parts(nd)
+        x, xt, ot, op, rd, kd, R, K = self._reduce_parts(nd)
         I = self.I
         row_decl = delinearize("row", [xt.shape[k] for k in kd], I, "r")
         k_decl = delinearize("k", [xt.shape[k] for k in rd], I, "s")
@@ -41,10 +42,10 @@ class ReductionKernels:
             cs[k] = f"s{i}"
         _, names = self._lambdas()
         load = f"{names[x]}({', '.join(cs)})"
-        if name in ("argmax", "argmin"):
+        if op.lowering is Lowering.argreduce:
             v = ct.value(opmath(xt.dtype))
             W = f"sf_argpair<{v}>"
-            cmp = ">" if name == "argmax" else "<"
+            cmp = ">" if op.combiner is Combiner.amax else "<"
             comb = (f"[&]({W} a, {W} b) -> {W} {{ if (a.i < 0) return b; if (b.i < 0) return a; "
                     f"bool an = a.v != a.v, bn = b.v != b.v; if (an || bn) {{ if (an && bn) return a.i < b.i ? a : b; return an ? a : b; }} "
                     f"if (a.v {cmp} b.v) return a; if (b.v {cmp} a.v) return b; return a.i < b.i ? a : b; }}")
@@ -54,12 +55,11 @@ class ReductionKernels:
         else:
             wdt = opmath(ot.dtype)
             W = ct.value(wdt)
-            op = {"sum": "sf_op_add", "mean": "sf_op_add", "prod": "sf_op_mul", "amax": "sf_op_amax",
-                  "amin": "sf_op_amin"}[name]
-            comb = f"[&]({W} a, {W} b) -> {W} {{ return {op}::f<{W}>(a, b); }}"
-            ident = f"{op}::id<{W}>()"
+            fn = ct.COMBINE[op.combiner.value]
+            comb = f"[&]({W} a, {W} b) -> {W} {{ return {fn}::f<{W}>(a, b); }}"
+            ident = f"{fn}::id<{W}>()"
             elem = ct.cvt(load, W)
-            post = f"(acc / ({W}){K})" if name == "mean" else "acc"
+            post = f"(acc / ({W}){K})" if op.divide_by_count else "acc"
         red = reducer.format(W=W)
         return (f"  {{ auto comb = {comb};\n"
                 f"  for ({I} row = {row0}; row < ({I}){R}; row += {rowstep}) {{\n"
@@ -69,7 +69,7 @@ class ReductionKernels:
                 f"    if ({lane} == 0) {dst_ref}[row] = {ct.cvt(post, ct.storage(ot.dtype))};\n  }} }}")
 
     def _reduce_grid(self, nd):
-        x, xt, ot, name, rd, kd, R, K = self._reduce_parts(nd)
+        x, xt, ot, op, rd, kd, R, K = self._reduce_parts(nd)
         lam, _ = self._lambdas()
         dst = self.loc[nd.outputs[0]].ref
         if K <= 256 and R >= 64:
@@ -94,7 +94,7 @@ class ReductionKernels:
         other = [k for k in range(xt.rank) if k != d]
         R = numel([xt.shape[k] for k in other])
         W = ct.value(opmath(ot.dtype))
-        op = {"cumsum": "sf_op_add", "cumprod": "sf_op_mul"}[nd.op.name]
+        op = ct.COMBINE[nd.op.combiner.value]
         cs = [None] * xt.rank
         for i, k in enumerate(other):
             cs[k] = f"r{i}"

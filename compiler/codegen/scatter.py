@@ -19,7 +19,7 @@ scatter benchmark in .devscratch set them to compare variants).
 
 from __future__ import annotations
 
-from ..ops.registry import Scalar
+from ..ops.registry import Lowering, Scalar
 from . import ctypes_ as ct
 from .layout import contiguous_strides, numel
 from .lazy import delinearize
@@ -86,7 +86,7 @@ def vector_plan(cg, nd):
     """(leaves, V) when the vector variant applies: `scatter` whose index (and source, unless a
     scalar) are contiguous segment inputs of the domain's shape; V sources per 16-byte group of
     the narrowest leaf. None otherwise."""
-    if not USE_VECTOR or nd.op.name != "scatter":
+    if not USE_VECTOR or nd.op.lowering is not Lowering.scatter:
         return None
     dom = tuple(cg.types[nd.inputs[1]].shape)
     if not dom:

@@ -5,7 +5,7 @@ windows; building blocks in scatter.py). A mixin of `SegmentCodegen` (segment.py
 
 from __future__ import annotations
 
-from ..ops.registry import OpKind, Scalar
+from ..ops.registry import Lowering, OpKind, Scalar
 from . import ctypes_ as ct
 from . import scatter as _sc
 from .geometry import THREADS, align
@@ -18,7 +18,6 @@ class ScatterKernels:
     # ---- scatter -----------------------------------------------------------------------
     def _scatter_parts(self, nd):
         """(domain shape, statements computing `lin` (target offset) + `val`, reduce, value type)."""
-        name = nd.op.name
         selft = self.types[nd.inputs[0]]
         if selft.rank == 0:
             raise Unsupported("scatter into a 0-d tensor")
@@ -35,55 +34,17 @@ class ScatterKernels:
             return (f"if ({var} < {lo} || {var} >= {size}) {{ sf_fail(sf_err, 1, {nd.index}, {var}, {dim}, {size}); "
                     f"continue; }}{wrap}")
 
-        if name == "scatter":
-            d = nd.attrs.dim % selft.rank
-            idx, src = nd.inputs[1], nd.inputs[2]
-            dom = self.types[idx].shape
-            cs = coords(len(dom))
-            pre = f"long long ix = (long long)({ctx.call(idx, cs)}); {chk('ix', selft.shape[d], d, index=idx)}"
-            tc = list(cs)
-            tc[d] = f"({I})ix"
-            val = ct.cvt(ctx.call(src, cs), vt)
-            reduce = nd.attrs.reduce
-            include_self = nd.attrs.include_self
-        elif name == "index_add":
-            d = nd.attrs.dim % selft.rank
-            idx, src = nd.inputs[1], nd.inputs[2]
-            dom = self.types[src].shape
-            cs = coords(len(dom))
-            it = self.types[idx]
-            pre = f"long long ix = (long long)({ctx.call(idx, [cs[d]] if it.rank else [])}); {chk('ix', selft.shape[d], d)}"
-            tc = list(cs)
-            tc[d] = f"({I})ix"
-            alpha = nd.attrs.alpha
-            val = ct.cvt(ctx.call(src, cs), vt)
-            if alpha != 1:
-                val = f"sf_mul({val}, {ct.literal(alpha, vt)})"
-            reduce, include_self = "add", True
-        elif name == "index_put":
-            idx, vals = nd.inputs[1], nd.inputs[2]
-            it = self.types[idx]
-            dom = tuple(it.shape) + tuple(selft.shape[1:])
-            cs = coords(len(dom))
-            pre = f"long long ix = (long long)({ctx.call(idx, cs[:it.rank])}); {chk('ix', selft.shape[0], 0, neg=True)}"
-            tc = [f"({I})ix"] + cs[it.rank:]
-            if isinstance(vals, Scalar):
-                val = ct.literal(vals.value, vt)
-            else:
-                vtt = self.types[vals]
-                off = len(dom) - vtt.rank
-                vcs = ["0" if vtt.shape[j] == 1 else cs[j + off] for j in range(vtt.rank)]
-                val = ct.cvt(ctx.call(vals, vcs), vt)
-            reduce, include_self = ("add" if nd.attrs.accumulate else "none"), True
-        else:
-            raise Unsupported(f"scatter op {name}")
+        source = _SOURCES.get(nd.op.lowering)
+        if source is None:
+            raise Unsupported(f"scatter op {nd.op.name}")
+        dom, cs, pre, tc, val = source(ctx, nd, selft, vt, chk)
         lin = linearize(tc, selft.shape, I)
-        return dom, pre, lin, val, reduce, include_self, selft, cs
+        return dom, pre, lin, val, nd.attrs.reduce, nd.attrs.include_self, selft, cs
 
     def _small_int_counts(self, nd, n_dom: int) -> bool:
         """True for a `scatter` add into an integer target of a constant integer c (a histogram:
         `full_like(ids, 1)`) with n_dom * |c| < 2^31, so per-block partial sums fit 32 bits."""
-        if nd.op.name != "scatter" or not self.types[nd.outputs[0]].dtype.is_int:
+        if nd.op.lowering is not Lowering.scatter or not self.types[nd.outputs[0]].dtype.is_int:
             return False
         src = nd.inputs[2]
         if isinstance(src, Scalar):
@@ -203,3 +164,53 @@ class ScatterKernels:
             res.append((lam + "\n" + self._scatter_loop(nd, gstart, gstep, dst, "atomic", window=win),
                         self._grid(n_dom, per_sm=_sc.ATOMIC_BLOCKS_PER_SM), THREADS, 0, None))
         return res
+
+
+# What one source of each scatter-family op writes: (domain shape, its coordinates, statements
+# computing the index `ix` with its check, target coordinates, value), by the op's lowering.
+def _scatter_source(ctx, nd, selft, vt, chk):
+    d = nd.attrs.dim % selft.rank
+    idx, src = nd.inputs[1], nd.inputs[2]
+    dom = ctx.types[idx].shape
+    cs = coords(len(dom))
+    pre = f"long long ix = (long long)({ctx.call(idx, cs)}); {chk('ix', selft.shape[d], d, index=idx)}"
+    tc = list(cs)
+    tc[d] = f"({ctx.I})ix"
+    return dom, cs, pre, tc, ct.cvt(ctx.call(src, cs), vt)
+
+
+def _index_add_source(ctx, nd, selft, vt, chk):
+    d = nd.attrs.dim % selft.rank
+    idx, src = nd.inputs[1], nd.inputs[2]
+    dom = ctx.types[src].shape
+    cs = coords(len(dom))
+    it = ctx.types[idx]
+    pre = f"long long ix = (long long)({ctx.call(idx, [cs[d]] if it.rank else [])}); {chk('ix', selft.shape[d], d)}"
+    tc = list(cs)
+    tc[d] = f"({ctx.I})ix"
+    alpha = nd.attrs.alpha
+    val = ct.cvt(ctx.call(src, cs), vt)
+    if alpha != 1:
+        val = f"sf_mul({val}, {ct.literal(alpha, vt)})"
+    return dom, cs, pre, tc, val
+
+
+def _index_put_source(ctx, nd, selft, vt, chk):
+    idx, vals = nd.inputs[1], nd.inputs[2]
+    it = ctx.types[idx]
+    dom = tuple(it.shape) + tuple(selft.shape[1:])
+    cs = coords(len(dom))
+    pre = f"long long ix = (long long)({ctx.call(idx, cs[:it.rank])}); {chk('ix', selft.shape[0], 0, neg=True)}"
+    tc = [f"({ctx.I})ix"] + cs[it.rank:]
+    if isinstance(vals, Scalar):
+        val = ct.literal(vals.value, vt)
+    else:
+        vtt = ctx.types[vals]
+        off = len(dom) - vtt.rank
+        vcs = ["0" if vtt.shape[j] == 1 else cs[j + off] for j in range(vtt.rank)]
+        val = ct.cvt(ctx.call(vals, vcs), vt)
+    return dom, cs, pre, tc, val
+
+
+_SOURCES = {Lowering.scatter: _scatter_source, Lowering.index_add: _index_add_source,
+            Lowering.index_put: _index_put_source}

@@ -27,12 +27,12 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 
-from ..ops.registry import OpKind
+from ..ops.registry import LAZY_KINDS, OpKind
 from . import ctypes_ as ct
 from . import radix
 from .geometry import SMEM_BUDGET, THREADS, align
 from .layout import contiguous_strides, numel
-from .lazy import LAZY_KINDS, Unsupported
+from .lazy import Unsupported
 from .pointwise import PointwiseKernels
 from .prelude import PRELUDE
 from .reduction import ReductionKernels

@@ -29,11 +29,8 @@ class SortKernels:
     def _sort_body(self, nd, row0, rowstep, smem_off) -> str:
         x, xt, d, L, P, V, nbytes = self._sort_parts(nd)
         I = self.I
-        name = nd.op.name
-        if name == "topk":
-            desc, k = nd.attrs.largest, self.types[nd.outputs[0]].shape[d]
-        else:
-            desc, k = nd.attrs.descending, L
+        # every sort keeps the first out-shape positions of a row (all for sort and argsort)
+        desc, k = nd.attrs.descending, self.types[nd.outputs[0]].shape[d]
         other = [j for j in range(xt.rank) if j != d]
         R = numel([xt.shape[j] for j in other])
         cs = [None] * xt.rank
@@ -72,9 +69,7 @@ class SortKernels:
         x, xt, d, L, P, V, nbytes = self._sort_parts(nd)
         if xt.rank != 1:
             raise Unsupported("radix sort of a multi-row tensor in one block")
-        name = nd.op.name
-        desc = nd.attrs.largest if name == "topk" else nd.attrs.descending
-        k = self.types[nd.outputs[0]].shape[0] if name == "topk" else L
+        desc, k = nd.attrs.descending, self.types[nd.outputs[0]].shape[0]
         _, names = self._lambdas()
         base = self.scratch_used
         self.scratch_used = align(base + radix.scratch_bytes(L))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from ..codegen.lazy import LAZY_KINDS
+from ..ops.registry import LAZY_KINDS
 from ..plan import Plan, Segment, SegmentKind
 
 SMALL = 8192
