@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..ops.registry import LAZY_KINDS, Lowering, OpKind, Scalar, TensorType
 from . import ctypes_ as ct
 from .layout import contiguous_strides, numel
-from .lazy import coords, delinearize, render_lazy
+from .lazy import RENDERERS, coords, delinearize, render_lazy
 
 
 class LambdaCtx:
@@ -31,6 +31,8 @@ class LambdaCtx:
 
 
 class PointwiseKernels:
+    LOWERINGS = frozenset(RENDERERS)  # the lazy ops, rendered as lambdas (lazy.py)
+
     # ---- lambdas -----------------------------------------------------------------------
     def _lambdas(self, flat_leaf=None, only=None) -> tuple[str, dict]:
         """Definitions of one lambda per tensor. flat_leaf(name) gives leaf bodies in flat mode;

@@ -13,6 +13,8 @@ from .lazy import Unsupported, delinearize, linearize
 
 
 class ReductionKernels:
+    LOWERINGS = frozenset({Lowering.reduce, Lowering.argreduce, Lowering.scan})
+
     # ---- reductions --------------------------------------------------------------------
     def _reduce_parts(self, nd):
         from ..ops.reductions import reduced_dims

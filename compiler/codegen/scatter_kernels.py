@@ -14,7 +14,59 @@ from .lazy import Unsupported, coords, delinearize, linearize
 from .pointwise import LambdaCtx
 
 
+# What one source of each scatter-family op writes: (domain shape, its coordinates, statements
+# computing the index `ix` with its check, target coordinates, value), by the op's lowering.
+def _scatter_source(ctx, nd, selft, vt, chk):
+    d = nd.attrs.dim % selft.rank
+    idx, src = nd.inputs[1], nd.inputs[2]
+    dom = ctx.types[idx].shape
+    cs = coords(len(dom))
+    pre = f"long long ix = (long long)({ctx.call(idx, cs)}); {chk('ix', selft.shape[d], d, index=idx)}"
+    tc = list(cs)
+    tc[d] = f"({ctx.I})ix"
+    return dom, cs, pre, tc, ct.cvt(ctx.call(src, cs), vt)
+
+
+def _index_add_source(ctx, nd, selft, vt, chk):
+    d = nd.attrs.dim % selft.rank
+    idx, src = nd.inputs[1], nd.inputs[2]
+    dom = ctx.types[src].shape
+    cs = coords(len(dom))
+    it = ctx.types[idx]
+    pre = f"long long ix = (long long)({ctx.call(idx, [cs[d]] if it.rank else [])}); {chk('ix', selft.shape[d], d)}"
+    tc = list(cs)
+    tc[d] = f"({ctx.I})ix"
+    alpha = nd.attrs.alpha
+    val = ct.cvt(ctx.call(src, cs), vt)
+    if alpha != 1:
+        val = f"sf_mul({val}, {ct.literal(alpha, vt)})"
+    return dom, cs, pre, tc, val
+
+
+def _index_put_source(ctx, nd, selft, vt, chk):
+    idx, vals = nd.inputs[1], nd.inputs[2]
+    it = ctx.types[idx]
+    dom = tuple(it.shape) + tuple(selft.shape[1:])
+    cs = coords(len(dom))
+    pre = f"long long ix = (long long)({ctx.call(idx, cs[:it.rank])}); {chk('ix', selft.shape[0], 0, neg=True)}"
+    tc = [f"({ctx.I})ix"] + cs[it.rank:]
+    if isinstance(vals, Scalar):
+        val = ct.literal(vals.value, vt)
+    else:
+        vtt = ctx.types[vals]
+        off = len(dom) - vtt.rank
+        vcs = ["0" if vtt.shape[j] == 1 else cs[j + off] for j in range(vtt.rank)]
+        val = ct.cvt(ctx.call(vals, vcs), vt)
+    return dom, cs, pre, tc, val
+
+
+_SOURCES = {Lowering.scatter: _scatter_source, Lowering.index_add: _index_add_source,
+            Lowering.index_put: _index_put_source}
+
+
 class ScatterKernels:
+    LOWERINGS = frozenset(_SOURCES)
+
     # ---- scatter -----------------------------------------------------------------------
     def _scatter_parts(self, nd):
         """(domain shape, statements computing `lin` (target offset) + `val`, reduce, value type)."""
@@ -165,52 +217,3 @@ class ScatterKernels:
                         self._grid(n_dom, per_sm=_sc.ATOMIC_BLOCKS_PER_SM), THREADS, 0, None))
         return res
 
-
-# What one source of each scatter-family op writes: (domain shape, its coordinates, statements
-# computing the index `ix` with its check, target coordinates, value), by the op's lowering.
-def _scatter_source(ctx, nd, selft, vt, chk):
-    d = nd.attrs.dim % selft.rank
-    idx, src = nd.inputs[1], nd.inputs[2]
-    dom = ctx.types[idx].shape
-    cs = coords(len(dom))
-    pre = f"long long ix = (long long)({ctx.call(idx, cs)}); {chk('ix', selft.shape[d], d, index=idx)}"
-    tc = list(cs)
-    tc[d] = f"({ctx.I})ix"
-    return dom, cs, pre, tc, ct.cvt(ctx.call(src, cs), vt)
-
-
-def _index_add_source(ctx, nd, selft, vt, chk):
-    d = nd.attrs.dim % selft.rank
-    idx, src = nd.inputs[1], nd.inputs[2]
-    dom = ctx.types[src].shape
-    cs = coords(len(dom))
-    it = ctx.types[idx]
-    pre = f"long long ix = (long long)({ctx.call(idx, [cs[d]] if it.rank else [])}); {chk('ix', selft.shape[d], d)}"
-    tc = list(cs)
-    tc[d] = f"({ctx.I})ix"
-    alpha = nd.attrs.alpha
-    val = ct.cvt(ctx.call(src, cs), vt)
-    if alpha != 1:
-        val = f"sf_mul({val}, {ct.literal(alpha, vt)})"
-    return dom, cs, pre, tc, val
-
-
-def _index_put_source(ctx, nd, selft, vt, chk):
-    idx, vals = nd.inputs[1], nd.inputs[2]
-    it = ctx.types[idx]
-    dom = tuple(it.shape) + tuple(selft.shape[1:])
-    cs = coords(len(dom))
-    pre = f"long long ix = (long long)({ctx.call(idx, cs[:it.rank])}); {chk('ix', selft.shape[0], 0, neg=True)}"
-    tc = [f"({ctx.I})ix"] + cs[it.rank:]
-    if isinstance(vals, Scalar):
-        val = ct.literal(vals.value, vt)
-    else:
-        vtt = ctx.types[vals]
-        off = len(dom) - vtt.rank
-        vcs = ["0" if vtt.shape[j] == 1 else cs[j + off] for j in range(vtt.rank)]
-        val = ct.cvt(ctx.call(vals, vcs), vt)
-    return dom, cs, pre, tc, val
-
-
-_SOURCES = {Lowering.scatter: _scatter_source, Lowering.index_add: _index_add_source,
-            Lowering.index_put: _index_put_source}

@@ -91,6 +91,11 @@ class Loc:
 class SegmentCodegen(PointwiseKernels, ReductionKernels, SortKernels, ScatterKernels, BlockScatterKernels):
     """One segment's module: `build()` renders every phase with its family's methods."""
 
+    @classmethod
+    def lowerings(cls) -> frozenset:
+        """Every registry `Lowering` some kernel family renders (each family lists its own)."""
+        return frozenset().union(*(vars(k).get("LOWERINGS", ()) for k in cls.__mro__))
+
     def __init__(self, fusion, seg, types: dict, strides: dict | None = None, *, single_block: bool | None = None,
                  aliased: set | None = None, sm_count: int = 132):
         self.fusion, self.seg, self.types = fusion, seg, types

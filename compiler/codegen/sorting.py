@@ -5,6 +5,7 @@ because ties break by index; in one block, long rank-1 integer rows use the bloc
 
 from __future__ import annotations
 
+from ..ops.registry import Lowering
 from . import ctypes_ as ct
 from . import radix
 from .geometry import SMEM_BUDGET, align
@@ -13,6 +14,8 @@ from .lazy import Unsupported, delinearize, linearize
 
 
 class SortKernels:
+    LOWERINGS = frozenset({Lowering.sort})
+
     # ---- sorts (bitonic on (key, index) pairs: stable because ties break by index) -------
     def _sort_parts(self, nd):
         x = nd.inputs[0]
