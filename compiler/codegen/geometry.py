@@ -1,9 +1,8 @@
-"""Launch geometry and on-chip budgets shared by the kernel families."""
+"""Launch geometry shared by the kernel families (the limits the planner shares: compiler/limits.py)."""
 
 from __future__ import annotations
 
 THREADS = 256  # threads per block of grid-mode kernels
-SMEM_BUDGET = 200 * 1024  # dynamic shared memory we allow ourselves per block (H200: 227 KiB)
 
 
 def align(n: int, a: int = 16) -> int:

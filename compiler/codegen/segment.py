@@ -27,10 +27,11 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 
+from ..limits import SMEM_PER_BLOCK, index_bits
 from ..ops.registry import LAZY_KINDS, OpKind
 from . import ctypes_ as ct
 from . import radix
-from .geometry import SMEM_BUDGET, THREADS, align
+from .geometry import THREADS, align
 from .layout import contiguous_strides, numel
 from .lazy import Unsupported
 from .pointwise import PointwiseKernels
@@ -40,7 +41,6 @@ from .scatter_block import BlockScatterKernels
 from .scatter_kernels import ScatterKernels
 from .sorting import SortKernels
 
-INT32_LIMIT = 2**31 - 2**25  # leaves room for grid-stride overshoot
 # Streaming kernels: enough blocks that each thread handles a few vectors (more bytes in flight
 # than a grid of 8 blocks per SM looping hundreds of times); tunable from the benchmark.
 # H200, 2^28-element chain, kernel only: 64 blocks/SM 1072-1076 us, 256: 1057-1061, 1024: 1037, no cap
@@ -135,8 +135,8 @@ class SegmentCodegen(PointwiseKernels, ReductionKernels, SortKernels, ScatterKer
             for x in nd.inputs:
                 if isinstance(x, str):
                     biggest = max(biggest, numel(self.types[x].shape))
-        self.I = "int" if biggest < INT32_LIMIT else "long long"
-        self.index_bits = 32 if self.I == "int" else 64
+        self.index_bits = index_bits(biggest)  # (the planner's hint uses the same limit)
+        self.I = "int" if self.index_bits == 32 else "long long"
 
     def _place(self):
         self.loc: dict[str, Loc] = {}
@@ -151,7 +151,7 @@ class SegmentCodegen(PointwiseKernels, ReductionKernels, SortKernels, ScatterKer
                     continue
                 t = self.types[o]
                 nbytes = numel(t.shape) * t.dtype.itemsize
-                if self.block_mode and self.smem_used + nbytes <= SMEM_BUDGET // 2:
+                if self.block_mode and self.smem_used + nbytes <= SMEM_PER_BLOCK // 2:
                     self.loc[o] = Loc("smem", f"((({ct.storage(t.dtype)}*)(sf_smem + {self.smem_used})))",
                                       contiguous_strides(t.shape), self.smem_used)
                     self.smem_used = align(self.smem_used + nbytes)
@@ -167,7 +167,7 @@ class SegmentCodegen(PointwiseKernels, ReductionKernels, SortKernels, ScatterKer
                     o = nd.outputs[0]
                     t = self.types[o]
                     nbytes = numel(t.shape) * t.dtype.itemsize
-                    if self.loc[o].kind == "param" and self.smem_used + nbytes <= SMEM_BUDGET // 2:
+                    if self.loc[o].kind == "param" and self.smem_used + nbytes <= SMEM_PER_BLOCK // 2:
                         self.stage[o] = Loc("smem", f"((({ct.storage(t.dtype)}*)(sf_smem + {self.smem_used})))",
                                             contiguous_strides(t.shape), self.smem_used)
                         self.smem_used = align(self.smem_used + nbytes)
@@ -300,7 +300,7 @@ class SegmentCodegen(PointwiseKernels, ReductionKernels, SortKernels, ScatterKer
                 else:
                     raise Unsupported(f"anchor kind {k}")
             parts.append("  __syncthreads();")
-        if smem > SMEM_BUDGET:
+        if smem > SMEM_PER_BLOCK:
             raise Unsupported("single-block segment needs too much shared memory")
         threads = min(1024, max(32, -(-work // 32) * 32))
         return (_unroll_block_loops("\n".join(parts), threads), blocks, threads, align(smem), None)

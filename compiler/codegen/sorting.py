@@ -5,10 +5,11 @@ because ties break by index; in one block, long rank-1 integer rows use the bloc
 
 from __future__ import annotations
 
+from ..limits import SMEM_PER_BLOCK, bitonic_sort_bytes
 from ..ops.registry import Lowering
 from . import ctypes_ as ct
 from . import radix
-from .geometry import SMEM_BUDGET, align
+from .geometry import align
 from .layout import numel
 from .lazy import Unsupported, delinearize, linearize
 
@@ -26,7 +27,7 @@ class SortKernels:
         L = xt.shape[d]
         P = 1 << max(0, (max(L, 1) - 1).bit_length())
         V = ct.value(xt.dtype)
-        nbytes = align(P * (8 if V in ("double", "long long") else 4)) + P * 4
+        nbytes = bitonic_sort_bytes(P, 8 if V in ("double", "long long") else 4)
         return x, xt, d, L, P, V, nbytes
 
     def _sort_body(self, nd, row0, rowstep, smem_off) -> str:
@@ -99,7 +100,7 @@ class SortKernels:
 
     def _sort(self, nd, grid: bool):
         x, xt, d, L, P, V, nbytes = self._sort_parts(nd)
-        if nbytes > SMEM_BUDGET:
+        if nbytes > SMEM_PER_BLOCK:
             raise Unsupported(f"sort of {L} elements does not fit in shared memory")
         R = numel(xt.shape) // max(L, 1) if L else 0
         lam, _ = self._lambdas()
