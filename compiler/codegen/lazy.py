@@ -13,6 +13,7 @@ import numpy as np
 from ..dtypes import DType
 from ..ops.pointwise import opmath
 from ..ops.registry import LAZY_KINDS, Guard, Lowering, Scalar, TensorType
+from ..ops.shape_ops import _slice_bounds
 from . import ctypes_ as ct
 
 
@@ -139,8 +140,6 @@ def _permute(ctx, node, out_t):
 
 
 def _slice(ctx, node, out_t):
-    from ..ops.shape_ops import _slice_bounds
-
     x = node.inputs[0]
     in_t = ctx.types[x]
     a = node.attrs

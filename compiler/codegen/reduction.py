@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from ..ops.pointwise import opmath
+from ..ops.reductions import reduced_dims
 from ..ops.registry import Combiner, Lowering
 from . import ctypes_ as ct
 from .geometry import THREADS
@@ -17,8 +18,6 @@ class ReductionKernels:
 
     # ---- reductions --------------------------------------------------------------------
     def _reduce_parts(self, nd):
-        from ..ops.reductions import reduced_dims
-
         x = nd.inputs[0]
         xt = self.types[x]
         ot = self.types[nd.outputs[0]]
