@@ -47,40 +47,19 @@ class Tensor:
         a, b = (other, self) if reflected else (self, other)
         return getattr(self.fd.ops, op)(a, b)
 
-    __add__ = lambda s, o: s._bin("add", o)  # noqa: E731
-    __radd__ = lambda s, o: s._bin("add", o, True)  # noqa: E731
-    __sub__ = lambda s, o: s._bin("sub", o)  # noqa: E731
-    __rsub__ = lambda s, o: s._bin("sub", o, True)  # noqa: E731
-    __mul__ = lambda s, o: s._bin("mul", o)  # noqa: E731
-    __rmul__ = lambda s, o: s._bin("mul", o, True)  # noqa: E731
-    __truediv__ = lambda s, o: s._bin("div", o)  # noqa: E731
-    __rtruediv__ = lambda s, o: s._bin("div", o, True)  # noqa: E731
-    __floordiv__ = lambda s, o: s._bin("floor_divide", o)  # noqa: E731
-    __rfloordiv__ = lambda s, o: s._bin("floor_divide", o, True)  # noqa: E731
-    __mod__ = lambda s, o: s._bin("remainder", o)  # noqa: E731
-    __rmod__ = lambda s, o: s._bin("remainder", o, True)  # noqa: E731
-    __pow__ = lambda s, o: s._bin("pow", o)  # noqa: E731
-    __rpow__ = lambda s, o: s._bin("pow", o, True)  # noqa: E731
-    __and__ = lambda s, o: s._bin("bitwise_and", o)  # noqa: E731
-    __rand__ = lambda s, o: s._bin("bitwise_and", o, True)  # noqa: E731
-    __or__ = lambda s, o: s._bin("bitwise_or", o)  # noqa: E731
-    __ror__ = lambda s, o: s._bin("bitwise_or", o, True)  # noqa: E731
-    __xor__ = lambda s, o: s._bin("bitwise_xor", o)  # noqa: E731
-    __rxor__ = lambda s, o: s._bin("bitwise_xor", o, True)  # noqa: E731
-    __lshift__ = lambda s, o: s._bin("left_shift", o)  # noqa: E731
-    __rshift__ = lambda s, o: s._bin("right_shift", o)  # noqa: E731
-    __rlshift__ = lambda s, o: s._bin("left_shift", o, True)  # noqa: E731
-    __rrshift__ = lambda s, o: s._bin("right_shift", o, True)  # noqa: E731
-    __lt__ = lambda s, o: s._bin("lt", o)  # noqa: E731
-    __le__ = lambda s, o: s._bin("le", o)  # noqa: E731
-    __gt__ = lambda s, o: s._bin("gt", o)  # noqa: E731
-    __ge__ = lambda s, o: s._bin("ge", o)  # noqa: E731
-    __eq__ = lambda s, o: s._bin("eq", o)  # type: ignore[assignment]  # noqa: E731
-    __ne__ = lambda s, o: s._bin("ne", o)  # type: ignore[assignment]  # noqa: E731
-    __neg__ = lambda s: s.fd.ops.neg(s)  # noqa: E731
-    __abs__ = lambda s: s.fd.ops.abs(s)  # noqa: E731
-    __invert__ = lambda s: s.fd.ops.bitwise_not(s)  # noqa: E731
+    # the arithmetic operators are the registry's (OpDef.py_operator), installed below the class
     __hash__ = object.__hash__
+
+
+def _operator(op: OpDef, reflected: bool):
+    if len(op.operands) == 1:
+        return lambda s: getattr(s.fd.ops, op.name)(s)
+    return lambda s, o: s._bin(op.name, o, reflected)
+
+
+for _op in REGISTRY.values():
+    for _k, _method in enumerate(_op.py_operator):  # (method, reflected method)
+        setattr(Tensor, _method, _operator(_op, _k == 1))
 
 
 def signature(op: OpDef) -> tuple[str, ...]:

@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .dtypes import DType
-from .ops.registry import OpKind
+from .limits import INDEX32_MAX, SMEM_PER_BLOCK, bitonic_sort_bytes
+from .ops.registry import REGISTRY, OpKind
 
 GRID = "grid"
 SINGLE_BLOCK = "single_block"
@@ -47,9 +48,9 @@ class Capability:
     single_block_max_elems: int = 32768
     smem_budget_bytes: int = 1024 * 1024
     # A sort row is sorted in shared memory as (key, index) pairs padded to a power of two
-    # (compiler/codegen: bitonic sort, SMEM_BUDGET = 200 KiB per block); a longer row is a
+    # (compiler/codegen: bitonic sort within limits.SMEM_PER_BLOCK); a longer row is a
     # library sort, so the plan says what actually runs.
-    sort_smem_bytes: int = 200 * 1024
+    sort_smem_bytes: int = SMEM_PER_BLOCK
     # In one thread block, a rank-1 row of integer keys (bool included) is sorted by the block
     # radix sort (compiler/codegen/radix.py: keys in L2-resident scratch, no shared-memory limit)
     # up to this many keys: one launch, but one SM. H200, kernel only: MoE argsort fusion at 32768
@@ -68,38 +69,33 @@ class Capability:
     # Whether a private copy of a scatter's self may ride along as an extra store in another
     # kernel (Segment.copies with nodes); False gives every copy its own `copy` segment.
     fuse_copies: bool = True
-    # Index arithmetic is 32-bit while every tensor has fewer elements than this.
-    index32_limit: int = 2**31 - 1
-    # CuPy routines for library segments, by op name (default: a generic host-side fallback).
-    library_routines: dict = field(default_factory=lambda: {
-        "argsort": "cupy.argsort", "sort": "cupy.sort", "topk": "cupy.argpartition+cupy.sort",
-        "cumsum": "cupy.cumsum", "cumprod": "cupy.cumprod", "scatter": "cupyx.scatter_add/max/min",
-        "index_add": "cupyx.scatter_add", "index_put": "cupy.ndarray.__setitem__"})
-
+    # Index arithmetic is 32-bit while every tensor has at most this many elements (codegen tests
+    # the same limit, limits.INDEX32_MAX, also against non-contiguous inputs' stride extents, which
+    # only the runtime knows).
+    index32_limit: int = INDEX32_MAX
     def library_routine(self, op_name: str) -> str:
-        return self.library_routines.get(op_name, f"cupy {op_name}")
+        """What a library segment of the op runs: its registry entry's `library` (the GPU runtime
+        has library routines for sorts only; any other library segment is still lowered to a
+        kernel in grid mode, or run on the host)."""
+        return REGISTRY[op_name].library or "a grid kernel, else the host reference"
 
 
 DEFAULT_CAPABILITY = Capability()
 
 
 def scatter_reduce_of(node) -> str:
-    """The accumulation a scatter-family op performs: none, add, mul, amax or amin."""
-    a = node.attrs
-    if hasattr(a, "reduce"):
-        return a.reduce
-    if hasattr(a, "accumulate"):
-        return "add" if a.accumulate else "none"
-    return "add"  # index_add
+    """The accumulation a scatter-family op performs: none, add, mul, amax or amin (an attribute
+    trait of every scatter-family op's attributes, see compiler/ops/indexing.py)."""
+    return node.attrs.reduce
 
 
 def max_sort_row(dtype: DType, cap: Capability, mode: str = GRID, rank: int = 2) -> int:
     """The longest sort row codegen emits: in one block, `radix_sort_max_row` for a rank-1 row of
     integer keys (radix sort); otherwise the longest row whose (key, index) pairs, padded to a power
     of two, fit `sort_smem_bytes` (bitonic sort in shared memory)."""
-    pair = (8 if dtype.itemsize == 8 else 4) + 4
+    key = 8 if dtype.itemsize == 8 else 4
     p = 1
-    while 2 * p * pair <= cap.sort_smem_bytes:
+    while bitonic_sort_bytes(2 * p, key) <= cap.sort_smem_bytes:
         p *= 2
     if mode == SINGLE_BLOCK and rank == 1 and not dtype.is_float:
         return max(p, cap.radix_sort_max_row)

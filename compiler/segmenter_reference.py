@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import math
 
+from .ops.registry import LAZY_KINDS
 from .plan import Plan, Segment, SegmentKind
-from .segmenter_graph import HEAVY
 
 SMALL = 8192
 
@@ -40,7 +40,7 @@ def simple_plan(fusion, types: dict, small: int = SMALL) -> Plan:
             if isinstance(x, str):
                 needed_later.setdefault(x, set()).add(pos)
     for pos, nd in enumerate(fusion.nodes):
-        if nd.op.kind not in HEAVY:  # lazy: inlined into its consumers
+        if nd.op.kind in LAZY_KINDS:  # lazy: inlined into its consumers
             continue
         cone = _cone(fusion, pos, materialized)
         ins = sorted({x for p in cone for x in fusion.nodes[p].inputs if isinstance(x, str)
@@ -80,7 +80,7 @@ def split_nodes(fusion, nodes: list[int], inputs: list[str], outputs: list[str])
     mine = set(nodes)
     for pos in nodes:
         nd = fusion.nodes[pos]
-        if nd.op.kind not in HEAVY:  # lazy: inlined into its consumers
+        if nd.op.kind in LAZY_KINDS:  # lazy: inlined into its consumers
             continue
         cone = _cone(fusion, pos, materialized) & mine
         ins = sorted({x for p in cone for x in fusion.nodes[p].inputs if isinstance(x, str) and x in materialized})

@@ -28,7 +28,8 @@ ALLOWLIST = Path(__file__).resolve().parent / "data" / "layering_allowlist.txt"
 # dotted module names (a package is its own name, e.g. "segfuse.compiler.ops" for ops/__init__.py);
 # every module must match exactly one.
 LAYERS: list[tuple[str, list[str]]] = [
-    ("core", ["segfuse.compiler.dtypes", "segfuse.compiler.errors", "segfuse.compiler.shapes"]),
+    ("core", ["segfuse.compiler.dtypes", "segfuse.compiler.errors", "segfuse.compiler.shapes",
+              "segfuse.compiler.limits"]),
     ("ops", ["segfuse.compiler.ops", "segfuse.compiler.ops.*"]),
     ("ir", ["segfuse.compiler.schema", "segfuse.compiler.ir"]),
     # the plan model, the segmenter and its parts, the plan cache, the reference planner

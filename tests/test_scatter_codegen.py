@@ -123,7 +123,7 @@ def test_long_single_block_histograms_share_their_sources_across_blocks(T, block
     """One SM's loads bound a one-block histogram of T*8 ids; from 3 batches of 1024 threads on,
     blocks share the sources and the last one to finish combines their partial histograms (kept
     in scratch) and writes the counts. 32-bit counters: the ones the MoE histogram adds fit."""
-    from segfuse.compiler.codegen.segment import HIST_BLOCK_SOURCES
+    from segfuse.compiler.codegen.scatter_block import HIST_BLOCK_SOURCES
 
     m = _moe_histogram(T, idt)
     (ln,) = m.launches

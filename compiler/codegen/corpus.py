@@ -80,6 +80,26 @@ def pointwise_cases(shape=(6, 37)):
     return out
 
 
+def ternary_cases(shape=(6, 37)):
+    """clamp and lerp (with where, the pointwise ops of three operands), over tensors, a broadcast
+    row and literals; dtypes an op's rules reject are left out."""
+    out = []
+    for dt in ALL_DTYPES:
+        ins = [{"name": "x", "dtype": dt.value, "shape": list(shape)},
+               {"name": "lo", "dtype": dt.value, "shape": list(shape)},
+               {"name": "w", "dtype": dt.value, "shape": [shape[-1]]}]
+        ops = _valid_ops(ins, [{"op": "clamp", "out": "c", "inputs": ["x", "lo", "w"]},
+                               {"op": "clamp", "out": "cl", "inputs": ["x", -1, 2]},
+                               {"op": "lerp", "out": "l", "inputs": ["x", "lo", "w"]},
+                               {"op": "lerp", "out": "ls", "inputs": ["x", "lo", 0.25]}])
+        if not ops:
+            continue
+        g = _graph(f"pw_ternary_{dt.value}", ins, ops, [o["out"] for o in ops])
+        out.append((g["name"], g, lambda rng, dt=dt: {"x": rand(rng, shape, dt), "lo": rand(rng, shape, dt),
+                                                      "w": rand(rng, (shape[-1],), dt)}))
+    return out
+
+
 def movement_cases():
     out = []
     for dt in (DType.float32, DType.int64, DType.float16, DType.bool, DType.bfloat16, DType.int8):
@@ -307,7 +327,7 @@ def sort_consumers_graph(idt="int64", K=8) -> dict:
 
 
 def all_cases():
-    cases = pointwise_cases() + movement_cases() + reduction_cases() + scan_sort_cases() + radix_cases() + \
+    cases = pointwise_cases() + ternary_cases() + movement_cases() + reduction_cases() + scan_sort_cases() + radix_cases() + \
         gather_cases() + scatter_cases()
     for idt in ("int64", "int32"):
         for g, mk in moe_graphs(idt=idt):

@@ -3,7 +3,7 @@ returns the tensor's value at a coordinate. Views and movement are index transfo
 ops are expressions, gathers read their data operand at a checked index. The kernel body calls
 the lambdas of what it materializes; NVRTC inlines them, so a chain of ops costs no memory.
 
-One renderer per op family, looked up in tables (`RENDER_BY_KIND`, `RENDER_BY_NAME`).
+One renderer per op family, looked up by the op's registry trait `lowering` (`RENDERERS`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import numpy as np
 
 from ..dtypes import DType
 from ..ops.pointwise import opmath
-from ..ops.registry import OpKind, Scalar, TensorType
+from ..ops.registry import LAZY_KINDS, Guard, Lowering, Scalar, TensorType
+from ..ops.shape_ops import _slice_bounds
 from . import ctypes_ as ct
 
 
@@ -45,20 +46,14 @@ def delinearize(lin: str, shape, I: str, prefix: str = "c") -> str:
     return " ".join(out)
 
 
-# Ops whose operand must be checked before use: (operand position, checker, dtype test).
-_GUARDS = {
-    "floor_divide": (1, "sf_nz"), "remainder": (1, "sf_nz"), "fmod": (1, "sf_nz"), "ceil_div": (1, "sf_nz"),
-    "pow": (1, "sf_nonneg"),
-}
-# Operands passed through unconverted (where's condition stays bool).
-_RAW = {"where": {0}}
-_SCALAR_OPMATH = frozenset({"mul", "div", "floor_divide"})
-_NO_ROUND = frozenset({"where", "clamp", "lerp", "cast"})  # their references compute in opmath directly
+# The prelude's checker of each operand guard (it writes the error word and returns a safe value).
+_GUARD_CHECKER = {Guard.nonzero: "sf_nz", Guard.nonnegative: "sf_nonneg"}
 
 
 def _pointwise(ctx, node, out_t):
+    op = node.op
     types = [ctx.operand_type(x) for x in node.inputs]
-    cd = node.op.compute_dtype(types, node.attrs)
+    cd = op.compute_dtype(types, node.attrs)
     work_dt = opmath(cd)
     work = ct.value(work_dt)
     R = len(out_t.shape)
@@ -71,25 +66,22 @@ def _pointwise(ctx, node, out_t):
             off = R - t.rank
             cs = ["0" if t.shape[j] == 1 else f"c{j + off}" for j in range(t.rank)]
             e = ctx.call(x, cs)
-        if k not in _RAW.get(node.op.name, ()):
+        if k not in op.raw_operands:
             # operands round to the common dtype first (a literal becomes float16 for a float16
             # result, as in PyTorch), then compute in opmath; mul/div/floor_divide read a 0-d
             # second operand at opmath precision (the reference does the same)
-            scalar_opmath = k == 1 and node.op.name in _SCALAR_OPMATH and (
-                isinstance(x, Scalar) or types[k].rank == 0)
-            if cd is not work_dt and node.op.name not in _NO_ROUND and not scalar_opmath:
+            scalar_opmath = k == 1 and op.scalar_opmath and (isinstance(x, Scalar) or types[k].rank == 0)
+            if cd is not work_dt and op.round_operands and not scalar_opmath:
                 e = ct.cvt(e, ct.storage(cd))
             e = ct.cvt(e, work)
-        g = _GUARDS.get(node.op.name)
+        g = op.guard
         if g and g[0] == k and work_dt.is_int and not _literal_passes(x, cd, g[1]):
-            e = f"{g[1]}({e}, sf_err, {node.index})"
+            e = f"{_GUARD_CHECKER[g[1]]}({e}, sf_err, {node.index})"
         args.append(e)
-    cuda = node.op.cuda
-    expr = args[0] if cuda == "cast" else cuda(*args)
-    return f"return {ct.cvt(expr, ct.value(out_t.dtype))};"
+    return f"return {ct.cvt(op.cuda(*args), ct.value(out_t.dtype))};"
 
 
-def _literal_passes(x, cd, guard: str) -> bool:
+def _literal_passes(x, cd, guard: Guard) -> bool:
     """A literal operand that always passes its guard (`x // 8`: the divisor is never zero) needs
     no check, so the kernel cannot fail there. The test uses the literal as the kernel sees it:
     rounded to the common dtype (256 wraps to 0 in an int8 division)."""
@@ -97,7 +89,7 @@ def _literal_passes(x, cd, guard: str) -> bool:
         return False
     with np.errstate(all="ignore"):
         v = int(np.array(x.value).astype(cd.np)) if cd.is_int else int(x.value)
-    return v != 0 if guard == "sf_nz" else v >= 0
+    return v != 0 if guard is Guard.nonzero else v >= 0
 
 
 def _full(ctx, node, out_t):
@@ -148,8 +140,6 @@ def _permute(ctx, node, out_t):
 
 
 def _slice(ctx, node, out_t):
-    from ..ops.shape_ops import _slice_bounds
-
     x = node.inputs[0]
     in_t = ctx.types[x]
     a = node.attrs
@@ -236,19 +226,17 @@ def _index_select(ctx, node, out_t):
     return body + f"return {ctx.call(x, cs)};"
 
 
-RENDER_BY_KIND = {OpKind.pointwise: _pointwise}
-RENDER_BY_NAME = {
-    "full": _full, "full_like": _full, "iota": _iota,
-    "reshape": _reshape, "squeeze": _reshape, "unsqueeze": _reshape,
-    "expand": _expand, "broadcast_in_dim": _broadcast_in_dim,
-    "permute": _permute, "slice": _slice, "pad": _pad, "cat": _cat,
-    "gather": _gather, "take_along_axis": _take_along_axis, "index_select": _index_select,
+RENDERERS = {
+    Lowering.pointwise: _pointwise, Lowering.fill: _full, Lowering.iota: _iota, Lowering.relinearize: _reshape,
+    Lowering.expand: _expand, Lowering.broadcast_in_dim: _broadcast_in_dim, Lowering.permute: _permute,
+    Lowering.slice: _slice, Lowering.pad: _pad, Lowering.cat: _cat, Lowering.gather: _gather,
+    Lowering.take_along_axis: _take_along_axis, Lowering.index_select: _index_select,
 }
-LAZY_KINDS = (OpKind.pointwise, OpKind.creation, OpKind.view, OpKind.movement, OpKind.gather)
+__all__ = ["LAZY_KINDS", "RENDERERS", "Unsupported", "coords", "delinearize", "linearize", "render_lazy"]
 
 
 def render_lazy(ctx, node, out_t: TensorType) -> str:
-    fn = RENDER_BY_NAME.get(node.op.name) or RENDER_BY_KIND.get(node.op.kind)
+    fn = RENDERERS.get(node.op.lowering)
     if fn is None:
         raise Unsupported(f"no lazy renderer for op {node.op.name}")
     return fn(ctx, node, out_t)

@@ -1,4 +1,4 @@
-"""Building blocks of the grid-mode scatter kernels (used by `SegmentCodegen._scatter_grid`).
+"""Building blocks of the grid-mode scatter kernels (used by `ScatterKernels._scatter_grid`, scatter_kernels.py).
 
 Two things make a streaming scatter fast on a GPU with ~4 TB/s of DRAM and ~50 MB of L2:
 
@@ -19,7 +19,7 @@ scatter benchmark in .devscratch set them to compare variants).
 
 from __future__ import annotations
 
-from ..ops.registry import Scalar
+from ..ops.registry import Lowering, Scalar
 from . import ctypes_ as ct
 from .layout import contiguous_strides, numel
 from .lazy import delinearize
@@ -42,6 +42,8 @@ ATOMIC_VEC_BLOCKS_PER_SM = 4
 WINDOW_BYTES = 16 << 20
 WINDOW_MIN_SOURCES = 1 << 20
 MAX_WINDOWS = 8
+PRIV_SMEM = 48 * 1024  # privatized (shared-memory histogram) kernels: the target's replicas fit this
+ATOMIC_BLOCKS_PER_SM = 1 << 20  # scalar global-atomic kernels: one thread per source (latency-bound)
 
 
 def windows(target_bytes: int, n_sources: int) -> int:
@@ -84,7 +86,7 @@ def vector_plan(cg, nd):
     """(leaves, V) when the vector variant applies: `scatter` whose index (and source, unless a
     scalar) are contiguous segment inputs of the domain's shape; V sources per 16-byte group of
     the narrowest leaf. None otherwise."""
-    if not USE_VECTOR or nd.op.name != "scatter":
+    if not USE_VECTOR or nd.op.lowering is not Lowering.scatter:
         return None
     dom = tuple(cg.types[nd.inputs[1]].shape)
     if not dom:

@@ -6,7 +6,7 @@ import numpy as np
 
 from ..dtypes import DType, literal_dtype
 from ..errors import OpError
-from .registry import Attrs, OpDef, OpKind, TensorType, check_scalar, register, scalar_array
+from .registry import Attrs, Lowering, OpDef, OpKind, TensorType, check_scalar, register, scalar_array
 
 Number = bool | int | float
 Size = int | str
@@ -38,7 +38,8 @@ def _fill(shape, value, dt: DType):
 
 register(OpDef("full", OpKind.creation, (), _full_infer,
                lambda args, a, out: [_fill(out[0].shape, a.value, out[0].dtype)],
-               attrs=FullAttrs, doc="full(shape, value, dtype=None): dtype defaults from the value like torch.full"))
+               attrs=FullAttrs, lowering=Lowering.fill,
+               doc="full(shape, value, dtype=None): dtype defaults from the value like torch.full"))
 
 
 class FullLikeAttrs(Attrs):
@@ -57,7 +58,8 @@ def _full_like_infer(ctx, operands, attrs):
 
 register(OpDef("full_like", OpKind.creation, ("x",), _full_like_infer,
                lambda args, a, out: [_fill(out[0].shape, a.value, out[0].dtype)],
-               attrs=FullLikeAttrs, doc="full_like(x, value, dtype=None): x's shape (and dtype unless given)"))
+               attrs=FullLikeAttrs, lowering=Lowering.fill,
+               doc="full_like(x, value, dtype=None): x's shape (and dtype unless given)"))
 
 
 class IotaAttrs(Attrs):
@@ -85,4 +87,5 @@ def _iota_ref(args, a, out):
 
 
 register(OpDef("iota", OpKind.creation, (), _iota_infer, _iota_ref, attrs=IotaAttrs,
+               lowering=Lowering.iota,
                doc="iota(length, start=0, step=1, dtype=int64): start + step * arange(length)"))

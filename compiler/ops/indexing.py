@@ -19,6 +19,7 @@ from ..shapes import dims_equal, fmt_shape
 from .pointwise import opmath
 from .registry import (
     Attrs,
+    Lowering,
     OpDef,
     OpKind,
     Scalar,
@@ -98,6 +99,7 @@ def _gather_ref(args, attrs, out_types):
 
 register(OpDef("gather", OpKind.gather, ("self", "index"), _gather_infer, _gather_ref, attrs=DimAttrs,
                extra={"signature": ("self", "dim", "index")},
+               lowering=Lowering.gather,
                doc="gather(self, dim, index): out[i][j] = self[index[i][j]][j] for dim 0 (torch.gather)"))
 
 
@@ -128,6 +130,7 @@ def _tal_ref(args, attrs, out_types):
 
 
 register(OpDef("take_along_axis", OpKind.gather, ("x", "index"), _tal_infer, _tal_ref, attrs=DimAttrs,
+               lowering=Lowering.take_along_axis,
                doc="take_along_axis(x, index, dim): numpy/torch.take_along_dim; other dims broadcast"))
 
 
@@ -155,6 +158,7 @@ def _isel_ref(args, attrs, out_types):
 
 register(OpDef("index_select", OpKind.gather, ("x", "index"), _isel_infer, _isel_ref, attrs=DimAttrs,
                extra={"signature": ("x", "dim", "index")},
+               lowering=Lowering.index_select,
                doc="index_select(x, dim, index): rows of x along dim picked by a 1-D index"))
 
 
@@ -267,6 +271,7 @@ def _scatter_ref(args, attrs, out_types):
 
 register(OpDef("scatter", OpKind.scatter, ("self", "index", "src"), _scatter_infer, _scatter_ref,
                attrs=ScatterAttrs, literal_ok=frozenset({2}), extra={"signature": ("self", "dim", "index", "src")},
+               lowering=Lowering.scatter,
                doc="scatter(self, dim, index, src, reduce='none', include_self=True): torch.scatter / "
                    "scatter_reduce (add=sum, mul=prod, amax, amin); src may be a number"))
 
@@ -274,6 +279,10 @@ register(OpDef("scatter", OpKind.scatter, ("self", "index", "src"), _scatter_inf
 class IndexAddAttrs(Attrs):
     dim: int
     alpha: bool | int | float = 1
+
+    # the scatter family's accumulation traits (ScatterAttrs has them as fields)
+    reduce = property(lambda self: "add")
+    include_self = property(lambda self: True)
 
 
 def _index_add_infer(ctx, operands, attrs):
@@ -322,11 +331,16 @@ def _index_add_ref(args, attrs, out_types):
 
 register(OpDef("index_add", OpKind.scatter, ("self", "index", "source"), _index_add_infer, _index_add_ref,
                attrs=IndexAddAttrs, extra={"signature": ("self", "dim", "index", "source")},
+               lowering=Lowering.index_add,
                doc="index_add(self, dim, index, source, alpha=1): self[..., index[i], ...] += alpha * source[..., i, ...]"))
 
 
 class IndexPutAttrs(Attrs):
     accumulate: bool = False
+
+    # the scatter family's accumulation traits (ScatterAttrs has them as fields)
+    reduce = property(lambda self: "add" if self.accumulate else "none")
+    include_self = property(lambda self: True)
 
 
 def _index_put_infer(ctx, operands, attrs):
@@ -365,6 +379,7 @@ def _index_put_ref(args, attrs, out_types):
 
 register(OpDef("index_put", OpKind.scatter, ("self", "index", "values"), _index_put_infer, _index_put_ref,
                attrs=IndexPutAttrs, literal_ok=frozenset({2}),
+               lowering=Lowering.index_put,
                doc="index_put(self, index, values, accumulate=False): self[index] = values (or +=); "
                    "one integer index tensor on dim 0, negative indices wrap"))
 

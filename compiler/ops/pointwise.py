@@ -15,7 +15,18 @@ import numpy as np
 
 from ..dtypes import DEFAULT_FLOAT, DType, result_type
 from ..errors import OpError
-from .registry import Attrs, NoAttrs, OpDef, OpKind, Scalar, TensorType, broadcast_shapes, register
+from .registry import (
+    Attrs,
+    Guard,
+    Lowering,
+    NoAttrs,
+    OpDef,
+    OpKind,
+    Scalar,
+    TensorType,
+    broadcast_shapes,
+    register,
+)
 
 _erf = np.frompyfunc(math.erf, 1, 1)
 
@@ -43,7 +54,7 @@ def opmath(dt: DType) -> DType:
 
 
 def _make_pw(name, nin, np_fn, cuda, allowed=_ANY, int_to_float=False, out_bool=False,
-             literal_ok=None, doc=""):
+             literal_ok=None, doc="", guard=None, scalar_opmath=False, py_operator=()):
     def compute_dtype(operands, attrs) -> DType:
         dt = _operand_dtype(operands)
         if int_to_float and not dt.is_float:
@@ -79,7 +90,7 @@ def _make_pw(name, nin, np_fn, cuda, allowed=_ANY, int_to_float=False, out_bool=
         # Operands are converted to the common dtype first (so a float64 0-d tensor or a literal is
         # rounded to a float16 result dtype, as in PyTorch), then computed in opmath. PyTorch's CPU
         # mul/div/floor_divide read a scalar second operand at opmath precision instead.
-        xs = [np.asarray(a) if (k == 1 and name in _SCALAR_OPMATH and np.ndim(a) == 0)
+        xs = [np.asarray(a) if (k == 1 and scalar_opmath and np.ndim(a) == 0)
               else np.asarray(a).astype(dt.np) for k, a in enumerate(args)]
         xs = [x.astype(work) for x in xs]
         with np.errstate(all="ignore"):
@@ -90,7 +101,8 @@ def _make_pw(name, nin, np_fn, cuda, allowed=_ANY, int_to_float=False, out_bool=
         name=name, kind=OpKind.pointwise, operands=("x", "y", "z")[:nin] if nin > 1 else ("x",),
         infer=infer, ref=ref, attrs=NoAttrs,
         literal_ok=frozenset(range(nin)) if literal_ok is None else frozenset(literal_ok),
-        compute_dtype=compute_dtype, cuda=cuda, doc=doc))
+        compute_dtype=compute_dtype, cuda=cuda, doc=doc, lowering=Lowering.pointwise, guard=guard,
+        scalar_opmath=scalar_opmath, py_operator=py_operator))
 
 
 def _as_operand(a):
@@ -99,9 +111,6 @@ def _as_operand(a):
     if isinstance(a, np.ndarray):
         return TensorType(from_numpy(a.dtype), a.shape)
     return Scalar(a)
-
-
-_SCALAR_OPMATH = frozenset({"mul", "div", "floor_divide"})
 
 
 def _int_div_guard(fn):
@@ -177,11 +186,13 @@ def _fmod(a, b):
     return np.fmod(a, b)
 
 
+_NONZERO = (1, Guard.nonzero)  # an integer divisor must not be zero
+
 # ---- unary ------------------------------------------------------------------------------
 _UNARY = [
-    # name, numpy, cuda, allowed, int_to_float, out_bool
-    ("neg", np.negative, lambda x: f"(-{x})", _NOBOOL, False, False),
-    ("abs", np.abs, lambda x: f"sf_abs({x})", _NOBOOL, False, False),
+    # name, numpy, cuda, allowed, int_to_float, out_bool[, traits (keyword arguments of _make_pw)]
+    ("neg", np.negative, lambda x: f"(-{x})", _NOBOOL, False, False, {"py_operator": ("__neg__",)}),
+    ("abs", np.abs, lambda x: f"sf_abs({x})", _NOBOOL, False, False, {"py_operator": ("__abs__",)}),
     ("exp", np.exp, lambda x: f"exp({x})", _ANY, True, False),
     ("exp2", np.exp2, lambda x: f"exp2({x})", _ANY, True, False),
     ("expm1", np.expm1, lambda x: f"expm1({x})", _ANY, True, False),
@@ -208,45 +219,58 @@ _UNARY = [
     ("sign", _sign, lambda x: f"sf_sign({x})", _ANY, False, False),
     ("reciprocal", lambda x: 1.0 / x, lambda x: f"(1 / {x})", _ANY, True, False),
     ("logical_not", np.logical_not, lambda x: f"(!{x})", _ANY, False, True),
-    ("bitwise_not", np.invert, lambda x: f"sf_bitnot({x})", _INT_BOOL, False, False),
+    ("bitwise_not", np.invert, lambda x: f"sf_bitnot({x})", _INT_BOOL, False, False,
+     {"py_operator": ("__invert__",)}),
     ("isnan", np.isnan, lambda x: f"sf_isnan({x})", _ANY, False, True),
     ("isinf", np.isinf, lambda x: f"sf_isinf({x})", _ANY, False, True),
     ("isfinite", np.isfinite, lambda x: f"sf_isfinite({x})", _ANY, False, True),
 ]
 
 _BINARY = [
-    ("add", np.add, lambda a, b: f"sf_add({a}, {b})", _ANY, False, False),
-    ("sub", np.subtract, lambda a, b: f"({a} - {b})", _NOBOOL, False, False),
-    ("mul", np.multiply, lambda a, b: f"sf_mul({a}, {b})", _ANY, False, False),
-    ("div", np.true_divide, lambda a, b: f"({a} / {b})", _ANY, True, False),
-    ("floor_divide", _int_div_guard(np.floor_divide), lambda a, b: f"sf_floordiv({a}, {b})", _NOBOOL, False, False),
-    ("remainder", _int_div_guard(_remainder), lambda a, b: f"sf_remainder({a}, {b})", _NOBOOL, False, False),
-    ("fmod", _int_div_guard(_fmod), lambda a, b: f"sf_fmod({a}, {b})", _NOBOOL, False, False),
-    ("pow", _pow, lambda a, b: f"sf_pow({a}, {b})", _NOBOOL, False, False),
+    ("add", np.add, lambda a, b: f"sf_add({a}, {b})", _ANY, False, False, {"py_operator": ("__add__", "__radd__")}),
+    ("sub", np.subtract, lambda a, b: f"({a} - {b})", _NOBOOL, False, False,
+     {"py_operator": ("__sub__", "__rsub__")}),
+    ("mul", np.multiply, lambda a, b: f"sf_mul({a}, {b})", _ANY, False, False,
+     {"scalar_opmath": True, "py_operator": ("__mul__", "__rmul__")}),
+    ("div", np.true_divide, lambda a, b: f"({a} / {b})", _ANY, True, False,
+     {"scalar_opmath": True, "py_operator": ("__truediv__", "__rtruediv__")}),
+    ("floor_divide", _int_div_guard(np.floor_divide), lambda a, b: f"sf_floordiv({a}, {b})", _NOBOOL, False, False,
+     {"guard": _NONZERO, "scalar_opmath": True, "py_operator": ("__floordiv__", "__rfloordiv__")}),
+    ("remainder", _int_div_guard(_remainder), lambda a, b: f"sf_remainder({a}, {b})", _NOBOOL, False, False,
+     {"guard": _NONZERO, "py_operator": ("__mod__", "__rmod__")}),
+    ("fmod", _int_div_guard(_fmod), lambda a, b: f"sf_fmod({a}, {b})", _NOBOOL, False, False, {"guard": _NONZERO}),
+    ("pow", _pow, lambda a, b: f"sf_pow({a}, {b})", _NOBOOL, False, False,
+     {"guard": (1, Guard.nonnegative), "py_operator": ("__pow__", "__rpow__")}),
     ("maximum", np.maximum, lambda a, b: f"sf_max({a}, {b})", _ANY, False, False),
     ("minimum", np.minimum, lambda a, b: f"sf_min({a}, {b})", _ANY, False, False),
     ("atan2", np.arctan2, lambda a, b: f"atan2({a}, {b})", _ANY, True, False),
-    ("eq", np.equal, lambda a, b: f"({a} == {b})", _ANY, False, True),
-    ("ne", np.not_equal, lambda a, b: f"({a} != {b})", _ANY, False, True),
-    ("lt", np.less, lambda a, b: f"({a} < {b})", _ANY, False, True),
-    ("le", np.less_equal, lambda a, b: f"({a} <= {b})", _ANY, False, True),
-    ("gt", np.greater, lambda a, b: f"({a} > {b})", _ANY, False, True),
-    ("ge", np.greater_equal, lambda a, b: f"({a} >= {b})", _ANY, False, True),
+    ("eq", np.equal, lambda a, b: f"({a} == {b})", _ANY, False, True, {"py_operator": ("__eq__",)}),
+    ("ne", np.not_equal, lambda a, b: f"({a} != {b})", _ANY, False, True, {"py_operator": ("__ne__",)}),
+    ("lt", np.less, lambda a, b: f"({a} < {b})", _ANY, False, True, {"py_operator": ("__lt__",)}),
+    ("le", np.less_equal, lambda a, b: f"({a} <= {b})", _ANY, False, True, {"py_operator": ("__le__",)}),
+    ("gt", np.greater, lambda a, b: f"({a} > {b})", _ANY, False, True, {"py_operator": ("__gt__",)}),
+    ("ge", np.greater_equal, lambda a, b: f"({a} >= {b})", _ANY, False, True, {"py_operator": ("__ge__",)}),
     ("logical_and", np.logical_and, lambda a, b: f"(bool({a}) && bool({b}))", _ANY, False, True),
     ("logical_or", np.logical_or, lambda a, b: f"(bool({a}) || bool({b}))", _ANY, False, True),
     ("logical_xor", np.logical_xor, lambda a, b: f"(bool({a}) != bool({b}))", _ANY, False, True),
-    ("bitwise_and", np.bitwise_and, lambda a, b: f"({a} & {b})", _INT_BOOL, False, False),
-    ("bitwise_or", np.bitwise_or, lambda a, b: f"({a} | {b})", _INT_BOOL, False, False),
-    ("bitwise_xor", np.bitwise_xor, lambda a, b: f"({a} ^ {b})", _INT_BOOL, False, False),
-    ("left_shift", _shift_left, lambda a, b: f"sf_shl({a}, {b})", _INT, False, False),
-    ("right_shift", _shift_right, lambda a, b: f"sf_shr({a}, {b})", _INT, False, False),
-    ("ceil_div", _int_div_guard(_ceil_div), lambda a, b: f"sf_ceildiv({a}, {b})", _NOBOOL, False, False),
+    ("bitwise_and", np.bitwise_and, lambda a, b: f"({a} & {b})", _INT_BOOL, False, False,
+     {"py_operator": ("__and__", "__rand__")}),
+    ("bitwise_or", np.bitwise_or, lambda a, b: f"({a} | {b})", _INT_BOOL, False, False,
+     {"py_operator": ("__or__", "__ror__")}),
+    ("bitwise_xor", np.bitwise_xor, lambda a, b: f"({a} ^ {b})", _INT_BOOL, False, False,
+     {"py_operator": ("__xor__", "__rxor__")}),
+    ("left_shift", _shift_left, lambda a, b: f"sf_shl({a}, {b})", _INT, False, False,
+     {"py_operator": ("__lshift__", "__rlshift__")}),
+    ("right_shift", _shift_right, lambda a, b: f"sf_shr({a}, {b})", _INT, False, False,
+     {"py_operator": ("__rshift__", "__rrshift__")}),
+    ("ceil_div", _int_div_guard(_ceil_div), lambda a, b: f"sf_ceildiv({a}, {b})", _NOBOOL, False, False,
+     {"guard": _NONZERO}),
 ]
 
-for _name, _fn, _cu, _allowed, _i2f, _ob in _UNARY:
-    _make_pw(_name, 1, _fn, _cu, _allowed, _i2f, _ob, literal_ok=())
-for _name, _fn, _cu, _allowed, _i2f, _ob in _BINARY:
-    _make_pw(_name, 2, _fn, _cu, _allowed, _i2f, _ob)
+for _row in _UNARY:
+    _make_pw(_row[0], 1, *_row[1:6], literal_ok=(), **(_row[6] if len(_row) > 6 else {}))
+for _row in _BINARY:
+    _make_pw(_row[0], 2, *_row[1:6], **(_row[6] if len(_row) > 6 else {}))
 
 
 # ---- ternary ----------------------------------------------------------------------------
@@ -283,7 +307,8 @@ def _where_ref(args, attrs, out_types):
 
 register(OpDef("where", OpKind.pointwise, ("condition", "x", "y"), _where_infer, _where_ref,
                literal_ok=frozenset({1, 2}), compute_dtype=_where_dtype,
-               cuda=lambda c, a, b: f"({c} ? {a} : {b})",
+               cuda=lambda c, a, b: f"({c} ? {a} : {b})", lowering=Lowering.pointwise,
+               raw_operands=frozenset({0}), round_operands=False,  # (the condition stays bool)
                doc="where(condition, x, y): x where condition is true, else y"))
 
 
@@ -315,7 +340,8 @@ def _clamp_ref(args, attrs, out_types):
 
 register(OpDef("clamp", OpKind.pointwise, ("x", "min", "max"), _clamp_infer, _clamp_ref,
                literal_ok=frozenset({1, 2}), compute_dtype=_clamp_dtype,
-               cuda=lambda x, lo, hi: f"sf_min(sf_max({x}, {lo}), {hi})",
+               cuda=lambda x, lo, hi: f"sf_min(sf_max({x}, {lo}), {hi})", lowering=Lowering.pointwise,
+               round_operands=False,
                doc="clamp(x, min, max) = minimum(maximum(x, min), max); NaN propagates"))
 
 
@@ -348,7 +374,8 @@ def _lerp_ref(args, attrs, out_types):
 
 register(OpDef("lerp", OpKind.pointwise, ("start", "end", "weight"), _lerp_infer, _lerp_ref,
                literal_ok=frozenset({2}), compute_dtype=lambda ops, a: ops[0].dtype,
-               cuda=lambda s, e, w: f"sf_lerp({s}, {e}, {w})",
+               cuda=lambda s, e, w: f"sf_lerp({s}, {e}, {w})", lowering=Lowering.pointwise,
+               round_operands=False,
                doc="lerp(start, end, weight) = start + weight * (end - start), PyTorch's two-sided formula"))
 
 
@@ -379,4 +406,5 @@ def _cast_ref(args, attrs, out_types):
 
 register(OpDef("cast", OpKind.pointwise, ("x",), _cast_infer, _cast_ref, attrs=CastAttrs,
                compute_dtype=lambda ops, a: ops[0].dtype,
-               cuda="cast", doc="cast(x, dtype): C conversion; floats to integers truncate toward zero"))
+               cuda=lambda x: x, lowering=Lowering.pointwise, round_operands=False,  # the result conversion casts
+               doc="cast(x, dtype): C conversion; floats to integers truncate toward zero"))

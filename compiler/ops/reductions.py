@@ -11,7 +11,7 @@ import numpy as np
 from ..dtypes import DType
 from ..errors import OpError
 from .pointwise import opmath
-from .registry import Attrs, OpDef, OpKind, TensorType, norm_dim, register, tensor
+from .registry import Attrs, Combiner, Lowering, OpDef, OpKind, TensorType, norm_dim, register, tensor
 
 
 class ReduceAttrs(Attrs):
@@ -54,7 +54,7 @@ def _acc_dtype(name, x: TensorType, attrs) -> DType:
     return x.dtype
 
 
-def _make_reduce(name, np_fn, needs_nonempty=False, float_only=False, doc=""):
+def _make_reduce(name, np_fn, combiner, needs_nonempty=False, float_only=False, divide_by_count=False, doc=""):
     def infer(ctx, operands, attrs):
         x = tensor(operands, 0)
         rd = reduced_dims(x, attrs.dims)
@@ -85,17 +85,19 @@ def _make_reduce(name, np_fn, needs_nonempty=False, float_only=False, doc=""):
             r = np_fn(xs, axis=rd, keepdims=attrs.keepdim)
             return [np.asarray(r).astype(t.dtype.np).reshape(t.shape)]
 
-    return register(OpDef(name, OpKind.reduction, ("x",), infer, ref, attrs=ReduceAttrs, doc=doc))
+    return register(OpDef(name, OpKind.reduction, ("x",), infer, ref, attrs=ReduceAttrs, doc=doc,
+                          lowering=Lowering.reduce, combiner=combiner, divide_by_count=divide_by_count))
 
 
-_make_reduce("sum", np.sum, doc="sum(x, dims=None, keepdim=False, dtype=None); integers sum in int64")
-_make_reduce("prod", np.prod, doc="prod(x, dims=None, keepdim=False, dtype=None)")
-_make_reduce("amax", np.max, needs_nonempty=True, doc="amax(x, dims=None, keepdim=False); NaN propagates")
-_make_reduce("amin", np.min, needs_nonempty=True, doc="amin(x, dims=None, keepdim=False); NaN propagates")
-_make_reduce("mean", np.mean, float_only=True, doc="mean(x, dims=None, keepdim=False, dtype=None); floats only")
+_make_reduce("sum", np.sum, Combiner.add, doc="sum(x, dims=None, keepdim=False, dtype=None); integers sum in int64")
+_make_reduce("prod", np.prod, Combiner.mul, doc="prod(x, dims=None, keepdim=False, dtype=None)")
+_make_reduce("amax", np.max, Combiner.amax, needs_nonempty=True, doc="amax(x, dims=None, keepdim=False); NaN propagates")
+_make_reduce("amin", np.min, Combiner.amin, needs_nonempty=True, doc="amin(x, dims=None, keepdim=False); NaN propagates")
+_make_reduce("mean", np.mean, Combiner.add, float_only=True, divide_by_count=True,
+             doc="mean(x, dims=None, keepdim=False, dtype=None); floats only")
 
 
-def _make_argreduce(name, np_fn):
+def _make_argreduce(name, np_fn, extreme: Combiner):
     def infer(ctx, operands, attrs):
         x = tensor(operands, 0)
         if x.dtype.is_bool:  # as in PyTorch ("argmax" is not implemented for 'Bool')
@@ -122,6 +124,7 @@ def _make_argreduce(name, np_fn):
         return [np.asarray(r, dtype=np.int64).reshape(out_types[0].shape)]
 
     register(OpDef(name, OpKind.reduction, ("x",), infer, ref, attrs=ArgReduceAttrs,
+                   lowering=Lowering.argreduce, combiner=extreme,
                    doc=f"{name}(x, dim=None, keepdim=False) -> int64; the first extreme (NaN counts as the max)"))
 
 
@@ -147,8 +150,8 @@ def _nan_first_argmin(x, axis=None):
     return np.argmin(x, axis=axis)
 
 
-_make_argreduce("argmax", _nan_first_argmax)
-_make_argreduce("argmin", _nan_first_argmin)
+_make_argreduce("argmax", _nan_first_argmax, Combiner.amax)
+_make_argreduce("argmin", _nan_first_argmin, Combiner.amin)
 
 
 # ---- scans ------------------------------------------------------------------------------
@@ -157,7 +160,7 @@ class ScanAttrs(Attrs):
     dtype: DType | None = None
 
 
-def _make_scan(name, np_fn):
+def _make_scan(name, np_fn, combiner: Combiner):
     def infer(ctx, operands, attrs):
         x = tensor(operands, 0)
         norm_dim(attrs.dim, x.rank)
@@ -175,12 +178,12 @@ def _make_scan(name, np_fn):
             r = np_fn(x.astype(t.dtype.np).astype(work), axis=attrs.dim % x.ndim)
         return [r.astype(t.dtype.np)]
 
-    register(OpDef(name, OpKind.scan, ("x",), infer, ref, attrs=ScanAttrs,
+    register(OpDef(name, OpKind.scan, ("x",), infer, ref, attrs=ScanAttrs, lowering=Lowering.scan, combiner=combiner,
                    doc=f"{name}(x, dim, dtype=None): inclusive; integers accumulate in int64"))
 
 
-_make_scan("cumsum", np.cumsum)
-_make_scan("cumprod", np.cumprod)
+_make_scan("cumsum", np.cumsum, Combiner.add)
+_make_scan("cumprod", np.cumprod, Combiner.mul)
 
 
 # ---- sorting ----------------------------------------------------------------------------
@@ -233,9 +236,14 @@ def _sort_ref(args, attrs, out_types):
     return [np.take_along_axis(x, idx, axis=ax), idx]
 
 
+# What a library sort segment runs (compiler/cuda/runtime.py's _lib_sort and _lib_topk).
+_SORT_LIBRARY = "argsort (segfuse.radix_sort for one row, else cupy.argsort) + cupy.take_along_axis"
 register(OpDef("argsort", OpKind.sort, ("x",), _sort_infer_factory(1), _argsort_ref, attrs=SortAttrs,
+               lowering=Lowering.sort,
+               library="segfuse.radix_sort for one row, else cupy.argsort (stable)",
                doc="argsort(x, dim=-1, descending=False, stable=False) -> int64; segfuse always sorts stably"))
 register(OpDef("sort", OpKind.sort, ("x",), _sort_infer_factory(2), _sort_ref, attrs=SortAttrs, n_outputs=2,
+               lowering=Lowering.sort, library=_SORT_LIBRARY,
                doc="sort(x, dim=-1, descending=False, stable=False) -> (values, indices)"))
 
 
@@ -244,6 +252,10 @@ class TopkAttrs(Attrs):
     dim: int = -1
     largest: bool = True
     sorted: bool = True
+
+    @property
+    def descending(self) -> bool:  # (the sort family's order trait: the largest come first)
+        return self.largest
 
 
 def _topk_infer(ctx, operands, attrs):
@@ -271,4 +283,5 @@ def _topk_ref(args, attrs, out_types):
 
 
 register(OpDef("topk", OpKind.sort, ("x",), _topk_infer, _topk_ref, attrs=TopkAttrs, n_outputs=2,
+               lowering=Lowering.sort, library=_SORT_LIBRARY + ", first k",
                doc="topk(x, k, dim=-1, largest=True, sorted=True) -> (values, indices); ties keep input order"))

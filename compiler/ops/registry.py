@@ -2,8 +2,12 @@
 
 Each `OpDef` holds everything the rest of the pipeline needs to know about one op:
 its operands and attributes (a pydantic model, so the JSON Schema is generated from it),
-its shape/dtype rule (`infer`), its NumPy reference semantics (`ref`), and what the CUDA
-renderer needs (`cuda`). Validation, the NumPy backend and codegen all read this table.
+its shape/dtype rule (`infer`), its NumPy reference semantics (`ref`), and typed traits for the
+rest of the pipeline: which codegen renderer emits it (`lowering`) with what combine, guard and
+rounding rules, its library routine, its Python operators. Validation, the NumPy backend, the
+segmenter, codegen and the builder all read this table; none of them keys a table by op name.
+Attribute models may add traits as properties (`SortAttrs.descending`, the scatter family's
+`reduce` and `include_self`), so one rule covers every op of a family.
 """
 
 from __future__ import annotations
@@ -33,6 +37,53 @@ class OpKind(str, Enum):
     sort = "sort"
     gather = "gather"  # reads its data operand at computed positions
     scatter = "scatter"  # writes into its `self` operand's buffer (in place in the kernel)
+
+
+class Lowering(str, Enum):
+    """Which renderer of the code generator emits an op (compiler/codegen keys its renderers by
+    this, never by op name). An op without one runs as a library routine or on the host."""
+
+    pointwise = "pointwise"  # the op's `cuda` expression over its converted operands
+    fill = "fill"  # full, full_like: the `value` attribute at every position
+    iota = "iota"  # start + step * position
+    relinearize = "relinearize"  # reshape, squeeze, unsqueeze: the same row-major element order
+    expand = "expand"  # size-1 dims read at 0, trailing dims aligned
+    broadcast_in_dim = "broadcast_in_dim"  # size-1 dims read at 0, dims placed by broadcast_dims
+    permute = "permute"
+    slice = "slice"
+    pad = "pad"
+    cat = "cat"
+    gather = "gather"
+    take_along_axis = "take_along_axis"
+    index_select = "index_select"
+    reduce = "reduce"  # every element of a row combined with the op's `combiner`
+    argreduce = "argreduce"  # the position of a row's first extreme (`combiner` amax or amin)
+    scan = "scan"  # inclusive prefix with the op's `combiner`
+    sort = "sort"  # (key, index) pairs ordered by `attrs.descending`; outputs keep the first positions
+    scatter = "scatter"  # self[.., index[c], ..] (reduce)= src[c] along dim
+    index_add = "index_add"  # self[.., index[c_dim], ..] += alpha * source[c]
+    index_put = "index_put"  # self[index[c..]] = values (or +=) on dim 0, negative indices wrap
+
+
+class Combiner(str, Enum):
+    """An associative combine with an identity (the codegen prelude's sf_op_<value>)."""
+
+    add = "add"
+    mul = "mul"
+    amax = "amax"
+    amin = "amin"
+
+
+class Guard(str, Enum):
+    """A check the kernel makes on an integer operand, so a bad value fails the run instead of being
+    undefined behaviour on the GPU (the NumPy reference raises the same error)."""
+
+    nonzero = "nonzero"  # an integer divisor
+    nonnegative = "nonnegative"  # an integer exponent
+
+
+# Op kinds whose ops are computed where they are used (lambdas in a kernel), never materialized.
+LAZY_KINDS = (OpKind.pointwise, OpKind.creation, OpKind.view, OpKind.movement, OpKind.gather)
 
 
 class Attrs(BaseModel):
@@ -108,8 +159,20 @@ class OpDef:
     doc: str = ""
     # Operand positions read at computed (not own-thread) positions: gather data, scatter self.
     compute_dtype: Callable[[list[Operand], Any], DType] | None = None
-    cuda: Any = None  # renderer data for codegen (see compiler.codegen)
+    cuda: Any = None  # a pointwise op's C expression: a function of its operands' C expressions
     extra: dict = field(default_factory=dict)
+    # ---- traits the code generator, the segmenter and the builder read (no tables by op name) ----
+    lowering: Lowering | None = None  # the codegen renderer; None: library routine or host
+    combiner: Combiner | None = None  # reductions, scans (argmax: amax, the extreme it looks for)
+    divide_by_count: bool = False  # mean: the combined sum over the number of reduced elements
+    guard: tuple[int, Guard] | None = None  # (operand position, check) for integer operands
+    raw_operands: frozenset = frozenset()  # operand positions read unconverted (where's condition)
+    # operands round to the common dtype before computing in opmath (False: the reference computes
+    # in opmath directly)
+    round_operands: bool = True
+    scalar_opmath: bool = False  # a 0-d or literal second operand is read at opmath precision
+    library: str = ""  # what a library segment of the op runs on the GPU (plan hints.routine)
+    py_operator: tuple[str, ...] = ()  # builder Tensor operators: (method, reflected method)
 
     def arity(self) -> tuple[int, int | None]:
         lo = len(self.operands) if self.min_operands is None else self.min_operands

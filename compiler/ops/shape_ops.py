@@ -8,7 +8,18 @@ import sympy
 
 from ..errors import OpError
 from ..shapes import dims_equal, fmt_shape, norm, numel
-from .registry import Attrs, OpDef, OpKind, TensorType, check_scalar, norm_dim, register, scalar_array, tensor
+from .registry import (
+    Attrs,
+    Lowering,
+    OpDef,
+    OpKind,
+    TensorType,
+    check_scalar,
+    norm_dim,
+    register,
+    scalar_array,
+    tensor,
+)
 
 Size = int | str
 
@@ -52,6 +63,7 @@ def _reshape_infer(ctx, operands, attrs):
 
 register(OpDef("reshape", OpKind.view, ("x",), _reshape_infer,
                lambda args, a, out: [np.reshape(args[0], out[0].shape)], attrs=ShapeAttrs,
+               lowering=Lowering.relinearize,
                doc="reshape(x, shape): row-major; one entry may be -1"))
 
 
@@ -86,6 +98,7 @@ def _bid_ref(args, a, out):
 
 
 register(OpDef("broadcast_in_dim", OpKind.view, ("x",), _bid_infer, _bid_ref, attrs=BroadcastInDimAttrs,
+               lowering=Lowering.broadcast_in_dim,
                doc="broadcast_in_dim(x, shape, broadcast_dims): input dim i becomes output dim broadcast_dims[i]"))
 
 
@@ -113,6 +126,7 @@ def _expand_infer(ctx, operands, attrs):
 
 register(OpDef("expand", OpKind.view, ("x",), _expand_infer,
                lambda args, a, out: [np.broadcast_to(args[0], out[0].shape)], attrs=ShapeAttrs,
+               lowering=Lowering.expand,
                doc="expand(x, shape): broadcast size-1 dims (-1 keeps a dim), like Tensor.expand"))
 
 
@@ -148,6 +162,7 @@ def _squeeze_infer(ctx, operands, attrs):
 
 register(OpDef("squeeze", OpKind.view, ("x",), _squeeze_infer,
                lambda args, a, out: [np.reshape(args[0], out[0].shape)], attrs=SqueezeAttrs,
+               lowering=Lowering.relinearize,
                doc="squeeze(x, dims=None): remove size-1 dims (listed dims that are not size 1 stay)"))
 
 
@@ -165,6 +180,7 @@ def _unsqueeze_infer(ctx, operands, attrs):
 
 register(OpDef("unsqueeze", OpKind.view, ("x",), _unsqueeze_infer,
                lambda args, a, out: [np.reshape(args[0], out[0].shape)], attrs=DimAttrs,
+               lowering=Lowering.relinearize,
                doc="unsqueeze(x, dim): insert a size-1 dim"))
 
 
@@ -185,7 +201,8 @@ def _permute_infer(ctx, operands, attrs):
 register(OpDef("permute", OpKind.movement, ("x",), _permute_infer,
                # always a copy: a movement op makes new data (an identity permutation would return x itself)
                lambda args, a, out: [np.array(np.transpose(args[0], [d % max(args[0].ndim, 1) for d in a.dims]), order="C")],
-               attrs=PermuteAttrs, doc="permute(x, dims)"))
+               attrs=PermuteAttrs,
+               lowering=Lowering.permute, doc="permute(x, dims)"))
 
 
 class SliceAttrs(Attrs):
@@ -235,6 +252,7 @@ def _slice_ref(args, a, out):
 
 
 register(OpDef("slice", OpKind.movement, ("x",), _slice_infer, _slice_ref, attrs=SliceAttrs,
+               lowering=Lowering.slice,
                doc="slice(x, dim=0, start=None, end=None, step=1): x[start:end:step] along dim"))
 
 
@@ -280,6 +298,7 @@ def _pad_ref(args, a, out):
 
 
 register(OpDef("pad", OpKind.movement, ("x",), _pad_infer, _pad_ref, attrs=PadAttrs,
+               lowering=Lowering.pad,
                doc="pad(x, pad, value=0): torch.nn.functional.pad constant mode; pairs start at the last dim"))
 
 
@@ -309,4 +328,5 @@ def _cat_infer(ctx, operands, attrs):
 register(OpDef("cat", OpKind.movement, ("tensors",), _cat_infer,
                lambda args, a, out: [np.concatenate([np.asarray(x).astype(out[0].dtype.np) for x in args],
                                                     axis=a.dim % args[0].ndim)],
-               attrs=DimAttrs, variadic=True, min_operands=1, doc="cat(tensors, dim): dtypes promote like torch.cat"))
+               attrs=DimAttrs, variadic=True, min_operands=1,
+               lowering=Lowering.cat, doc="cat(tensors, dim): dtypes promote like torch.cat"))

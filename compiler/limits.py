@@ -1,0 +1,27 @@
+"""Limits the planner and the code generator share, each in one place (issue 14, item 4).
+
+The segmenter's capability table (`segmenter_capability.Capability`) takes its defaults from here,
+and codegen tests against the same numbers, so a plan's hints say what the kernels do.
+"""
+
+from __future__ import annotations
+
+# 32-bit index arithmetic while every element count and every input's stride extent is at most
+# this: grid-stride loops step past the end by up to one grid (at most 2^25 threads here) before
+# they test, and that step must not overflow.
+INDEX32_MAX = 2**31 - 2**25 - 1
+
+# Dynamic shared memory a kernel may use per block (the H200 allows 227 KiB with opt-in; the rest
+# stays for static shared memory and the runtime's headroom).
+SMEM_PER_BLOCK = 200 * 1024
+
+
+def index_bits(extent: int) -> int:
+    """The index width for a kernel whose largest element count or stride extent is `extent`."""
+    return 32 if extent <= INDEX32_MAX else 64
+
+
+def bitonic_sort_bytes(padded_row: int, key_bytes: int) -> int:
+    """Shared memory of the bitonic sort of one row: keys (in their value type, `key_bytes` 4 or
+    8) then int32 indices, for a row padded to the power of two `padded_row`."""
+    return -(-padded_row * key_bytes // 16) * 16 + padded_row * 4
