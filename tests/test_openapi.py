@@ -53,3 +53,39 @@ async def test_failures_answer_a_documented_status(asgi_server):
             r = await c.request(method.upper(), url, content=b"{bad", headers={"content-type": "application/json"})
             assert r.status_code >= 400 and set(r.json()) == {"error", "details"}, (url, r.text)
             assert str(r.status_code) in spec["paths"][template][method]["responses"], (url, r.status_code)
+
+
+ALLOW_CASES = [("/v2/trace/setting", "GET, POST"), ("/v2/logging", "GET, POST"),
+               ("/v2/buffers/b", "DELETE, GET, PUT"), ("/v2/fusions", "GET, POST"),
+               ("/v2/fusions/f", "DELETE, GET")]
+
+
+@pytest.mark.anyio
+async def test_a_405_lists_every_method_of_the_path(asgi_server):
+    """RFC 9110: a 405's Allow names all methods of the resource. Starlette named only those of
+    the first route of the path (GET /v2/fusions/f: 'GET', although DELETE serves it too); the
+    fuzz (tests/test_fuzz_openapi.py) found it."""
+    async with asgi_server() as c:
+        for url, allow in ALLOW_CASES:
+            r = await c.request("PATCH", url)
+            assert r.status_code == 405 and r.headers["allow"] == allow, (url, r.headers.get("allow"))
+            assert set(r.json()) == {"error", "details"}
+
+
+def test_a_405_lists_every_method_on_a_live_server(live_server_factory):
+    import httpx
+
+    server = live_server_factory(backend="numpy", token="tok")
+    for url, allow in ALLOW_CASES:
+        r = httpx.request("OPTIONS", server.url + url, headers={"Authorization": "Bearer tok"})
+        assert r.status_code == 405 and r.headers["allow"] == allow, (url, r.headers.get("allow"))
+
+
+def test_health_is_documented_as_open_when_a_token_is_set():
+    """The document's global bearer requirement is lifted on the two open paths (security: []),
+    as GuardMiddleware serves them; every other operation inherits it."""
+    spec = _schema("tok")
+    assert spec["security"] == [{"bearer": []}]
+    for path, item in spec["paths"].items():
+        for op in item.values():
+            assert op.get("security") == ([] if path.startswith("/v2/health/") else None), path
