@@ -6,6 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .names import KEY_PATTERN
+
 TensorData = list[Any]  # flat or nested row-major list of numbers (KServe)
 
 
@@ -221,7 +223,8 @@ class ModelMetadata(BaseModel):
 # ---- shared-memory regions (Triton's extensions) -----------------------------------------
 class SystemRegionRegister(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    key: str = Field(description="POSIX shared-memory object, a plain name such as /input_data (no paths)")
+    key: str = Field(description="POSIX shared-memory object, a plain name such as /input_data (no paths)",
+                     json_schema_extra={"pattern": KEY_PATTERN})
     offset: int = Field(0, ge=0, description="where the region starts in the object")
     byte_size: int = Field(ge=1, description="bytes of the region")
 

@@ -4,6 +4,8 @@ checked by openapi-spec-validator, with and without a token (the security scheme
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from openapi_spec_validator import OpenAPIV31SpecValidator
 
 
@@ -89,3 +91,45 @@ def test_health_is_documented_as_open_when_a_token_is_set():
     for path, item in spec["paths"].items():
         for op in item.values():
             assert op.get("security") == ([] if path.startswith("/v2/health/") else None), path
+
+
+def _ecma(pattern: str):
+    """A JSON Schema pattern as ECMA-262 reads it: `$` is the end, never before a final newline."""
+    import re
+
+    return re.compile(pattern.replace("$", r"\Z"))
+
+
+NAMEISH = "ab.-_/\n$Z9"
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.text(alphabet=NAMEISH, max_size=6) | st.sampled_from([".", "..", "...", "a" * 128, "a" * 129, "/x", "/..",
+                                                                  "/.", "/a..b", "/" + "k" * 250, "k" * 251]))
+def test_documented_name_and_key_patterns_are_the_checks(text):
+    """The OpenAPI document gives buffer and region names and shared-memory keys as patterns (so
+    a schema-driven client generates names the server takes); they accept exactly what the
+    server's checks accept."""
+    from segfuse.server.errors import ApiError
+    from segfuse.server.names import KEY_PATTERN, NAME_PATTERN, is_valid_name
+    from segfuse.server.regions import check_key
+
+    assert (_ecma(NAME_PATTERN).search(text) is not None) == is_valid_name(text), text
+    try:
+        check_key(text)
+        key_ok = True
+    except ApiError:
+        key_ok = False
+    assert (_ecma(KEY_PATTERN).search(text) is not None) == key_ok, text
+
+
+def test_patterns_are_in_the_document():
+    from segfuse.server.names import KEY_PATTERN, NAME_PATTERN
+
+    spec = _schema()
+    for path in ("/v2/buffers/{name}", "/v2/systemsharedmemory/region/{name}/status",
+                 "/v2/cudasharedmemory/region/{name}/register"):
+        for op in spec["paths"][path].values():
+            (param,) = [p for p in op["parameters"] if p["name"] == "name"]
+            assert param["schema"]["pattern"] == NAME_PATTERN, path
+    assert spec["components"]["schemas"]["SystemRegionRegister"]["properties"]["key"]["pattern"] == KEY_PATTERN
