@@ -211,6 +211,12 @@ class InferResponse(BaseModel):
     parameters: RunParameters
 
 
+class ModelReady(BaseModel):
+    """KServe v2's model ready response (Triton's clients read only the status)."""
+    name: str
+    ready: bool
+
+
 class ModelMetadata(BaseModel):
     name: str
     id: str

@@ -133,3 +133,22 @@ def test_patterns_are_in_the_document():
             (param,) = [p for p in op["parameters"] if p["name"] == "name"]
             assert param["schema"]["pattern"] == NAME_PATTERN, path
     assert spec["components"]["schemas"]["SystemRegionRegister"]["properties"]["key"]["pattern"] == KEY_PATTERN
+
+
+@pytest.mark.anyio
+async def test_model_ready_answers_the_documented_json(asgi_server, moe_graph):
+    """GET /v2/models/{m}/ready (and its versioned form) answered 200 with an empty body and no
+    content type, where the document promised JSON (the 200-example fuzz found it): now KServe
+    v2's {"name", "ready"}, which the schema describes."""
+    spec = _schema()
+    async with asgi_server() as c:
+        await c.post("/v2/fusions", json=moe_graph)
+        for url, template in [("/v2/models/moe_problem_sizes/ready", "/v2/models/{model}/ready"),
+                              ("/v2/models/moe_problem_sizes/versions/1/ready",
+                               "/v2/models/{model}/versions/{version}/ready")]:
+            r = await c.get(url)
+            assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+            assert r.json() == {"name": "moe_problem_sizes", "ready": True}
+            documented = spec["paths"][template]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
+            assert documented == {"$ref": "#/components/schemas/ModelReady"}
+        assert (await c.get("/v2/models/nope/ready")).status_code == 404
