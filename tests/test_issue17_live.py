@@ -82,7 +82,9 @@ def test_item7_methods_uvicorn_parses_are_labelled_other(live):
     conn = http.client.HTTPConnection(host, int(port), timeout=30)
     for method in EXOTIC:
         conn.request(method, "/v2/buffers")
-        assert conn.getresponse().status == 401
+        r = conn.getresponse()
+        r.read()
+        assert r.status == 401, method
     conn.close()
     text = c.get("/metrics").text
     methods = {ln.split('method="')[1].split('"')[0] for ln in text.splitlines()
