@@ -99,9 +99,28 @@ def logged_error_parts(e: BaseException, scope) -> tuple[int, dict, dict | None]
     return status, body, headers
 
 
+METHODS = ("DELETE", "GET", "HEAD", "OPTIONS", "PATCH", "POST", "PUT")
+
+
+def allowed_methods(app, scope) -> str:
+    """Every method some route serves at the request's path. Starlette's 405 names only the
+    methods of the first route whose path matches, where segfuse's routers serve GET and POST of
+    one path in two routes (RFC 9110: Allow lists all of the resource's methods). Asked through
+    Starlette's own matching, which sees into included routers."""
+    from starlette.routing import Match
+
+    def served(method: str) -> bool:
+        probe = {**scope, "method": method}
+        return any(route.matches(probe)[0] is Match.FULL for route in app.router.routes)
+
+    return ", ".join(m for m in METHODS if served(m))
+
+
 def install(app: FastAPI) -> None:
     async def handle(request: Request, e: Exception):
         status, body, headers = logged_error_parts(e, request.scope)
+        if status == 405:
+            headers = {**(headers or {}), "Allow": allowed_methods(app, request.scope)}
         return JSONResponse(body, status_code=status, headers=headers)
 
     for cls in (ApiError, SegfuseError, RequestValidationError, StarletteHTTPException, Exception):

@@ -14,6 +14,7 @@ import secrets
 from fastapi import HTTPException
 
 from .errors import error_body
+from .logs import REQUEST_ID
 
 OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
 
@@ -63,6 +64,7 @@ class GuardMiddleware:
         headers = dict(scope.get("headers") or [])
         rid = request_id(headers.get(b"x-request-id"))
         scope["segfuse.request_id"] = rid
+        rid_context = REQUEST_ID.set(rid)  # log lines of this request carry it (server/logs.py)
         rid_header = (b"x-request-id", rid.encode())
 
         async def send_counted(message):
@@ -105,6 +107,7 @@ class GuardMiddleware:
 
             await self.app(scope, receive_limited, send_counted)
         finally:
+            REQUEST_ID.reset(rid_context)
             route = scope.get("route")
             endpoint = getattr(route, "path", None) or "unmatched"
             metrics.request_done(endpoint, scope.get("method", ""), status)

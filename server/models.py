@@ -6,6 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from .names import KEY_PATTERN
+
 TensorData = list[Any]  # flat or nested row-major list of numbers (KServe)
 
 
@@ -209,6 +211,12 @@ class InferResponse(BaseModel):
     parameters: RunParameters
 
 
+class ModelReady(BaseModel):
+    """KServe v2's model ready response (Triton's clients read only the status)."""
+    name: str
+    ready: bool
+
+
 class ModelMetadata(BaseModel):
     name: str
     id: str
@@ -221,7 +229,8 @@ class ModelMetadata(BaseModel):
 # ---- shared-memory regions (Triton's extensions) -----------------------------------------
 class SystemRegionRegister(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    key: str = Field(description="POSIX shared-memory object, a plain name such as /input_data (no paths)")
+    key: str = Field(description="POSIX shared-memory object, a plain name such as /input_data (no paths)",
+                     json_schema_extra={"pattern": KEY_PATTERN})
     offset: int = Field(0, ge=0, description="where the region starts in the object")
     byte_size: int = Field(ge=1, description="bytes of the region")
 

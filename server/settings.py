@@ -32,6 +32,7 @@ class Settings:
     run_workers: int = 1  # threads that run fusions (each on its own CUDA stream)
     max_batch: int = 32  # runs a worker takes from the queue at once (launched back to back, one wait)
     log_level: str = "info"
+    log_format: str = "text"  # text (uvicorn's lines) | json (one object per line, server/logs.py)
     extra: dict = field(default_factory=dict)
 
     ENV_PREFIX = "SEGFUSE_"
@@ -55,6 +56,8 @@ class Settings:
     def check(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be 0-65535, not {self.port}")
+        if self.log_format not in ("text", "json"):
+            raise ValueError(f"log_format must be text or json, not '{self.log_format}'")
         if self.backend not in ("auto", "cupy", "numpy"):
             raise ValueError(f"backend must be auto, cupy or numpy, not '{self.backend}'")
         for name in ("max_body_bytes", "max_ops", "max_rank", "max_buffer_bytes", "max_total_bytes",

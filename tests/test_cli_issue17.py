@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from test_cli import segfuse, server  # noqa: F401  (the live-server fixture)
 from test_client import ROOT, counts_of
 
@@ -167,3 +171,26 @@ def test_explain_cites_a_real_shared_memory_limit():
     if not gpu:
         assert "227 KiB per block opt-in, 48 KiB by default on H200 (sm_90)" in " ".join(out.split()), out
     assert "shared memory 32*T = 131072 B" in out
+
+
+# argparse ignores write errors of --help and --version itself (exit 0); a command's output that
+# cannot be written exits 141, as a process killed by SIGPIPE.
+@pytest.mark.parametrize("argv, status", [(["--help"], 0), (["--version"], 0), (["serve", "--help"], 0),
+                                          (["explain", MOE, "--shape", "K=8", "--shape", "T=4096"], 141),
+                                          (["validate", MOE], 141)])
+def test_a_closed_pipe_is_no_traceback(argv, status):
+    """`segfuse ... | head`: the reader is gone before segfuse writes (the read end closed before
+    the console script starts, so the write fails for certain): no traceback, nothing on stderr
+    (before: BrokenPipeError's traceback, or 'Exception ignored ... BrokenPipeError' at exit); the
+    same command into an open pipe prints and exits 0."""
+    script = os.path.join(os.path.dirname(sys.executable), "segfuse")
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        r = subprocess.run([script, *argv], stdout=write_end, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                           timeout=120)
+    finally:
+        os.close(write_end)
+    assert r.stderr == "" and r.returncode == status, r.stderr
+    ok = subprocess.run([script, *argv], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert ok.returncode == 0 and ok.stdout and ok.stderr == "", ok.stderr

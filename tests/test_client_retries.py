@@ -105,6 +105,10 @@ def test_concurrent_runs_succeed_with_retries_and_fail_fast_without(live_server_
         assert np.array_equal(r["counts"], counts_of(b))
     assert seen.count("POST", "/infer", 200) == len(batches)  # each run ran once
     assert seen.count("POST", "/infer", 429) >= 2 * len(batches)
+    # issue 17, item 9, on a live server: every 429 the clients saw is a failed run in the metrics
+    text = httpx.get(server.url + "/metrics").text
+    assert f'segfuse_runs_total{{outcome="error"}} {float(seen.count("POST", "/infer", 429) + 1)}' in text
+    assert f'segfuse_runs_total{{outcome="ok"}} {float(len(batches) + 1)}' in text
 
 
 # ---- the policy, with mock transports -----------------------------------------------------------

@@ -146,3 +146,42 @@ def test_entrypoint_serves_and_healthcheck_passes(dockerfile, tmp_path):
     r = subprocess.run(healthcheck(dockerfile), env=run_env(SEGFUSE_PORT=str(free_port())), capture_output=True,
                        text=True, timeout=30)
     assert r.returncode != 0
+
+
+DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
+
+
+def test_base_images_are_pinned_by_digest():
+    """Issue 17, item 22: every FROM names its image by digest (directly or through the ARG it
+    expands), so a rebuild cannot pick up another base behind a moved tag."""
+    for path in DOCKERFILES:
+        args = dict(re.findall(r"^ARG (\w+)=(\S+)$", path.read_text(), re.M))
+        for image in [a.split()[0] for w, a in instructions(path) if w == "FROM"]:
+            ref = re.sub(r"\$\{(\w+)\}", lambda m, args=args: args[m.group(1)], image)
+            assert DIGEST.search(ref), f"{path.name}: FROM {ref} is not pinned by digest"
+
+
+def test_python_packages_are_installed_from_the_constraints_file():
+    """Every pip install in the images runs with PIP_CONSTRAINT=docker/constraints.txt (copied into
+    the image), and that file pins, with ==, every package the images' extras resolve to, checked
+    against this environment's resolution of the same requirements."""
+    from importlib.metadata import requires
+
+    pins = dict(re.findall(r"^([A-Za-z0-9_.\-]+)==(\S+)", (DOCKER / "constraints.txt").read_text(), re.M))
+    norm = {re.sub(r"[-_.]+", "-", k).lower(): v for k, v in pins.items()}
+    for path in DOCKERFILES:
+        text = path.read_text()
+        assert "COPY docker/constraints.txt ./docker/constraints.txt" in text
+        installs = [a for w, a in instructions(path) if w == "RUN" and "pip install" in a]
+        assert installs and all("PIP_CONSTRAINT=/opt/segfuse/docker/constraints.txt " in a for a in installs), installs
+    wanted = set()
+    for req in requires("segfuse"):
+        name, _, marker = req.partition(";")
+        if "extra ==" in marker and not any(f'extra == "{x}"' in marker for x in ("server", "cuda13")):
+            continue
+        if "sys_platform" in marker and "win32" in marker and "!=" not in marker:
+            continue
+        wanted.add(re.sub(r"[-_.]+", "-", re.split(r"[<>=!~\[ ]", name.strip())[0]).lower())
+    missing = sorted(wanted - set(norm))
+    assert not missing, f"docker/constraints.txt does not pin {missing}: regenerate it (command in its header)"
+    assert {"setuptools", "wheel"} <= set(norm)  # build isolation's packages

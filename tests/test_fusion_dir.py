@@ -62,3 +62,30 @@ async def test_deleting_a_fusion_loaded_from_an_operators_file_removes_that_file
     async with asgi_server(fusion_dir=str(tmp_path)) as c:
         assert (await c.delete("/v2/fusions/moe_problem_sizes")).status_code == 200
     assert not list(tmp_path.glob("*.json"))
+
+
+def test_segfuse_serve_fusion_dir_survives_a_restart(tmp_path):
+    """Through the console script: `segfuse serve --fusion-dir DIR`, a fusion registered over HTTP
+    (by `segfuse` itself) is in DIR and registered again by the next server on DIR."""
+    import httpx
+    from test_cli import SEGFUSE, segfuse
+    from test_client import server_process
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+
+    def serve():  # (the port comes from server_process's SEGFUSE_PORT)
+        return server_process(cmd=[*SEGFUSE, "serve", "--backend", "numpy", "--fusion-dir", str(repo)])
+
+    with serve() as url:
+        assert httpx.get(url + "/v2/fusions").json()["fusions"] == []
+        graph = json.loads((EXAMPLES / "moe_problem_sizes.json").read_text())
+        r = httpx.post(url + "/v2/fusions", json=graph)
+        assert r.status_code == 201
+    kept = list(repo.iterdir())  # kept as <id>.json
+    assert [p.name for p in kept] == [f"{r.json()['id']}.json"]
+    assert json.loads(kept[0].read_text())["name"] == "moe_problem_sizes"
+    with serve() as url:
+        assert "moe_problem_sizes" in segfuse("fusions", "ls", server=url).stdout
+        segfuse("fusions", "rm", "moe_problem_sizes", server=url)
+    assert list(repo.iterdir()) == []

@@ -1,13 +1,16 @@
-"""Logs and request ids (issue 17, item 17, in part): every response carries an X-Request-ID (the
+"""Logs and request ids (issue 17, item 17): every response carries an X-Request-ID (the
 client's own, or a new one); a failed request is logged with its status, message and id;
 `segfuse serve` shows segfuse's own INFO lines (the backend chosen) next to uvicorn's."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import subprocess
 import sys
 import time
+from datetime import datetime
 
 import httpx
 import pytest
@@ -41,10 +44,12 @@ async def test_a_failed_request_is_logged_with_its_id(asgi_server, caplog, moe_g
     assert any("[req-8]" in m and "404" in m and "not found" in m for m in lines), lines
 
 
-def test_segfuse_serve_logs_segfuse_info():
+def _serve_and_ask(*flags: str) -> str:
+    """Start `segfuse serve` (the console script) with flags, ask for a missing buffer with
+    X-Request-ID r-42, stop it; its stdout and stderr together."""
+    script = os.path.join(os.path.dirname(sys.executable), "segfuse")
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; from segfuse.compiler.cli import main; sys.exit(main())",
-                             "serve", "--backend", "numpy", "--port", str(port), "--log-level", "info"],
+    proc = subprocess.Popen([script, "serve", "--backend", "numpy", "--port", str(port), *flags],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -58,5 +63,39 @@ def test_segfuse_serve_logs_segfuse_info():
     finally:
         proc.terminate()
         out = proc.communicate(timeout=30)[0]
+    return out
+
+
+def test_segfuse_serve_logs_segfuse_info():
+    out = _serve_and_ask("--log-level", "info")
     assert "segfuse ready: backend numpy on cpu" in out, out
     assert "[r-42] -> 404" in out, out
+
+
+def test_segfuse_serve_json_logs():
+    """--log-format json: every line, uvicorn's and segfuse's, is one JSON object with time,
+    level, logger and message; the request's lines (segfuse's failure line and uvicorn's access
+    line) carry its request_id."""
+    lines = [json.loads(line) for line in _serve_and_ask("--log-format", "json").splitlines() if line.strip()]
+    for line in lines:
+        assert {"time", "level", "logger", "message"} <= set(line), line
+        assert datetime.fromisoformat(line["time"].replace("Z", "+00:00")).tzinfo is not None
+    by_logger = {}
+    for line in lines:
+        by_logger.setdefault(line["logger"], []).append(line)
+    assert any(m["message"] == "segfuse ready: backend numpy on cpu" and m["level"] == "INFO"
+               for m in by_logger["segfuse.server"]), lines
+    failed = [m for m in by_logger["segfuse.server"] if m.get("request_id") == "r-42"]
+    assert len(failed) == 1 and "-> 404" in failed[0]["message"], lines
+    access = [m for m in by_logger["uvicorn.access"] if m.get("request_id") == "r-42"]
+    assert len(access) == 1 and "/v2/buffers/missing" in access[0]["message"] and "404" in access[0]["message"]
+    assert any(m["logger"] == "uvicorn.error" for m in lines), lines  # uvicorn's own start lines
+
+
+def test_a_bad_log_format_is_a_clear_error():
+    script = os.path.join(os.path.dirname(sys.executable), "segfuse")
+    r = subprocess.run([script, "serve", "--log-format", "xml"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "--log-format" in r.stderr and "Traceback" not in r.stderr
+    r = subprocess.run([script, "serve", "--port", "1"], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "SEGFUSE_LOG_FORMAT": "xml"})
+    assert r.returncode == 2 and "log_format must be text or json" in r.stderr and "Traceback" not in r.stderr

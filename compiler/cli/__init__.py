@@ -4,6 +4,7 @@ through `add_parser(subparsers)`; `main` dispatches and maps user errors to exit
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ..errors import SegfuseError
@@ -40,11 +41,35 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# What a process killed by SIGPIPE reports to the shell (128 + 13), as `cat`, `git` and others do.
+EXIT_BROKEN_PIPE = 141
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        return _main(argv)
+    except BrokenPipeError:
+        # The reader went away (`segfuse ... | head`): no traceback. stdout is pointed at devnull so
+        # the interpreter's last flush of what is still buffered does not fail again (the recipe of
+        # Python's signal docs, "Note on SIGPIPE").
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):  # stdout without a descriptor (captured in a test)
+            pass
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: list[str] | None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit:  # --help, --version, usage errors: their text is flushed here too
+        sys.stdout.flush()
+        raise
+    try:
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()  # a closed pipe fails here, inside the handler, not at exit
+        return status
     except SegfuseError as e:
         print(f"error: {type(e).__name__}", file=sys.stderr)
         for issue in e.issues:

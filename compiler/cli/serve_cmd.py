@@ -10,10 +10,11 @@ EPILOG = """environment variables (defaults for the flags): SEGFUSE_HOST, SEGFUS
 SEGFUSE_DEVICE, SEGFUSE_CACHE_DIR, SEGFUSE_FUSION_DIR, SEGFUSE_TOKEN, SEGFUSE_MAX_BODY_BYTES, SEGFUSE_MAX_OPS,
 SEGFUSE_MAX_RANK, SEGFUSE_MAX_BUFFER_BYTES, SEGFUSE_MAX_TOTAL_BYTES, SEGFUSE_MAX_REGION_BYTES, SEGFUSE_MAX_QUEUED_RUNS,
 SEGFUSE_MAX_FUSIONS, SEGFUSE_MAX_FUSION_BYTES, SEGFUSE_RUN_WORKERS, SEGFUSE_MAX_BATCH,
-SEGFUSE_LOG_LEVEL. Sizes take K/M/G suffixes (binary units).
+SEGFUSE_LOG_LEVEL, SEGFUSE_LOG_FORMAT. Sizes take K/M/G suffixes (binary units).
 
 examples:
   segfuse serve --port 8000
+  segfuse serve --log-format json     # one JSON object per log line
   SEGFUSE_TOKEN=secret segfuse serve --backend cupy --device 0 --cache-dir /var/cache/segfuse
   curl -s localhost:8000/v2/health/ready
 """
@@ -45,7 +46,10 @@ def add_parsers(sub) -> None:
     p.add_argument("--run-workers", type=int, help="threads running fusions, each on its own CUDA stream (default 1)")
     p.add_argument("--max-batch", type=int, help="runs a worker launches together, with one wait (default 32)")
     p.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"],
-                   help="uvicorn log level (default info)")
+                   help="level of uvicorn's and segfuse's logs (default info)")
+    p.add_argument("--log-format", choices=["text", "json"],
+                   help="text (default) or json: one JSON object per line (time, level, logger, message, "
+                        "request_id)")
     p.set_defaults(func=cmd_serve)
 
 
@@ -65,23 +69,11 @@ def settings_from_args(args):
         "host", "port", "backend", "device", "cache_dir", "fusion_dir", "token", "max_body_bytes", "max_ops", "max_rank",
         "max_buffer_bytes", "max_total_bytes", "max_region_bytes", "max_queued_runs", "max_fusions",
         "max_fusion_bytes", "run_workers", "max_batch",
-        "log_level")}
+        "log_level", "log_format")}
     try:
         return Settings.from_env(**overrides)
     except ValueError as e:
         raise UserError(str(e)) from None
-
-
-def log_config(level: str) -> dict:
-    """uvicorn's logging configuration with segfuse's loggers (the backend chosen, failed requests
-    by request id, kernel-cache warnings) on the same handler and at the same level."""
-    import copy
-
-    from uvicorn.config import LOGGING_CONFIG
-
-    cfg = copy.deepcopy(LOGGING_CONFIG)
-    cfg["loggers"]["segfuse"] = {"handlers": ["default"], "level": level.upper(), "propagate": False}
-    return cfg
 
 
 def cmd_serve(args) -> int:
@@ -89,6 +81,7 @@ def cmd_serve(args) -> int:
         import uvicorn
         from segfuse.server import create_app
         from segfuse.server.backend import cupy_visible
+        from segfuse.server.logs import log_config
     except ImportError as e:
         raise UserError(f"the server needs its extra dependencies: pip install 'segfuse[server]' ({e})") from None
     settings = settings_from_args(args)
@@ -97,5 +90,5 @@ def cmd_serve(args) -> int:
     app = create_app(settings)
     app.state.runtime.freeze_gc = True
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                log_config=log_config(settings.log_level))
+                log_config=log_config(settings.log_level, settings.log_format))
     return 0

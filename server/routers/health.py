@@ -12,6 +12,10 @@ from ..version import __version__
 
 router = APIRouter(tags=["health"])
 
+# Health checks stay open when a token is set (GuardMiddleware's OPEN_PATHS): say so over the
+# document's global security requirement.
+OPEN = {"security": []}
+
 # Triton's extension names for what exists here, then segfuse's own.
 EXTENSIONS = ["binary_tensor_data", "parameters", "model_repository", "model_repository(unload_dependents)",
               "model_configuration", "statistics", "trace", "logging", "system_shared_memory", "cuda_shared_memory",
@@ -31,14 +35,14 @@ def ready_status(rt) -> tuple[int, dict]:
     return 503, error_body(f"not ready: {why}", [{"loc": [], "msg": why}])
 
 
-@router.get("/v2/health/live", summary="The process is up",
+@router.get("/v2/health/live", summary="The process is up", openapi_extra=OPEN,
             responses={200: {"description": "live", "content": {"application/json": {"example": {"live": True}}}}})
 async def live() -> Response:
     status, body = live_status()
     return JSONResponse(body, status_code=status)
 
 
-@router.get("/v2/health/ready", summary="The backend is initialised", responses={
+@router.get("/v2/health/ready", summary="The backend is initialised", openapi_extra=OPEN, responses={
     200: {"description": "ready", "content": {"application/json": {"example": {"ready": True}}}}, **errors(503)})
 async def ready(rt: AnyRuntime) -> Response:
     status, body = ready_status(rt)

@@ -9,7 +9,7 @@ from ..binary import CONTENT_TYPE, HEADER, decode_request, join_body
 from ..deps import AnyRuntime, ReadyRuntime, errors
 from ..fusions import tensor_meta
 from ..jsonio import dumps
-from ..models import ExecuteRequest, InferRequest, InferResponse, ModelMetadata
+from ..models import ExecuteRequest, InferRequest, InferResponse, ModelMetadata, ModelReady
 from ..parsed_requests import ParsedRequests
 from ..protocol import MODEL_VERSION, check_request, check_version
 from ..run_request import parse_request, response
@@ -98,10 +98,11 @@ async def model_metadata(rt: AnyRuntime, model: str) -> ModelMetadata:
     return ModelMetadata(name=fusion.name, id=fusion.id, inputs=ins, outputs=outs)
 
 
-@router.get("/v2/models/{model}/ready", summary="KServe model readiness", responses=errors(401, 404, 503))
-async def model_ready(rt: ReadyRuntime, model: str) -> Response:
-    rt.fusions.resolve(model)
-    return Response(status_code=200)
+@router.get("/v2/models/{model}/ready", response_model=ModelReady, summary="KServe model readiness",
+            responses=errors(401, 404, 503))
+async def model_ready(rt: ReadyRuntime, model: str) -> ModelReady:
+    # The body KServe v2 defines (it was empty: not the JSON the document promised; found by the fuzz).
+    return ModelReady(name=rt.fusions.resolve(model).name, ready=True)
 
 
 @router.post("/v2/execute", summary="Register an inline graph and run it in one call",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from ..deps import AnyRuntime, ReadyRuntime, errors
-from ..models import InferResponse, ModelMetadata
+from ..models import InferResponse, ModelMetadata, ModelReady
 from ..protocol import check_version
 from . import infer as unversioned
 
@@ -22,8 +22,9 @@ async def model_metadata(rt: AnyRuntime, model: str, version: str) -> ModelMetad
     return await unversioned.model_metadata(rt, model)
 
 
-@router.get(PREFIX + "/ready", summary="Readiness of a version", responses=errors(401, 404, 503))
-async def model_ready(rt: ReadyRuntime, model: str, version: str) -> Response:
+@router.get(PREFIX + "/ready", response_model=ModelReady, summary="Readiness of a version",
+            responses=errors(401, 404, 503))
+async def model_ready(rt: ReadyRuntime, model: str, version: str) -> ModelReady:
     check_version(rt.fusions.resolve(model), version)
     return await unversioned.model_ready(rt, model)
 
