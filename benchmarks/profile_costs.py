@@ -3,6 +3,10 @@
 
     python benchmarks/profile_costs.py benchmarks/out/profile/infer-wrk-c1.txt --rps 3689
 
+--rps is the rate of the same level without the profiler: py-spy pauses the server for every
+sample (load.py's profiled levels run at a quarter to a fifth of the rate), which stretches all
+Python alike, so the shares hold but the profiled level's own rate would overstate every cost.
+
 A sample goes to the cost centre of its innermost frame that names one (CENTRES, in order): time
 in C code counts for the Python function that called it (py-spy without --native), so the socket
 write is uvicorn's `send`, the CUDA driver calls are the runtime's launch functions. Per request:
@@ -26,7 +30,7 @@ CENTRES = [
     ("request decoding and checks", lambda f, p: f.split(".")[-1] in {
         "decode_request", "validate_json", "model_validate_json", "parse_request", "check_request", "get",
         "key", "put"} and ("/server/" in p or "/pydantic" in p)),
-    ("response encoding", lambda f, p: f in {"response", "dumps", "json_array", "join_body", "_run_plan"}
+    ("response encoding", lambda f, p: f in {"response", "dumps", "json_array", "join_body"}
         and "/server/" in p),
     ("metrics and statistics", lambda f, p: "/server/metrics.py" in p or "/server/stats.py" in p
         or "/prometheus_client/" in p),
