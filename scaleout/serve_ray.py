@@ -10,6 +10,7 @@ as Settings.from_env overrides (`settings`), or as SEGFUSE_* variables in the re
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 APP_NAME = "segfuse"
@@ -32,8 +33,9 @@ def _serve():
 
 def build_app(args: dict[str, Any]):
     """The application: `args` takes shards (default 2), backend ("numpy" or "cupy"; default numpy),
-    shard_cpus (CPUs reserved per shard, default 1), ingress_cpus (default 0.5), settings (dict of
-    Settings overrides for every shard). A `serve run` config names it as its import_path."""
+    shard_cpus (CPUs reserved per shard, default 1), ingress_cpus (default 0: it waits on the shards),
+    settings (dict of Settings overrides for every shard). A `serve run` config names it as its
+    import_path."""
     serve = _serve()
     from .ingress import Ingress
     from .shard import Shard
@@ -58,7 +60,7 @@ def build_app(args: dict[str, Any]):
               for i in range(n)}
     ingress = serve.deployment(Ingress).options(
         name="ingress", max_ongoing_requests=MAX_ONGOING,
-        ray_actor_options={"num_cpus": float(args.get("ingress_cpus", 0.5))})
+        ray_actor_options={"num_cpus": float(args.get("ingress_cpus", 0))})
     return ingress.bind(shards)
 
 
@@ -69,11 +71,19 @@ def start(shards: int = 2, backend: str = "numpy", host: str = "127.0.0.1", port
     import ray
 
     serve = _serve()
+    app = build_app({"shards": shards, "backend": backend, **args})  # bad arguments fail before Ray starts
     if not ray.is_initialized():
         ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    if blocking:
+        # SIGTERM (docker stop, kubectl, kill) ends the wait as Ctrl-C does, so the caller's stop()
+        # runs; Ray's own driver handler (set by ray.init) exits and leaves the local cluster's agents.
+        signal.signal(signal.SIGTERM, _interrupt)
     serve.start(http_options={"host": host, "port": port})
-    return serve.run(build_app({"shards": shards, "backend": backend, **args}), name=APP_NAME,
-                     route_prefix="/", blocking=blocking)
+    return serve.run(app, name=APP_NAME, route_prefix="/", blocking=blocking)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def stop() -> None:

@@ -16,12 +16,14 @@ import numpy as np
 import pytest
 from conftest import MOE_PROBLEM_SIZES, LiveServer
 from segfuse.client import Buffer, Client, SegfuseError
+from segfuse.compiler.cli import main as cli_main
 from segfuse.scaleout.routing import shard_for
 
 pytest.importorskip("ray.serve", reason="segfuse serve-ray needs the ray extra")
 pytestmark = pytest.mark.timeout(180)
 
 SHARDS = ["shard-0", "shard-1"]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _namespace_on(shard: str, prefix: str) -> str:
@@ -163,3 +165,30 @@ def test_a_restarted_shard_says_so_and_works(ingress, registered):
         b.put("again", ids)
         res = b.run("moe_problem_sizes", inputs={"topk_ids": Buffer("again")})
         np.testing.assert_array_equal(res["counts"], np.bincount(ids.ravel(), minlength=16))
+
+
+def test_config_example_is_a_valid_serve_config_and_builds():
+    import yaml
+    from ray import serve
+    from ray.serve.schema import ServeDeploySchema
+    from segfuse.scaleout.serve_ray import build_app
+
+    with open(os.path.join(ROOT, "examples", "serve-ray.yaml")) as f:
+        config = ServeDeploySchema.model_validate(yaml.safe_load(f))
+    [app] = config.applications
+    assert app.import_path == "segfuse.scaleout.serve_ray:build_app"
+    assert isinstance(build_app(app.args), serve.Application)
+
+
+@pytest.mark.parametrize("args, message", [({"shards": 0}, "at least 1"), ({"backend": "auto"}, "numpy or cupy"),
+                                           ({"replicas": 2}, "unknown serve-ray arguments")])
+def test_bad_arguments(args, message):
+    from segfuse.scaleout.serve_ray import build_app
+
+    with pytest.raises(ValueError, match=message):
+        build_app(args)
+
+
+def test_cli_reports_bad_arguments(capsys):
+    assert cli_main(["serve-ray", "--shards", "0"]) == 2
+    assert "at least 1" in capsys.readouterr().err
