@@ -41,6 +41,7 @@ segfuse.compiler.dtypes:DType segfuse.compiler.engine:Engine segfuse.compiler.er
 segfuse.compiler.ir:Fusion segfuse.compiler.ops:REGISTRY segfuse.compiler.ops.registry:InferCtx
 segfuse.compiler.ops.registry:TensorType segfuse.compiler.plan:Segment segfuse.compiler.plan:SegmentKind
 segfuse.compiler.schema:json_schema
+segfuse.scaleout:shard_for
 segfuse.server:create_app segfuse.server.backend:resolve segfuse.server.runtime:
 segfuse.server.runtime:RunExecutor segfuse.server.settings:Settings segfuse.server.settings:parse_size
 """.split())
