@@ -201,13 +201,18 @@ def decode_fusion_ref(response: httpx.Response) -> FusionRef:
     return FusionRef(id=body["id"], name=body.get("name", ""), info=body)
 
 
+NAMESPACE_HEADER = "Segfuse-Namespace"
+
+
 # ---- requests -----------------------------------------------------------------------------
 class _RequestBuilder:
     """Makes the httpx.Request of every endpoint; knows the URL layout and the wire formats."""
 
-    def __init__(self, base_url: str, token: str | None = None):
+    def __init__(self, base_url: str, token: str | None = None, namespace: str | None = None):
         self.base_url = normalize_url(base_url)
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        if namespace is not None:  # read by `segfuse serve-ray`'s ingress (segfuse.scaleout.routing)
+            self.headers[NAMESPACE_HEADER] = namespace
 
     def request(self, method: str, path: str, **kwargs) -> httpx.Request:
         headers = {**self.headers, **kwargs.pop("headers", {})}

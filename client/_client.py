@@ -21,8 +21,10 @@ DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=5.0)  # a first GPU run may compil
 
 
 class _BaseClient:
-    def __init__(self, url: str, token: str | None, timeout, retries: int, backoff: float, max_backoff: float):
-        self._build = _RequestBuilder(url, token)
+    def __init__(self, url: str, token: str | None, timeout, retries: int, backoff: float, max_backoff: float,
+                 namespace: str | None):
+        self.namespace = namespace
+        self._build = _RequestBuilder(url, token, namespace)
         self._calls = _Calls(self._build)
         self._regions = RegionCalls(self._build)
         self.timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
@@ -55,8 +57,9 @@ class Client(_BaseClient):
 
     def __init__(self, url: str = "127.0.0.1:8000", token: str | None = None,
                  timeout: float | httpx.Timeout = DEFAULT_TIMEOUT, *, retries: int = 3, backoff: float = 0.25,
-                 max_backoff: float = 10.0, transport: httpx.BaseTransport | None = None):
-        super().__init__(url, token, timeout, retries, backoff, max_backoff)
+                 max_backoff: float = 10.0, transport: httpx.BaseTransport | None = None,
+                 namespace: str | None = None):
+        super().__init__(url, token, timeout, retries, backoff, max_backoff, namespace)
         if transport is None:  # httpx retries failed connects itself; given a transport, it is the caller's
             transport = httpx.HTTPTransport(retries=retries)
         self._http = httpx.Client(timeout=self.timeout, transport=transport)
@@ -182,8 +185,9 @@ class AsyncClient(_BaseClient):
 
     def __init__(self, url: str = "127.0.0.1:8000", token: str | None = None,
                  timeout: float | httpx.Timeout = DEFAULT_TIMEOUT, *, retries: int = 3, backoff: float = 0.25,
-                 max_backoff: float = 10.0, transport: httpx.AsyncBaseTransport | None = None):
-        super().__init__(url, token, timeout, retries, backoff, max_backoff)
+                 max_backoff: float = 10.0, transport: httpx.AsyncBaseTransport | None = None,
+                 namespace: str | None = None):
+        super().__init__(url, token, timeout, retries, backoff, max_backoff, namespace)
         if transport is None:
             transport = httpx.AsyncHTTPTransport(retries=retries)
         self._http = httpx.AsyncClient(timeout=self.timeout, transport=transport)

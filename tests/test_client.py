@@ -299,3 +299,22 @@ def test_async_connection_error():
 
     with pytest.raises(SegfuseError, match="cannot reach"):
         asyncio.run(main())
+
+
+@pytest.mark.parametrize("namespace, expected", [("team-a", "team-a"), (None, None)])
+def test_namespace_is_sent_as_a_header(namespace, expected):
+    seen = []
+
+    def handler(request):
+        seen.append(request.headers.get("Segfuse-Namespace"))
+        return httpx.Response(200, json={"live": True})
+
+    with Client("h:1", namespace=namespace, transport=httpx.MockTransport(handler)) as c:
+        assert c.is_live()
+
+    async def run_async():
+        async with AsyncClient("h:1", namespace=namespace, transport=httpx.MockTransport(handler)) as c:
+            return await c.is_live()
+
+    assert asyncio.run(run_async())
+    assert seen == [expected, expected]

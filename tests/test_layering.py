@@ -45,6 +45,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("api", ["segfuse.compiler"]),
     # the service layer: the server and the client (see CLIENT_MAY_IMPORT)
     ("service", ["segfuse.server", "segfuse.server.*", "segfuse.client", "segfuse.client.*"]),
+    # shards of the server behind Ray Serve (issue 18): may use the server and the client, not the reverse
+    ("scaleout", ["segfuse.scaleout", "segfuse.scaleout.*"]),
     ("cli", ["segfuse.compiler.cli", "segfuse.compiler.cli.*"]),
 ]
 # Outside its own package the client needs only the dtype table.

@@ -1,0 +1,59 @@
+"""`segfuse serve-ray`: shards of the REST service on Ray Serve, routed by namespace (segfuse.scaleout)."""
+
+from __future__ import annotations
+
+import argparse
+
+from .common import UserError
+from .serve_cmd import _size
+
+EPILOG = """Each shard is one segfuse runtime in its own Ray Serve replica (one GPU each with --backend cupy);
+the ingress sends a request to the shard of its Segfuse-Namespace header (docs/operations.md, "Scaling out").
+Other shard settings: SEGFUSE_* variables, as for `segfuse serve`.
+
+examples:
+  segfuse serve-ray --shards 2 --backend numpy --port 8000
+  segfuse serve-ray --shards 8 --backend cupy --address auto   # join a running Ray cluster
+  curl -s -H 'Segfuse-Namespace: team-a' localhost:8000/v2/buffers
+"""
+
+
+def add_parsers(sub) -> None:
+    p = sub.add_parser("serve-ray", help="run N shards of the service on Ray Serve, routed by namespace",
+                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shards", type=int, default=2, help="shard replicas (default 2)")
+    p.add_argument("--backend", choices=["numpy", "cupy"], default="numpy",
+                   help="numpy (default; no GPU) or cupy (one GPU per shard)")
+    p.add_argument("--host", default="127.0.0.1", help="address of Ray Serve's HTTP proxy (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="its port (default 8000)")
+    p.add_argument("--address", help="Ray cluster to join (e.g. auto); default: start a local one")
+    p.add_argument("--num-cpus", type=int, help="CPUs of a local Ray cluster (default: all)")
+    p.add_argument("--shard-cpus", type=float, default=1, help="CPUs reserved per shard (default 1)")
+    p.add_argument("--token", help="the shards require 'Authorization: Bearer TOKEN' (prefer SEGFUSE_TOKEN)")
+    p.add_argument("--max-queued-runs", type=int, help="per shard: runs queued or running before 429")
+    p.add_argument("--max-total-bytes", type=_size, help="per shard: bytes of all buffers together")
+    p.set_defaults(func=cmd_serve_ray)
+
+
+def cmd_serve_ray(args) -> int:
+    try:
+        from segfuse.scaleout import serve_ray
+    except ImportError as e:
+        raise UserError(str(e)) from None
+    settings = {k: v for k in ("token", "max_queued_runs", "max_total_bytes")
+                if (v := getattr(args, k)) is not None}
+    try:
+        serve_ray.check_installed()
+    except ImportError as e:
+        raise UserError(str(e)) from None
+    try:
+        serve_ray.start(shards=args.shards, backend=args.backend, host=args.host, port=args.port,
+                        address=args.address, num_cpus=args.num_cpus, shard_cpus=args.shard_cpus,
+                        settings=settings, blocking=True)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    except KeyboardInterrupt:
+        pass
+    finally:
+        serve_ray.stop()
+    return 0
