@@ -17,7 +17,7 @@ from ..plan import Segment, SegmentKind
 from ..segmenter_reference import split_nodes
 from ..segmenter_sort_epilogue import ROUTINE
 from .arrays import contiguous_strides, host_view
-from .library_sorts import LIBRARY, library_run, sort_epilogue_run
+from .library_sorts import library_run, sort_epilogue_run
 from .param_blocks import kernel_step
 
 
@@ -126,7 +126,7 @@ def _split_step(rt, fusion, seg, types, strides, prep, why) -> Step:
         except Unsupported as e:
             lib = library_run(rt, fusion, sub, types)
             anchor = fusion.nodes[nodes[-1]] if nodes else None
-            if lib is None and anchor is not None and anchor.op.name in LIBRARY and len(nodes) > 1:
+            if lib is None and anchor is not None and anchor.op.library_sort is not None and len(nodes) > 1:
                 # materialize the sort's (lazily computed) input with a kernel, then CuPy sorts it
                 x = anchor.inputs[0]
                 if x not in ins:
