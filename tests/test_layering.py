@@ -45,7 +45,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("api", ["segfuse.compiler"]),
     # the service layer: the server and the client (see CLIENT_MAY_IMPORT)
     ("service", ["segfuse.server", "segfuse.server.*", "segfuse.client", "segfuse.client.*"]),
-    ("cli", ["segfuse.compiler.cli", "segfuse.compiler.cli.*"]),
+    ("cli", ["segfuse.cli", "segfuse.cli.*"]),
 ]
 # Outside its own package the client needs only the dtype table.
 CLIENT_MAY_IMPORT = {"segfuse.compiler.dtypes"}
