@@ -35,9 +35,12 @@ def sort_epilogue_run(rt, fusion, seg, types):
     if kt.dtype is DType.bfloat16 or not takes((int(m.n),), cp_dtype(kt.dtype), 0):
         return None
     epi, params = render(fusion, m, types)
+    may_fail = "sf_err" in epi.store + epi.scatter + epi.init
+    cp = rt.cp
+    if cp is None:  # a preparation that compiles nothing (prepare.SourcesOnly): the decision only
+        return None, may_fail
     key_dt = np.dtype(cp_dtype(kt.dtype))
     radix_sort.prepare(key_dt, epi)
-    cp = rt.cp
     specs = tuple((p, tuple(types[p].shape), cp_dtype(types[p].dtype)) for p in params)
     specs = tuple((p, shape, dt, is_small(shape, dt)) for p, shape, dt in specs)
     key, desc = m.key, m.descending
@@ -54,7 +57,7 @@ def sort_epilogue_run(rt, fusion, seg, types):
         for (name, _, _, _), a in zip(specs, outs):
             env[name] = a
 
-    return run, "sf_err" in epi.store + epi.scatter + epi.init
+    return run, may_fail
 
 
 def library_run(rt, fusion, seg, types):
