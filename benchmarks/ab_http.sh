@@ -6,7 +6,7 @@ P=8600
 for mode in uvicorn coalesce granian uvicorn coalesce granian; do
   P=$((P+1))
   case $mode in
-    uvicorn) L=(python3 -c "import sys; from segfuse.compiler.cli import main; sys.exit(main())" serve --backend cupy --port $P --max-queued-runs 4096 --log-level warning) ;;
+    uvicorn) L=(python3 -c "import sys; from segfuse.cli import main; sys.exit(main())" serve --backend cupy --port $P --max-queued-runs 4096 --log-level warning) ;;
     coalesce) L=(python3 benchmarks/serve_alternatives.py coalesce $P) ;;
     granian) L=(python3 benchmarks/serve_alternatives.py granian $P) ;;
   esac

@@ -4,7 +4,7 @@
 P=8500
 for mode in staged immediate staged immediate; do
   P=$((P+1))
-  if [ $mode = staged ]; then L=(-c "import sys; from segfuse.compiler.cli import main; sys.exit(main())"); else L=(benchmarks/serve_unstaged.py); fi
+  if [ $mode = staged ]; then L=(-c "import sys; from segfuse.cli import main; sys.exit(main())"); else L=(benchmarks/serve_unstaged.py); fi
   python3 "${L[@]}" serve --backend cupy --port $P --max-queued-runs 4096 --log-level warning & SP=$!
   for i in $(seq 100); do curl -sf localhost:$P/v2/health/ready >/dev/null && break; sleep 0.3; done
   echo "=== $mode"

@@ -66,7 +66,7 @@ def start_server(backend: str, token: str | None, switch_interval: float | None 
     if token:
         env["SEGFUSE_TOKEN"] = token
     prelude = f"sys.setswitchinterval({switch_interval}); " if switch_interval else ""
-    cmd = [sys.executable, "-c", f"import sys; {prelude}from segfuse.compiler.cli import main; sys.exit(main())",
+    cmd = [sys.executable, "-c", f"import sys; {prelude}from segfuse.cli import main; sys.exit(main())",
            "serve", "--host", "127.0.0.1", "--port", str(port), "--backend", backend,
            "--max-queued-runs", "4096"]
     proc = subprocess.Popen(cmd, env=env)

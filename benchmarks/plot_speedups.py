@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from segfuse.compiler.cli.client_cmds import plot_bench
+from segfuse.cli.client_cmds import plot_bench
 
 if __name__ == "__main__":
     print(plot_bench(json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])))

@@ -3,7 +3,7 @@
 # after `source benchmarks/device_env.sh`; OUT: where the profiles go; SECTIONS: "bytes stall" by default).
 # Used for benchmarks/README.md.
 P=8610
-python3 -c "import sys; from segfuse.compiler.cli import main; sys.exit(main())" serve --backend cupy --port $P --max-queued-runs 4096 --log-level warning --max-body-bytes 1G & SP=$!
+python3 -c "import sys; from segfuse.cli import main; sys.exit(main())" serve --backend cupy --port $P --max-queued-runs 4096 --log-level warning --max-body-bytes 1G & SP=$!
 for i in $(seq 100); do curl -sf localhost:$P/v2/health/ready >/dev/null && break; sleep 0.3; done
 for sec in ${SECTIONS:-bytes stall}; do
   py-spy record --pid $SP --rate 1000 --format raw --threads --full-filenames -d 14 -o $OUT/prof-$sec.txt >/dev/null 2>&1 & PS=$!

@@ -5,7 +5,7 @@ import sys
 import time
 
 import segfuse.server.runtime as runtime
-from segfuse.compiler.cli import main
+from segfuse.cli import main
 
 
 def stage(self, job):

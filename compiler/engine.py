@@ -50,6 +50,9 @@ BACKENDS: dict[str, Callable] = {"numpy": _run_numpy}
 DEVICES: dict[str, str] = {"numpy": "cpu"}
 # Backend name -> warmup(plan, fusion, shapes): compiles the plan's kernels without running it.
 WARMUPS: dict[str, Callable] = {}
+# Backend name -> modules(plan, fusion, shapes) -> [(segment id, codegen Module)]: the modules its
+# preparation of the plan compiled (prepared as warmup does, so runs find them).
+MODULES: dict[str, Callable] = {}
 # Backend name -> (signature(fusion, inputs) -> hashable | None, make(plan, fusion, inputs, deferred)
 # -> call(inputs) -> outputs | None): the per-signature fast path of a warm graph.
 FAST_PATHS: dict[str, tuple[Callable, Callable]] = {}
@@ -64,8 +67,10 @@ MAX_FAST_SIGNATURES = 4096  # per Engine; past that the table starts over (bound
 
 def register_backend(name: str, runner: Callable, device: str = "cuda", warmup: Callable | None = None,
                      fast: tuple[Callable, Callable] | None = None, synchronize: Callable | None = None,
-                     batch: tuple | None = None) -> None:
+                     batch: tuple | None = None, modules: Callable | None = None) -> None:
     BACKENDS[name] = runner
+    if modules is not None:
+        MODULES[name] = modules
     if batch is not None:
         BATCHES[name] = batch
     DEVICES[name] = device
@@ -133,6 +138,20 @@ class Engine:
         if self.backend in WARMUPS:
             WARMUPS[self.backend](plan, fusion, shapes)  # the cached plan: runs find its kernels
         return plan
+
+    def kernel_modules(self, fusion: Fusion, shapes: dict[str, tuple], plan: Plan | None = None) -> list:
+        """(segment id, codegen Module) for every generated module a run of contiguous inputs of
+        these shapes compiles, in launch order, from the backend's own preparation of the cached
+        plan (aliases, strides and splits included). The CUDA backend prepares it as `warmup` does
+        (compiling; runs then find the kernels); a backend that compiles nothing answers with the
+        CUDA preparation's modules for the code generator's nominal device, compiling nothing."""
+        plan = plan if plan is not None else self.plan(fusion, shapes)
+        hook = MODULES.get(self.backend)
+        if hook is not None:
+            return hook(plan, fusion, shapes)
+        from .cuda.prepare import modules_without_device
+
+        return modules_without_device(fusion, plan, fusion.bind(shapes))
 
     def plan(self, fusion: Fusion, shapes: dict[str, tuple]) -> Plan:
         """The plan for inputs of these shapes (through the per-shape-class cache)."""

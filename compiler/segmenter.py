@@ -74,7 +74,7 @@ class _Segmenter:
         for pos, node in enumerate(fusion.nodes):
             ok, why = can_generate(node, self.types, GRID, cap, self.checks)
             if not ok:
-                self.library[pos] = f"{why} ({cap.library_routine(node.op.name)})"
+                self.library[pos] = f"{why} ({cap.library_routine(node.op)})"
 
     # ---- rule 1 ------------------------------------------------------------------------
     def conflict(self, g: WorkGraph, s: P.Step):
@@ -411,7 +411,7 @@ class _Segmenter:
             return {"launch": False}
         if kind is SegmentKind.library:
             lib = next(s for s in steps if s.library)
-            routine = getattr(seg, "routine", "") or self.cap.library_routine(lib.node.op.name)
+            routine = getattr(seg, "routine", "") or self.cap.library_routine(lib.node.op)
             return {"launch": True, "routine": routine, "index_bits": index_bits}
         if kind is SegmentKind.single_block:
             threads = self.cap.single_block_threads

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from .dtypes import DType
 from .limits import INDEX32_MAX, SMEM_PER_BLOCK, bitonic_sort_bytes
-from .ops.registry import REGISTRY, OpKind
+from .ops.registry import OpKind
 
 GRID = "grid"
 SINGLE_BLOCK = "single_block"
@@ -73,11 +73,11 @@ class Capability:
     # the same limit, limits.INDEX32_MAX, also against non-contiguous inputs' stride extents, which
     # only the runtime knows).
     index32_limit: int = INDEX32_MAX
-    def library_routine(self, op_name: str) -> str:
+    def library_routine(self, op) -> str:
         """What a library segment of the op runs: its registry entry's `library` (the GPU runtime
         has library routines for sorts only; any other library segment is still lowered to a
         kernel in grid mode, or run on the host)."""
-        return REGISTRY[op_name].library or "a grid kernel, else the host reference"
+        return op.library or "a grid kernel, else the host reference"
 
 
 DEFAULT_CAPABILITY = Capability()

@@ -22,17 +22,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import segmenter_place as P
-from .ops.registry import OpKind, Scalar
+from .ops.registry import LibrarySort, OpKind, Scalar
 from .segmenter_capability import scatter_reduce_of
 from .shapes import dims_equal
 
 ROUTINE = "segfuse.radix_sort+epilogue"
-
-# Views that keep the row-major element order (the sort reads the source's elements in order).
-_ORDER_KEEPING_VIEWS = frozenset({"reshape", "squeeze", "unsqueeze"})
 _SPAN = 3  # segments on each side of the sort that a region may take in
-# The one sort op this fusion anchors on: one output, the int64 index row.
-_ANCHOR = "argsort"
+
+
+def _is_anchor(op) -> bool:
+    """The one sort op this fusion anchors on: its library sort's only output is the int64 index row."""
+    return op.library_sort is LibrarySort.indices
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def match(fusion, nodes, inputs, outputs, types, copies=(), le=None) -> Match | 
         for x in nd.inputs:
             if isinstance(x, str):
                 readers.setdefault(x, []).append(p)
-    anchors = [p for p, nd in nd_of.items() if nd.op.name == _ANCHOR]
+    anchors = [p for p, nd in nd_of.items() if _is_anchor(nd.op)]
     if len(anchors) != 1:
         return None
     a = anchors[0]
@@ -91,7 +91,8 @@ def match(fusion, nodes, inputs, outputs, types, copies=(), le=None) -> Match | 
         p = producer[x]
         nd = nd_of[p]
         nxt = chain[-1] if chain else a
-        if nd.op.name not in _ORDER_KEEPING_VIEWS or any(
+        # (the sort reads the source's elements in order: only views that keep it)
+        if not nd.op.keeps_row_major_order or any(
                 r != nxt and nd_of[r].op.kind is not OpKind.creation for r in readers.get(x, [])):
             return None  # (creation ops such as full_like read only the shape)
         if x in outputs:
@@ -172,7 +173,7 @@ def fuse_plan(fusion, g, segs: list, checks) -> list:
         seg = out[i]
         steps = seg.steps
         if seg.single_block or len(steps) != 1 or not steps[0].library or steps[0].node is None \
-                or steps[0].node.op.name != _ANCHOR:
+                or not _is_anchor(steps[0].node.op):
             i += 1
             continue
         merged = None

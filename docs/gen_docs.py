@@ -185,7 +185,7 @@ def _graph_text(d: dict) -> str:
 
 def validation_errors() -> str:
     """`segfuse validate broken.json` run in-process: the graph, the command and its output."""
-    from segfuse.compiler.cli import main
+    from segfuse.cli import main
 
     graph = _graph_text(BROKEN_GRAPH)
     with tempfile.TemporaryDirectory() as d:

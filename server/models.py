@@ -111,7 +111,7 @@ class PlanResponse(BaseModel):
     shapes: dict[str, list[int]] = Field(description="input shapes the plan was made for")
     plan: dict[str, Any] = Field(description="segments with kinds, nodes, reasons and launch hints")
     kernels: list[KernelSource] = Field(default_factory=list,
-                                        description="generated CUDA source per segment, when the engine offers it")
+                                        description="per segment, the CUDA modules a run of contiguous inputs compiles")
 
 
 # ---- inference (KServe v2) --------------------------------------------------------------

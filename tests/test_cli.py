@@ -18,7 +18,7 @@ from test_client import ROOT, counts_of, free_port, server_process
 MOE = str(ROOT / "examples" / "moe_problem_sizes.json")
 _SCRIPT = Path(sysconfig.get_path("scripts")) / "segfuse"
 SEGFUSE = [str(_SCRIPT)] if _SCRIPT.exists() else [
-    sys.executable, "-c", "import sys; from segfuse.compiler.cli import main; sys.exit(main())"]
+    sys.executable, "-c", "import sys; from segfuse.cli import main; sys.exit(main())"]
 
 
 def segfuse(*args, server: str | None = None, cwd=None, check: int | None = 0,
@@ -124,7 +124,7 @@ def test_warmup():
 
 
 def test_bench_without_a_gpu(tmp_path):
-    from segfuse.compiler.cli.client_cmds import gpu_visible
+    from segfuse.cli.client_cmds import gpu_visible
 
     if gpu_visible():
         pytest.skip("a GPU is visible: bench would really run")
@@ -137,7 +137,7 @@ def test_bench_without_a_gpu(tmp_path):
 
 
 def test_bench_progress_follows_step_lines(tmp_path, capsys):
-    from segfuse.compiler.cli.client_cmds import _run_with_progress
+    from segfuse.cli.client_cmds import _run_with_progress
 
     script = tmp_path / "steps.py"
     script.write_text("for i in range(1, 4):\n    print(f'[{i}/3] case {i}', flush=True)\nprint('table written')\n")
@@ -147,7 +147,7 @@ def test_bench_progress_follows_step_lines(tmp_path, capsys):
 
 def test_bench_plot_from_results(tmp_path):
     pytest.importorskip("matplotlib")
-    from segfuse.compiler.cli.client_cmds import plot_bench
+    from segfuse.cli.client_cmds import plot_bench
 
     results = {"meta": {"gpu": "NVIDIA H200", "date": "2026-11-29"},
                "rows": [{"bench": "chain", "impl": "segfuse", "us": 10.0},
@@ -158,7 +158,7 @@ def test_bench_plot_from_results(tmp_path):
 
 
 def test_bench_speedup_series_follow_the_summary():
-    from segfuse.compiler.cli.client_cmds import bench_speedups
+    from segfuse.cli.client_cmds import bench_speedups
 
     summary = {"chain_vs_compile": 0.8, "scatter_256_vs_eager": 36.0,
                "moe_argsort_T128_int64": 0.9, "moe_argsort_T65536_int64": 0.5, "moe_argsort_T128_int32": 7.0}
@@ -170,7 +170,7 @@ def test_bench_speedup_series_follow_the_summary():
 
 
 def test_bench_speedups_show_deferred_runs_and_skip_medians():
-    from segfuse.compiler.cli.client_cmds import bench_speedups
+    from segfuse.cli.client_cmds import bench_speedups
 
     summary = {"chain_vs_compile": 1.1, "moe_problem_sizes_T1_int64": 2.0, "moe_problem_sizes_T1_int64_p50": 2.2,
                "moe_problem_sizes_T1_int64_deferred": 2.6, "moe_problem_sizes_T1_int64_deferred_p50": 2.9,

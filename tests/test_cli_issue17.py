@@ -56,7 +56,7 @@ def test_a_server_buffer_without_a_server_is_a_clear_error(tmp_path):
 def _command_paths() -> list[list[str]]:
     import argparse
 
-    from segfuse.compiler.cli import build_parser
+    from segfuse.cli import build_parser
 
     paths = []
 

@@ -102,6 +102,10 @@ def test_images_agree_with_each_other_and_the_conventions():
         ignore = (path.parent / (path.name + ".dockerignore")).read_text()
         for src in re.findall(r"^COPY (\S+)", path.read_text(), re.M):
             assert f"!{src.rstrip('/')}" in ignore.replace("/\n", "\n"), f"{src} is not in the build context"
+        # every package pyproject.toml maps to a source directory is copied in (the image installs them all)
+        copied = set(re.findall(r"^COPY (\S+) ", path.read_text(), re.M))
+        for src in re.findall(r'"segfuse[\w.]*"\s*=\s*"([\w/-]+)"', (ROOT / "pyproject.toml").read_text()):
+            assert src in copied, f"{path.name} does not copy the package directory {src}/"
     for var in ("CUPY_CACHE_DIR", "SEGFUSE_KERNEL_CACHE"):  # both kernel caches on the volume
         assert env_of(gpu)[var].startswith(env_of(gpu)["SEGFUSE_CACHE_DIR"] + "/")
     assert env_of(cpu)["SEGFUSE_BACKEND"] == "numpy"
@@ -118,7 +122,7 @@ def test_compose_matches_the_image():
 
 
 def test_entrypoint_parses():
-    from segfuse.compiler.cli import build_parser
+    from segfuse.cli import build_parser
 
     cmd = command_line(DOCKERFILES[0])
     args = build_parser().parse_args(cmd[1:])

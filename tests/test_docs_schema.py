@@ -140,7 +140,7 @@ def test_format_doc_text_blocks_show_real_output():
     # the `segfuse validate` transcripts pasted in the doc are what the CLI prints today
     doc = (DOCS / "graph-format.md").read_text()
     for m in re.finditer(r"```text\n\$ segfuse validate (examples/\S+\.json)\n(.*?)```", doc, flags=re.S):
-        r = subprocess.run([sys.executable, "-c", "import sys; from segfuse.compiler.cli import main; "
+        r = subprocess.run([sys.executable, "-c", "import sys; from segfuse.cli import main; "
                             "sys.exit(main())", "validate", m.group(1)], cwd=ROOT, capture_output=True, text=True)
         assert r.returncode == 0
         assert r.stdout == m.group(2), m.group(1)

@@ -47,7 +47,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("service", ["segfuse.server", "segfuse.server.*", "segfuse.client", "segfuse.client.*"]),
     # shards of the server behind Ray Serve (issue 18): may use the server and the client, not the reverse
     ("scaleout", ["segfuse.scaleout", "segfuse.scaleout.*"]),
-    ("cli", ["segfuse.compiler.cli", "segfuse.compiler.cli.*"]),
+    ("cli", ["segfuse.cli", "segfuse.cli.*"]),
 ]
 # Outside its own package the client needs only the dtype table.
 CLIENT_MAY_IMPORT = {"segfuse.compiler.dtypes"}

@@ -100,7 +100,7 @@ def test_profile_summary_counts(tmp_path, monkeypatch):
     import profile_summary
 
     site, std, repo = "/venv/lib/python3.12/site-packages", "/usr/lib/python3.12", "/src/segfuse"
-    loop = (f"thread (1): MainThread;<module> (<string>:1);main ({repo}/compiler/cli/__init__.py:9);"
+    loop = (f"thread (1): MainThread;<module> (<string>:1);main ({repo}/cli/__init__.py:9);"
             f"run ({site}/uvicorn/main.py:5);Runner.run ({std}/asyncio/runners.py:118)")
     stacks = tmp_path / "raw.txt"
     stacks.write_text("\n".join([

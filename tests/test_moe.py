@@ -234,7 +234,7 @@ def segfuse_cmd() -> list[str]:
     exe = Path(sys.executable).parent / "segfuse"
     if exe.exists():
         return [str(exe)]
-    return [sys.executable, "-c", "import sys; from segfuse.compiler.cli import main; sys.exit(main())"]
+    return [sys.executable, "-c", "import sys; from segfuse.cli import main; sys.exit(main())"]
 
 
 def cli(*args, cwd=ROOT):

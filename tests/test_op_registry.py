@@ -5,7 +5,9 @@ digests, the offline compile test and the GPU tests cover it)."""
 
 from __future__ import annotations
 
+import ast
 import functools
+from pathlib import Path
 
 import pytest
 from segfuse.compiler.codegen.corpus import all_cases, case_inputs, modules_for
@@ -14,7 +16,7 @@ from segfuse.compiler.codegen.segment import SegmentCodegen
 from segfuse.compiler.ir import Fusion
 from segfuse.compiler.numpy_backend import run_graph
 from segfuse.compiler.ops import REGISTRY
-from segfuse.compiler.ops.registry import LAZY_KINDS, Lowering
+from segfuse.compiler.ops.registry import LAZY_KINDS, LibrarySort, Lowering, OpKind
 
 
 def test_every_op_has_a_cuda_renderer_or_a_library_routine():
@@ -64,3 +66,67 @@ def test_lazy_ops_render_as_lambdas_and_anchors_materialize():
         assert (op.kind in LAZY_KINDS) == (op.lowering in RENDERERS), name
         if op.lowering in (Lowering.reduce, Lowering.argreduce, Lowering.scan):
             assert op.combiner is not None, name
+
+
+def test_every_library_sort_has_a_routine_and_every_library_op_a_library_sort():
+    """The GPU runtime keys its library sorts by the registry's `library_sort` trait: each member has a
+    routine, and each op whose description promises a library routine names one."""
+    from segfuse.compiler.cuda.library_sorts import LIBRARY
+
+    assert set(LIBRARY) == set(LibrarySort)
+    described = {n for n, op in REGISTRY.items() if op.library}
+    routed = {n for n, op in REGISTRY.items() if op.library_sort is not None}
+    assert described == routed == {n for n, op in REGISTRY.items() if op.kind is OpKind.sort}
+
+
+def _op_name_uses(tree) -> list[int]:
+    """Lines where an op's name (`<x>.op.name`, `op.name`, `op_name`) is compared or used as a key."""
+
+    def is_name(e) -> bool:
+        return (isinstance(e, ast.Attribute) and e.attr == "name" and (
+            (isinstance(e.value, ast.Attribute) and e.value.attr == "op")
+            or (isinstance(e.value, ast.Name) and e.value.id == "op"))) or (
+            isinstance(e, ast.Name) and e.id == "op_name")
+
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare) and any(is_name(e) for e in [node.left, *node.comparators]):
+            lines.append(node.lineno)
+        elif isinstance(node, ast.Subscript) and is_name(node.slice):
+            lines.append(node.lineno)
+    return lines
+
+
+def _name_tables(tree) -> list[int]:
+    """Lines of set/dict/tuple/list literals of two or more op names (a table keyed by op name)."""
+    lines = []
+    for node in ast.walk(tree):
+        elts = node.keys if isinstance(node, ast.Dict) else getattr(node, "elts", None) \
+            if isinstance(node, (ast.Set, ast.Tuple, ast.List)) else None
+        if not elts:
+            continue
+        names = [e.value for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
+        if len(names) >= 2 and len(names) == len(elts) and all(n in REGISTRY for n in names):
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_module_outside_the_registry_keys_anything_by_op_name():
+    """Rule: no tables or if/elif chains keyed by op names outside compiler/ops (the corpus is test
+    data: its op names are fusion JSON, not a table)."""
+    root = Path(__file__).resolve().parents[1]
+    found = []
+    for d in ("compiler", "server", "client", "cli"):
+        for f in sorted((root / d).rglob("*.py")) if (root / d).is_dir() else []:
+            rel = f.relative_to(root).as_posix()
+            if rel.startswith("compiler/ops/") or rel == "compiler/codegen/corpus.py":
+                continue
+            tree = ast.parse(f.read_text())
+            found += [f"{rel}:{n}" for n in _op_name_uses(tree) + _name_tables(tree)]
+    assert not found, f"op names compared or used as keys outside the registry: {found}"
+
+
+def test_the_op_name_guard_sees_a_name_table_and_a_comparison():
+    # (the guard above must be able to fail)
+    tree = ast.parse('T = {"argsort": 1, "sort": 2}\nif nd.op.name == "topk": pass\nx = LIB[op_name]\n')
+    assert _name_tables(tree) == [1] and _op_name_uses(tree) == [2, 3]

@@ -32,7 +32,7 @@ PINNED_PATHS = sorted("""
 segfuse.client:AsyncClient segfuse.client:Buffer segfuse.client:Client segfuse.client:Region
 segfuse.client:RunResult segfuse.client:SegfuseError segfuse.client:SystemRegion
 segfuse.compiler:Fusion segfuse.compiler:FusionDefinition segfuse.compiler:GraphError
-segfuse.compiler.cli:main segfuse.compiler.cli.client_cmds:plot_bench
+segfuse.cli:main segfuse.cli.client_cmds:plot_bench
 segfuse.compiler.codegen:segment segfuse.compiler.codegen.corpus:moe_graphs
 segfuse.compiler.codegen.segment:VEC_BLOCKS_PER_SM segfuse.compiler.codegen.segment:generate
 segfuse.compiler.cuda.runtime:CupyRuntime segfuse.compiler.cuda.runtime:get_runtime
@@ -48,7 +48,7 @@ segfuse.server.runtime:RunExecutor segfuse.server.settings:Settings segfuse.serv
 
 FROM = re.compile(r"\bfrom\s+(segfuse(?:\.\w+)*)\s+import\s+(\([^)]*\)|[\w ,]+)")
 IMPORT = re.compile(r"(?<![\w.])import\s+(segfuse(?:\.\w+)+)(?:\s+as\s+(\w+))?")
-REFERENCE = re.compile(r"`(segfuse\.(?:compiler|server|client|scaleout)(?:\.\w+)*)")
+REFERENCE = re.compile(r"`(segfuse\.(?:compiler|server|client|scaleout|cli)(?:\.\w+)*)")
 
 
 def scanned_files() -> list[Path]:
@@ -167,3 +167,13 @@ def test_lazy_names_and_submodules_resolve():
         assert "no_such_name" in str(e)
     else:
         raise AssertionError("an unknown name must raise AttributeError")
+
+
+def test_the_cli_is_its_own_package_and_the_console_script_runs_it():
+    # (issue 14: one CLI, `segfuse.cli`; the old path inside the compiler is gone, no shim)
+    import importlib.util
+
+    assert importlib.util.find_spec("segfuse.compiler.cli") is None
+    script = re.search(r'^segfuse = "([\w.]+):(\w+)"', (ROOT / "pyproject.toml").read_text(), re.M)
+    assert script and script.groups() == ("segfuse.cli", "main")
+    assert callable(importlib.import_module("segfuse.cli").main)

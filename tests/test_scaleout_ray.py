@@ -15,8 +15,8 @@ import httpx
 import numpy as np
 import pytest
 from conftest import MOE_PROBLEM_SIZES, LiveServer
+from segfuse.cli import main as cli_main
 from segfuse.client import Buffer, Client, SegfuseError
-from segfuse.compiler.cli import main as cli_main
 from segfuse.scaleout.routing import shard_for
 
 pytest.importorskip("ray.serve", reason="segfuse serve-ray needs the ray extra")

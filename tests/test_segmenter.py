@@ -376,7 +376,7 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.json"))
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
 def test_explain_every_example(path, capsys):
-    from segfuse.compiler.cli import main
+    from segfuse.cli import main
 
     f = load_fusion(str(path))
     shape = ",".join(f"{s}=32" for s in sorted(f.symbols))
@@ -390,7 +390,7 @@ def test_explain_every_example(path, capsys):
 
 
 def test_explain_reports_missing_sizes(capsys):
-    from segfuse.compiler.cli import main
+    from segfuse.cli import main
 
     path = ROOT / "examples" / "moe_argsort.json"
     if not path.exists():
@@ -430,7 +430,7 @@ def test_derived_size_that_becomes_one_is_its_own_class():
 
 
 def test_explain_takes_whole_input_shapes(capsys):
-    from segfuse.compiler.cli import main
+    from segfuse.cli import main
 
     path = ROOT / "examples" / "moe_problem_sizes.json"
     if not path.exists():

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from segfuse.server.settings import Settings, parse_size
 
-SEGFUSE = [sys.executable, "-c", "import sys; from segfuse.compiler.cli import main; sys.exit(main())"]
+SEGFUSE = [sys.executable, "-c", "import sys; from segfuse.cli import main; sys.exit(main())"]
 
 
 def free_port() -> int:
@@ -39,8 +39,8 @@ def test_settings_from_env_and_overrides():
 
 
 def test_serve_parser_flags():
-    from segfuse.compiler.cli import build_parser
-    from segfuse.compiler.cli.serve_cmd import settings_from_args
+    from segfuse.cli import build_parser
+    from segfuse.cli.serve_cmd import settings_from_args
 
     args = build_parser().parse_args(["serve", "--port", "1234", "--backend", "numpy", "--max-buffer-bytes", "1M",
                                       "--max-queued-runs", "3", "--token", "x"])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 from ..dtypes import DType
+from ..ops.registry import Combiner
 
 STORAGE = {
     DType.bool: "bool", DType.uint8: "unsigned char", DType.int8: "signed char", DType.int16: "short",
@@ -52,5 +53,7 @@ def cvt(expr: str, ctype: str) -> str:
     return f"sf_cvt<{ctype}>({expr})"
 
 
-# A reduction's or scatter-reduce's combine function in the prelude, by its reduce name.
-COMBINE = {"add": "sf_op_add", "mul": "sf_op_mul", "amax": "sf_op_amax", "amin": "sf_op_amin"}
+def combine_fn(reduce) -> str:
+    """A reduction's or scatter-reduce's combine function in the prelude: sf_op_<Combiner value>
+    (`reduce`: a registry Combiner or a scatter's reduce attribute, which uses the same names)."""
+    return f"sf_op_{Combiner(reduce).value}"

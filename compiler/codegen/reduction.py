@@ -56,7 +56,7 @@ class ReductionKernels:
         else:
             wdt = opmath(ot.dtype)
             W = ct.value(wdt)
-            fn = ct.COMBINE[op.combiner.value]
+            fn = ct.combine_fn(op.combiner)
             comb = f"[&]({W} a, {W} b) -> {W} {{ return {fn}::f<{W}>(a, b); }}"
             ident = f"{fn}::id<{W}>()"
             elem = ct.cvt(load, W)
@@ -95,7 +95,7 @@ class ReductionKernels:
         other = [k for k in range(xt.rank) if k != d]
         R = numel([xt.shape[k] for k in other])
         W = ct.value(opmath(ot.dtype))
-        op = ct.COMBINE[nd.op.combiner.value]
+        op = ct.combine_fn(nd.op.combiner)
         cs = [None] * xt.rank
         for i, k in enumerate(other):
             cs[k] = f"r{i}"

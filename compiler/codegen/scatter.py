@@ -74,7 +74,7 @@ def act(cg, selft, reduce: str, lin: str, val: str, target: str, mode: str, W=No
         lin = "sf_lin"
     if mode == "store":
         return head + f"{target}[{lin}] = {ct.cvt(val, S)};"
-    op = ct.COMBINE[reduce]
+    op = ct.combine_fn(reduce)
     if mode == "identity":
         return head + f"{target}[{lin}] = {ct.cvt(f'{op}::id<{ct.value(selft.dtype)}>()', S)};"
     Wt = W or ct.value(selft.dtype)

@@ -89,7 +89,7 @@ class BlockScatterKernels:
         priv = self._privatized(nd)
         if priv is not None:
             Wd, Wt, wsz, reps = priv
-            op = ct.COMBINE[reduce]
+            op = ct.combine_fn(reduce)
             S = ct.storage(selft.dtype)
             rep = f"(({Wd}*)(sf_smem + {free_off}))"
             if blocks == 1:

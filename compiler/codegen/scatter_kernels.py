@@ -167,7 +167,7 @@ class ScatterKernels:
                 res.append((lam + "\n" + self._scatter_loop(nd, gstart, gstep, dst, "identity"), self._grid(n_dom), THREADS, 0, None))
             # Privatize: per-block histograms in shared memory (one replica per group of warps, so
             # warps rarely contend for a bin), one global atomic per bin per block.
-            op = ct.COMBINE[reduce]
+            op = ct.combine_fn(reduce)
             threads = _sc.HIST_THREADS
             reps = 1
             while reps < min(32, threads // 32) and n_out * wsize * reps * 2 <= _sc.PRIV_SMEM:

@@ -52,6 +52,10 @@ VEC_BLOCKS_PER_SM = 1 << 20
 RADIX_MIN = 64
 
 
+# The SM count the generator sizes grids for when the device is not known (an H200's)
+NOMINAL_SM_COUNT = 132
+
+
 @dataclass
 class Launch:
     kernel: str
@@ -97,7 +101,7 @@ class SegmentCodegen(PointwiseKernels, ReductionKernels, SortKernels, ScatterKer
         return frozenset().union(*(vars(k).get("LOWERINGS", ()) for k in cls.__mro__))
 
     def __init__(self, fusion, seg, types: dict, strides: dict | None = None, *, single_block: bool | None = None,
-                 aliased: set | None = None, sm_count: int = 132):
+                 aliased: set | None = None, sm_count: int = NOMINAL_SM_COUNT):
         self.fusion, self.seg, self.types = fusion, seg, types
         self.nodes = [fusion.nodes[p] for p in seg.nodes]
         types = dict(types)

@@ -33,6 +33,7 @@ def hooks() -> dict:
     return dict(
         runner=_run, device="cuda",
         warmup=lambda plan, fusion, shapes: get_runtime().warmup(fusion, shapes, plan=plan),
+        modules=lambda plan, fusion, shapes: get_runtime().warmup(fusion, shapes, plan=plan).modules,
         fast=(signature, lambda plan, fusion, inputs, deferred=False:
               get_runtime().prepared_call(fusion, inputs, plan, deferred)),
         synchronize=lambda: get_runtime().synchronize(),

@@ -14,6 +14,7 @@ import numpy as np
 from ..codegen.radix_sort import supported, takes
 from ..codegen.sort_epilogue import render
 from ..dtypes import DType
+from ..ops.registry import LibrarySort
 from ..segmenter_sort_epilogue import ROUTINE, match
 from . import radix_sort
 from .arrays import cp_dtype, is_small, output_buffer
@@ -34,9 +35,12 @@ def sort_epilogue_run(rt, fusion, seg, types):
     if kt.dtype is DType.bfloat16 or not takes((int(m.n),), cp_dtype(kt.dtype), 0):
         return None
     epi, params = render(fusion, m, types)
+    may_fail = "sf_err" in epi.store + epi.scatter + epi.init
+    cp = rt.cp
+    if cp is None:  # a preparation that compiles nothing (prepare.SourcesOnly): the decision only
+        return None, may_fail
     key_dt = np.dtype(cp_dtype(kt.dtype))
     radix_sort.prepare(key_dt, epi)
-    cp = rt.cp
     specs = tuple((p, tuple(types[p].shape), cp_dtype(types[p].dtype)) for p in params)
     specs = tuple((p, shape, dt, is_small(shape, dt)) for p, shape, dt in specs)
     key, desc = m.key, m.descending
@@ -53,22 +57,22 @@ def sort_epilogue_run(rt, fusion, seg, types):
         for (name, _, _, _), a in zip(specs, outs):
             env[name] = a
 
-    return run, "sf_err" in epi.store + epi.scatter + epi.init
+    return run, may_fail
 
 
 def library_run(rt, fusion, seg, types):
     """CuPy routines for single-op sort/scan segments the codegen cannot emit (rows too long)."""
     nodes = [fusion.nodes[p] for p in seg.nodes]
-    anchors = [nd for nd in nodes if nd.op.name in LIBRARY]
-    if len(nodes) != 1 or not anchors:
+    if len(nodes) != 1 or nodes[0].op.library_sort is None:
         return None
     nd = nodes[0]
     if any(types[x].dtype is DType.bfloat16 for x in nd.inputs if isinstance(x, str)):
         return None
-    fn = LIBRARY[nd.op.name]
+    routine = nd.op.library_sort
+    fn = LIBRARY[routine]
     cp = rt.cp
     x0 = nd.inputs[0]
-    if nd.op.name == "argsort" and isinstance(x0, str) and len(types[x0].shape) >= 1:
+    if routine is LibrarySort.indices and isinstance(x0, str) and len(types[x0].shape) >= 1:
         t = types[x0]
         axis = nd.attrs.dim % len(t.shape)
         if takes(t.shape, cp_dtype(t.dtype), axis):
@@ -85,7 +89,7 @@ def library_run(rt, fusion, seg, types):
         args = [env[x] if isinstance(x, str) else x.value for x in nd.inputs]
         if args[0].ndim == 0:  # one element is sorted: itself, index 0 (as the NumPy reference)
             zero = cp.zeros((), dtype=np.int64)
-            outs = [zero] if nd.op.name == "argsort" else [args[0].copy(), zero]
+            outs = [zero] if routine is LibrarySort.indices else [args[0].copy(), zero]
         else:
             outs = fn(cp, args, nd.attrs, [types[o] for o in nd.outputs], ctx.state)
         for o, v in zip(nd.outputs, outs):
@@ -130,4 +134,6 @@ def _lib_topk(cp, args, attrs, outs, state=None):
     return [cp.take_along_axis(x, i, axis=ax), i]
 
 
-LIBRARY = {"argsort": _lib_argsort, "sort": _lib_sort, "topk": _lib_topk}
+# keyed by the registry's trait: every LibrarySort member has its routine (tests/test_op_registry.py)
+LIBRARY = {LibrarySort.indices: _lib_argsort, LibrarySort.values_and_indices: _lib_sort,
+           LibrarySort.first_k: _lib_topk}

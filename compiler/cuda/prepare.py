@@ -6,18 +6,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import numpy as np
 
 from ..codegen.lazy import Unsupported
-from ..codegen.segment import generate
+from ..codegen.segment import NOMINAL_SM_COUNT, generate
 from ..dtypes import DType
 from ..numpy_backend import eval_node
 from ..plan import Segment, SegmentKind
 from ..segmenter_reference import split_nodes
 from ..segmenter_sort_epilogue import ROUTINE
 from .arrays import contiguous_strides, host_view
-from .library_sorts import LIBRARY, library_run, sort_epilogue_run
+from .library_sorts import library_run, sort_epilogue_run
 from .param_blocks import kernel_step
 
 
@@ -44,6 +45,9 @@ class Prepared:
     staged: list = field(default_factory=list)
     outputs: tuple = ()  # (name, alias_of) per graph output, as the commit rule takes them
     plan_s: float = 0.0  # time spent preparing (compiles included)
+    # (segment id, codegen Module) for every generated module compiled, in launch order: what the
+    # server's plan route shows (Engine.kernel_modules)
+    modules: list = field(default_factory=list)
 
 
 def prepare_plan(rt, fusion, plan, bound, strides: dict) -> Prepared:
@@ -62,6 +66,27 @@ def prepare_plan(rt, fusion, plan, bound, strides: dict) -> Prepared:
     prep.compile_s = rt.cache.stats.compile_s - c0
     prep.plan_s = time.perf_counter() - t0
     return prep
+
+
+class SourcesOnly:
+    """A stand-in for the CupyRuntime that compiles and loads nothing (no CuPy, no GPU):
+    `prepare_plan` with it takes every decision a real preparation takes (aliases, strides,
+    splits, fallbacks) and records the modules it would compile, for a device of `sm_count` SMs
+    (default: the code generator's, an H200's). Its steps cannot run."""
+
+    cp = None
+
+    def __init__(self, sm_count: int | None = None):
+        self.sm_count = sm_count if sm_count is not None else NOMINAL_SM_COUNT
+        self.cache = SimpleNamespace(stats=SimpleNamespace(compile_s=0.0))
+
+
+def modules_without_device(fusion, plan, bound, sm_count: int | None = None) -> list:
+    """(segment id, codegen Module) for every module a CupyRuntime's preparation of `plan`
+    compiles for contiguous inputs of the bound sizes, found without CuPy or a GPU (SourcesOnly):
+    the same preparation, minus the compiles."""
+    strides = {n: contiguous_strides(bound.types[n].shape) for n in fusion.input_names}
+    return prepare_plan(SourcesOnly(sm_count), fusion, plan, bound, strides).modules
 
 
 def segment_step(rt, fusion, seg, types, in_strides, prep) -> Step:
@@ -102,9 +127,12 @@ def segment_step(rt, fusion, seg, types, in_strides, prep) -> Step:
 
 
 def _kernel(rt, mod, types, alias_buf, prep, seg) -> Step:
-    rawmod = rt.cache.get(mod.source)
     prep.kernels += len(mod.launches)
     prep.may_fail = prep.may_fail or mod.may_fail
+    prep.modules.append((seg.id, mod))
+    if rt.cp is None:  # SourcesOnly: nothing to load
+        return Step("kernel", seg, None, mod.key)
+    rawmod = rt.cache.get(mod.source)
     kernels = []
     for ln in mod.launches:
         k = rawmod.get_function(ln.kernel)
@@ -126,7 +154,7 @@ def _split_step(rt, fusion, seg, types, strides, prep, why) -> Step:
         except Unsupported as e:
             lib = library_run(rt, fusion, sub, types)
             anchor = fusion.nodes[nodes[-1]] if nodes else None
-            if lib is None and anchor is not None and anchor.op.name in LIBRARY and len(nodes) > 1:
+            if lib is None and anchor is not None and anchor.op.library_sort is not None and len(nodes) > 1:
                 # materialize the sort's (lazily computed) input with a kernel, then CuPy sorts it
                 x = anchor.inputs[0]
                 if x not in ins:

@@ -11,7 +11,18 @@ import numpy as np
 from ..dtypes import DType
 from ..errors import OpError
 from .pointwise import opmath
-from .registry import Attrs, Combiner, Lowering, OpDef, OpKind, TensorType, norm_dim, register, tensor
+from .registry import (
+    Attrs,
+    Combiner,
+    LibrarySort,
+    Lowering,
+    OpDef,
+    OpKind,
+    TensorType,
+    norm_dim,
+    register,
+    tensor,
+)
 
 
 class ReduceAttrs(Attrs):
@@ -236,14 +247,14 @@ def _sort_ref(args, attrs, out_types):
     return [np.take_along_axis(x, idx, axis=ax), idx]
 
 
-# What a library sort segment runs (compiler/cuda/runtime.py's _lib_sort and _lib_topk).
+# What a library sort segment runs (compiler/cuda/library_sorts.py's _lib_sort and _lib_topk).
 _SORT_LIBRARY = "argsort (segfuse.radix_sort for one row, else cupy.argsort) + cupy.take_along_axis"
 register(OpDef("argsort", OpKind.sort, ("x",), _sort_infer_factory(1), _argsort_ref, attrs=SortAttrs,
-               lowering=Lowering.sort,
+               lowering=Lowering.sort, library_sort=LibrarySort.indices,
                library="segfuse.radix_sort for one row, else cupy.argsort (stable)",
                doc="argsort(x, dim=-1, descending=False, stable=False) -> int64; segfuse always sorts stably"))
 register(OpDef("sort", OpKind.sort, ("x",), _sort_infer_factory(2), _sort_ref, attrs=SortAttrs, n_outputs=2,
-               lowering=Lowering.sort, library=_SORT_LIBRARY,
+               lowering=Lowering.sort, library=_SORT_LIBRARY, library_sort=LibrarySort.values_and_indices,
                doc="sort(x, dim=-1, descending=False, stable=False) -> (values, indices)"))
 
 
@@ -283,5 +294,5 @@ def _topk_ref(args, attrs, out_types):
 
 
 register(OpDef("topk", OpKind.sort, ("x",), _topk_infer, _topk_ref, attrs=TopkAttrs, n_outputs=2,
-               lowering=Lowering.sort, library=_SORT_LIBRARY + ", first k",
+               lowering=Lowering.sort, library=_SORT_LIBRARY + ", first k", library_sort=LibrarySort.first_k,
                doc="topk(x, k, dim=-1, largest=True, sorted=True) -> (values, indices); ties keep input order"))

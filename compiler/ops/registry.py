@@ -74,6 +74,15 @@ class Combiner(str, Enum):
     amin = "amin"
 
 
+class LibrarySort(str, Enum):
+    """Which library sort a sort op's library segment runs on the GPU (compiler/cuda/library_sorts.py
+    keys its routines by this, never by op name); each member names what the routine returns."""
+
+    indices = "indices"  # argsort: the int64 index row only
+    values_and_indices = "values_and_indices"  # sort: the sorted values and their indices
+    first_k = "first_k"  # topk: values and indices of the first k of the sorted row
+
+
 class Guard(str, Enum):
     """A check the kernel makes on an integer operand, so a bad value fails the run instead of being
     undefined behaviour on the GPU (the NumPy reference raises the same error)."""
@@ -172,7 +181,14 @@ class OpDef:
     round_operands: bool = True
     scalar_opmath: bool = False  # a 0-d or literal second operand is read at opmath precision
     library: str = ""  # what a library segment of the op runs on the GPU (plan hints.routine)
+    library_sort: LibrarySort | None = None  # the library sort routine that runs it (sort ops)
     py_operator: tuple[str, ...] = ()  # builder Tensor operators: (method, reflected method)
+
+    @property
+    def keeps_row_major_order(self) -> bool:
+        """A view whose output lists its input's elements in the same row-major order (reshape,
+        squeeze, unsqueeze): by definition the ops the `relinearize` renderer emits."""
+        return self.lowering is Lowering.relinearize
 
     def arity(self) -> tuple[int, int | None]:
         lo = len(self.operands) if self.min_operands is None else self.min_operands

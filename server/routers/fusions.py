@@ -112,30 +112,35 @@ NO_KERNEL = {"view", "copy", "library"}
 
 
 def kernel_sources(engine, fusion: Fusion, shapes: dict, plan, plan_dict: dict) -> list[KernelSource]:
-    """Generated CUDA source per segment: from the engine if it offers it (`kernel_sources(plan)`),
-    else from the code generator directly (pure Python, no GPU needed)."""
-    if hasattr(engine, "kernel_sources"):
-        srcs = engine.kernel_sources(plan)
-        items = srcs.items() if isinstance(srcs, dict) else enumerate(srcs or [])
-        return [KernelSource(segment=int(k), source=str(v)) for k, v in items if v]
+    """Per segment of the plan, the CUDA modules a run of contiguous inputs of these shapes
+    compiles, as the engine's backend prepares them (`Engine.kernel_modules`: with the aliases,
+    strides and splits of a real run; a CPU engine answers for the code generator's nominal GPU).
+    A segment split into several launches lists its modules' sources one after another."""
+    modules: dict[int, list] = {}
     try:
-        from segfuse.compiler.codegen.segment import generate
-    except ImportError:
-        return []
-    types = fusion.bind(shapes).types
+        prepared = engine.kernel_modules(fusion, shapes, plan)
+    except Exception as e:  # a codegen gap a run would hit too: the plan is still useful
+        failed = f"{type(e).__name__}: {e}"
+        prepared = []
+    else:
+        failed = None
+    for seg_id, module in prepared:
+        modules.setdefault(seg_id, []).append(module)
     out = []
-    for seg, seg_dict in zip(plan.segments, plan_dict.get("segments", [])):
+    for seg_dict in plan_dict.get("segments", []):
         kind = str(seg_dict.get("kind"))
-        entry = KernelSource(segment=int(seg_dict.get("id", len(out))), kind=kind)
-        if kind in NO_KERNEL:
+        seg_id = int(seg_dict.get("id", len(out)))
+        entry = KernelSource(segment=seg_id, kind=kind)
+        mods = modules.get(seg_id)
+        if mods:
+            entry.source = "\n".join(m.source for m in mods)
+            entry.kernels = [launch.kernel for m in mods for launch in m.launches]
+        elif failed:
+            entry.unavailable = failed
+        elif kind in NO_KERNEL:
             entry.unavailable = f"a {kind} segment launches no generated kernel"
         else:
-            try:
-                module = generate(fusion, seg, types)
-                entry.source = module.source
-                entry.kernels = [launch.kernel for launch in module.launches]
-            except Exception as e:  # Unsupported, or a codegen gap: the plan is still useful
-                entry.unavailable = f"{type(e).__name__}: {e}"
+            entry.unavailable = "no generated kernel: a library routine or the host runs this segment"
         out.append(entry)
     return out
 

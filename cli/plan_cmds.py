@@ -22,7 +22,7 @@ def add_parsers(sub) -> None:
 
 def parse_shapes(items: list[str], fusion) -> dict[str, tuple]:
     """Input shapes from symbol values (T=4096) or whole input shapes (topk_ids=4096x8)."""
-    from ..shapes import evaluate
+    from segfuse.compiler.shapes import evaluate
     env: dict[str, int] = {}
     given: dict[str, tuple] = {}
     for item in ",".join(items).split(","):
@@ -56,7 +56,7 @@ def parse_shapes(items: list[str], fusion) -> dict[str, tuple]:
 
 
 def cmd_explain(args) -> int:
-    from ..engine import Engine
+    from segfuse.compiler.engine import Engine
 
     f = load_graph(args.graph)
     shapes = parse_shapes(args.shape, f)
@@ -71,7 +71,8 @@ def cmd_explain(args) -> int:
 def print_plan(plan, fusion, env: dict[str, int] | None = None) -> None:
     """Readable at 80 columns; the shared-memory limit cited is the visible GPU's, else the
     documented target's (explain_text.device_smem)."""
-    from ..segmenter_capability import DEFAULT_CAPABILITY
+    from segfuse.compiler.segmenter_capability import DEFAULT_CAPABILITY
+
     from .explain_text import device_smem, plan_lines
 
     print("\n".join(plan_lines(plan, fusion, env or {}, device_smem(), DEFAULT_CAPABILITY.smem_budget_bytes)))

@@ -61,7 +61,7 @@ def cmd_validate(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from ..engine import Engine
+    from segfuse.compiler.engine import Engine
     if args.server and not args.local:
         return client_cmds.run_remote(args)
     for name, src in {**parse_pairs(args.input, "input"), **parse_pairs(args.output, "output")}.items():

@@ -28,8 +28,7 @@ def size(expr, env: dict[str, int]) -> str:
         return text
     try:
         import sympy
-
-        from ..shapes import symbol
+        from segfuse.compiler.shapes import symbol
 
         value = sympy.sympify(str(expr), locals={k: symbol(k) for k in env}).subs(
             {symbol(k): v for k, v in env.items()})

@@ -7,9 +7,10 @@ import argparse
 import os
 import sys
 
-from ..errors import SegfuseError
+from segfuse.compiler.errors import SegfuseError
+
 from . import client_cmds, fusion_cmds, graph_cmds, plan_cmds, region_cmds, serve_cmd, serve_ray_cmd
-from .common import UserError  # noqa: F401  (re-exported: segfuse.compiler.cli.UserError)
+from .common import UserError  # noqa: F401  (re-exported: segfuse.cli.UserError)
 
 # Modules that add sub-commands; each has add_parsers(subparsers).
 COMMAND_MODULES = [graph_cmds, client_cmds, fusion_cmds, region_cmds, serve_cmd, serve_ray_cmd, plan_cmds]

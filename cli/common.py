@@ -9,7 +9,7 @@ class UserError(Exception):
 
 
 def load_graph(path: str):
-    from .. import load_fusion
+    from segfuse.compiler import load_fusion
 
     try:
         with open(path) as f:
