@@ -85,3 +85,21 @@ async def test_a_bad_body_is_refused_every_time(asgi_server, moe_graph):
         for _ in range(2):
             assert_error(await post(c, bad), 400, "inputs", "buffer")
         assert len(cache) == 0
+
+
+async def test_a_repeated_body_that_would_overwrite_a_buffer_gets_409(asgi_server, moe_graph):
+    """The first run creates its output buffer; the same body again (now a cache hit) must not
+    replace it without overwrite, exactly as a freshly parsed body would not."""
+    ids = np.arange(8).reshape(2, 4) % 16
+    body = json.dumps({"inputs": [{"name": "topk_ids", "parameters": {"buffer": "ids"}}],
+                       "outputs": [{"name": "counts", "parameters": {"buffer": "out"}}]}).encode()
+    async with asgi_server() as c:
+        cache = c.app.state.runtime.parsed_requests
+        await c.post("/v2/fusions", json=moe_graph)
+        assert (await put_raw(c, "ids", ids)).status_code == 201
+        assert (await post(c, body)).status_code == 200
+        assert (await put_raw(c, "ids", np.zeros((2, 4), np.int64), overwrite="true")).status_code == 200
+        assert_error(await post(c, body), 409, "out", "overwrite")
+        assert cache.hits == 1
+        r = await c.get("/v2/buffers/out", headers={"accept": "application/json"})
+        assert r.json()["data"] == counts_of(ids).tolist()  # the first run's result, untouched
