@@ -1,10 +1,9 @@
 """Which shard holds a namespace: rendezvous (highest-random-weight) hashing, and the namespace rule.
 
 A namespace names a set of buffers, regions and runs that live together on one shard (one `segfuse
-serve` runtime). A request names its namespace in the `Segfuse-Namespace` header; without the header it
-is in the namespace "default". A shard does not know about namespaces: its storage is unchanged, and
-the ingress alone reads the header (so two namespaces that hash to the same shard share its buffer
-names; choose distinct buffer names per namespace where that matters).
+serve` process). A request names its namespace in the `Segfuse-Namespace` header; without the header it
+is in the namespace "default". The ingress reads the header to pick the shard; the shard reads it again
+to pick the namespace's own runtime (scaleout/shard.py), so namespaces that share a shard stay apart.
 
 Rendezvous hashing rather than a ring: each namespace goes to the shard with the highest
 weight(shard, namespace), so adding or removing a shard moves only the namespaces that shard wins or

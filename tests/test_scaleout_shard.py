@@ -1,0 +1,96 @@
+"""A shard (scaleout/shard.py) without Ray: each namespace gets its own runtime, so namespaces that
+share a shard never see each other's buffers; registrations reach every namespace, those made later
+too; a shard holds at most max_namespaces. Oracle: the bytes put, np.bincount."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("orjson")
+from segfuse.scaleout.shard import Shard  # noqa: E402
+
+pytestmark = pytest.mark.anyio
+GRAPH = {"format": "segfuse.fusion/1", "name": "hist",
+         "inputs": [{"name": "ids", "dtype": "int64", "shape": ["N"]}],
+         "ops": [{"op": "full", "out": "z", "shape": [8], "value": 0, "dtype": "int64"},
+                 {"op": "full_like", "out": "one", "inputs": ["ids"], "value": 1},
+                 {"op": "scatter", "out": "counts", "inputs": ["z", "ids", "one"], "dim": 0, "reduce": "add"}],
+         "outputs": ["counts"]}
+
+
+@pytest.fixture
+async def make_shard():
+    made = []
+
+    async def make(**kw):
+        shard = Shard.__new__(Shard)
+        await shard.__init__("shard-0", {"backend": "numpy"}, **kw)
+        made.append(shard)
+        return shard
+
+    yield make
+    for shard in made:
+        await shard.__del__()
+
+
+async def call(shard, method, path, namespace=None, body=b"", content_type="application/json", query=b""):
+    headers = [(b"content-type", content_type.encode()), (b"accept", b"application/json")]
+    if namespace is not None:
+        headers.append((b"segfuse-namespace", namespace.encode()))
+    status, raw_headers, data, _ = await shard.forward(method, path.encode(), query, headers, body)
+    return status, data
+
+
+async def put(shard, namespace, name, values):
+    a = np.asarray(values, np.int64)
+    return await call(shard, "PUT", f"/v2/buffers/{name}", namespace, a.tobytes(), "application/octet-stream",
+                      f"dtype=int64&shape={a.size}".encode())
+
+
+async def get(shard, namespace, name):
+    status, data = await call(shard, "GET", f"/v2/buffers/{name}", namespace,
+                              content_type="application/json")
+    return status, (json.loads(data) if status == 200 else data)
+
+
+async def test_namespaces_on_one_shard_do_not_share_buffers(make_shard):
+    shard = await make_shard()
+    assert (await put(shard, "team-a", "x", [1, 2, 3]))[0] == 201
+    assert (await get(shard, "team-b", "x"))[0] == 404  # b has no x, though a does, on this shard
+    assert (await put(shard, "team-b", "x", [7]))[0] == 201  # b's own x, not an overwrite of a's
+    status, doc = await get(shard, "team-a", "x")
+    assert status == 200 and doc["data"] == [1, 2, 3]
+    assert (await get(shard, "team-b", "x"))[1]["data"] == [7]
+    assert (await get(shard, None, "x"))[0] == 404  # the default namespace is a namespace too
+    assert sorted((await shard.identity())["namespaces"]) == ["default", "team-a", "team-b"]
+
+
+async def test_registrations_reach_every_namespace_also_later_ones(make_shard):
+    shard = await make_shard()
+    await put(shard, "early", "ids", [0, 1, 1])  # a runtime that exists before the registration
+    status, _ = await call(shard, "POST", "/v2/fusions", "early", json.dumps(GRAPH).encode())
+    assert status == 201
+    for ns, ids in (("early", [0, 1, 1]), ("late", [3, 3, 3, 7])):  # "late" is made after it
+        if ns == "late":
+            await put(shard, ns, "ids", ids)
+        body = json.dumps({"inputs": [{"name": "ids", "parameters": {"buffer": "ids"}}]}).encode()
+        status, data = await call(shard, "POST", "/v2/models/hist/infer", ns, body)
+        assert status == 200, data
+        assert json.loads(data)["outputs"][0]["data"] == np.bincount(ids, minlength=8).tolist()
+    status, _ = await call(shard, "DELETE", "/v2/fusions/hist", "late")
+    assert status == 200
+    for ns in ("early", "late", "default"):
+        assert (await call(shard, "GET", "/v2/models/hist", ns))[0] == 404
+
+
+async def test_a_shard_holds_at_most_max_namespaces(make_shard):
+    shard = await make_shard(max_namespaces=2)  # the default namespace and one more
+    assert (await put(shard, "one", "x", [1]))[0] == 201
+    status, data = await put(shard, "two", "x", [2])
+    assert status == 429 and b"holds 2 namespaces" in data
+    assert (await get(shard, "one", "x"))[1]["data"] == [1]  # the ones it holds still work
+    status, data = await call(shard, "GET", "/v2/buffers", "bad namespace!")
+    assert status == 400 and b"Segfuse-Namespace" in data
