@@ -19,6 +19,7 @@ the one it last saw to tell that Ray restarted the shard and its buffers are gon
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 import uuid
@@ -46,6 +47,9 @@ class Shard:
         self._stack = AsyncExitStack()
         self._spaces: dict[str, httpx.ASGITransport] = {}  # namespace -> its app's transport
         self._registrations: list[tuple] = []  # fusion registrations that succeeded, in order
+        # Held while a runtime is made and while a registration goes round: two first requests of one
+        # namespace make one runtime, and a new runtime misses no registration made meanwhile.
+        self._lock = asyncio.Lock()
         await self._space(DEFAULT_NAMESPACE)  # ready (and its errors seen) at start
 
     async def _space(self, namespace: str) -> httpx.ASGITransport | None:
@@ -53,6 +57,13 @@ class Shard:
         when the shard holds max_namespaces already."""
         transport = self._spaces.get(namespace)
         if transport is not None:
+            return transport
+        async with self._lock:
+            return await self._make(namespace)
+
+    async def _make(self, namespace: str) -> httpx.ASGITransport | None:
+        transport = self._spaces.get(namespace)
+        if transport is not None:  # made while this request waited for the lock
             return transport
         if len(self._spaces) >= self.max_namespaces:
             return None
@@ -96,10 +107,11 @@ class Shard:
     async def _register(self, namespace: str, call: tuple):
         """A registration (or removal) applied to every namespace's runtime, kept for later ones; the
         answer is the namespace's runtime's (the default's when the namespace has none here)."""
-        answers = {ns: await _send(t, *call) for ns, t in list(self._spaces.items())}
-        own = answers.get(namespace, answers[DEFAULT_NAMESPACE])
-        if own[0] < 300:
-            self._registrations.append(call)
+        async with self._lock:
+            answers = {ns: await _send(t, *call) for ns, t in list(self._spaces.items())}
+            own = answers.get(namespace, answers[DEFAULT_NAMESPACE])
+            if own[0] < 300:
+                self._registrations.append(call)
         return own
 
     async def identity(self) -> dict:

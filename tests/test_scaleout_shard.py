@@ -94,3 +94,15 @@ async def test_a_shard_holds_at_most_max_namespaces(make_shard):
     assert (await get(shard, "one", "x"))[1]["data"] == [1]  # the ones it holds still work
     status, data = await call(shard, "GET", "/v2/buffers", "bad namespace!")
     assert status == 400 and b"Segfuse-Namespace" in data
+
+
+async def test_concurrent_first_requests_of_a_namespace_make_one_runtime(make_shard):
+    """Two PUTs of a new namespace at once: both buffers end up in the one runtime it gets."""
+    import asyncio
+
+    shard = await make_shard()
+    a, b = await asyncio.gather(put(shard, "new", "x", [1]), put(shard, "new", "y", [2]))
+    assert a[0] == b[0] == 201
+    assert (await get(shard, "new", "x"))[1]["data"] == [1]
+    assert (await get(shard, "new", "y"))[1]["data"] == [2]
+    assert (await shard.identity())["namespaces"] == ["default", "new"]
