@@ -269,7 +269,7 @@ _SPLIT = []
 
 def _split_runtime():
     from segfuse.compiler.cuda.runtime import CupyRuntime
-    from segfuse.compiler.segmenter_reference import simple_plan
+    from segfuse.compiler.segmenter.reference import simple_plan
 
     if not _SPLIT:
         _SPLIT.append(CupyRuntime(planner=lambda f, types: simple_plan(f, types, small=-1)))

@@ -71,7 +71,7 @@ def cmd_explain(args) -> int:
 def print_plan(plan, fusion, env: dict[str, int] | None = None) -> None:
     """Readable at 80 columns; the shared-memory limit cited is the visible GPU's, else the
     documented target's (explain_text.device_smem)."""
-    from segfuse.compiler.segmenter_capability import DEFAULT_CAPABILITY
+    from segfuse.compiler.segmenter.capability import DEFAULT_CAPABILITY
 
     from .explain_text import device_smem, plan_lines
 

@@ -26,7 +26,7 @@ import numpy as np
 from .ir import Fusion
 from .numpy_backend import input_types
 from .plan import Plan
-from .segmenter_cache import SHARED_PLANS, PlanCache
+from .segmenter.cache import SHARED_PLANS, PlanCache
 
 
 @dataclass
@@ -102,7 +102,7 @@ class Engine:
         self.backend = backend
         self.errors = errors
         self._deferred = errors == "deferred"
-        # One cache per process unless given (segmenter_cache.SHARED_PLANS)
+        # One cache per process unless given (segmenter.cache.SHARED_PLANS)
         self.plans = plan_cache if plan_cache is not None else SHARED_PLANS
         # input signature -> prepared call: a warm graph skips binding, planning and lookups
         self._fast = FAST_PATHS.get(backend)

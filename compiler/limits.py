@@ -1,6 +1,6 @@
 """Limits the planner and the code generator share, each in one place (issue 14, item 4).
 
-The segmenter's capability table (`segmenter_capability.Capability`) takes its defaults from here,
+The segmenter's capability table (`segmenter.capability.Capability`) takes its defaults from here,
 and codegen tests against the same numbers, so a plan's hints say what the kernels do.
 """
 

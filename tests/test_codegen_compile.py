@@ -175,7 +175,7 @@ def test_index_width_variants():
 def test_split_lowering_covers_single_block_segments():
     """A segment the codegen cannot emit in one block is split per anchor; every piece generates."""
     from segfuse.compiler.plan import Segment, SegmentKind
-    from segfuse.compiler.segmenter_reference import split_nodes
+    from segfuse.compiler.segmenter.reference import split_nodes
 
     for g, mk in moe_graphs():
         f = Fusion.from_json(g)

@@ -5,7 +5,7 @@ of the source, compiler/cuda/cache.py) stay the same. Pure Python, no GPU, no NV
 Covered, per graph and input shapes (key: graph | shapes | what | segment index):
 - `plan`: the segmenter's plan (Engine("numpy").plan) with `generate` per segment, as
   tests/test_codegen_compile.py does; a sort-epilogue segment (hints.routine) digests the fused
-  radix-sort source that segmenter_sort_epilogue.match, sort_epilogue.render and radix_sort.source produce;
+  radix-sort source that segmenter/sort_epilogue.match, sort_epilogue.render and radix_sort.source produce;
 - `grid` / `block`: the corpus's forced lowerings (corpus.modules_for, block mode skipped for the
   pw_/mv_ cases like the compile test);
 - `radix|<dtype>`: the library radix sort's plain template per key dtype.
@@ -26,7 +26,6 @@ import os
 from pathlib import Path
 
 import numpy as np
-from segfuse.compiler import segmenter_sort_epilogue
 from segfuse.compiler.codegen import radix_sort, sort_epilogue
 from segfuse.compiler.codegen.corpus import all_cases, case_inputs, modules_for, moe_graphs
 from segfuse.compiler.codegen.lazy import Unsupported
@@ -34,6 +33,7 @@ from segfuse.compiler.codegen.segment import generate
 from segfuse.compiler.cuda.arrays import cp_dtype
 from segfuse.compiler.engine import Engine
 from segfuse.compiler.ir import Fusion
+from segfuse.compiler.segmenter import sort_epilogue as segmenter_sort_epilogue
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGESTS = Path(__file__).resolve().parent / "data" / "kernel_digests.json"

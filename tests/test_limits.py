@@ -12,7 +12,7 @@ from segfuse.compiler.engine import Engine
 from segfuse.compiler.ir import Fusion
 from segfuse.compiler.limits import INDEX32_MAX, SMEM_PER_BLOCK
 from segfuse.compiler.plan import Segment, SegmentKind
-from segfuse.compiler.segmenter_capability import DEFAULT_CAPABILITY, max_sort_row
+from segfuse.compiler.segmenter.capability import DEFAULT_CAPABILITY, max_sort_row
 
 ENGINE = Engine("numpy")
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from segfuse.compiler import Engine, Fusion, RunError, run_graph
 from segfuse.compiler.plan_executor import PlanBug, execute
 from segfuse.compiler.segmenter import segment
-from segfuse.compiler.segmenter_capability import DEFAULT_CAPABILITY
+from segfuse.compiler.segmenter.capability import DEFAULT_CAPABILITY
 
 BIG_N = DEFAULT_CAPABILITY.single_block_max_elems + 517  # multi-block kernels
 SIZES_N = [0, 1, 2, 9, 40, BIG_N, BIG_N, BIG_N]  # grid plans as often as single-block ones

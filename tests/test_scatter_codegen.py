@@ -11,7 +11,7 @@ from segfuse.compiler.codegen.corpus import scatter_graph
 from segfuse.compiler.codegen.prelude import PRELUDE
 from segfuse.compiler.codegen.segment import generate
 from segfuse.compiler.ir import Fusion
-from segfuse.compiler.segmenter_reference import simple_plan
+from segfuse.compiler.segmenter.reference import simple_plan
 
 
 def _graph(dt="float32", idt="int64", reduce="add", include_self=True, rank=1, alias=False):

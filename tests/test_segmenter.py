@@ -14,8 +14,8 @@ import pytest
 from segfuse.compiler import Engine, FusionDefinition, RunError, load_fusion, run_graph
 from segfuse.compiler.ops.registry import OpKind
 from segfuse.compiler.segmenter import segment
-from segfuse.compiler.segmenter_cache import PlanCache
-from segfuse.compiler.segmenter_capability import DEFAULT_CAPABILITY, Capability
+from segfuse.compiler.segmenter.cache import PlanCache
+from segfuse.compiler.segmenter.capability import DEFAULT_CAPABILITY, Capability
 
 ROOT = Path(__file__).resolve().parent.parent
 CAP = DEFAULT_CAPABILITY
@@ -447,7 +447,7 @@ def test_sort_row_too_long_for_shared_memory_is_a_library_segment_and_a_class_bo
     # shared memory is CuPy's sort, not a single-block kernel the runtime would have to split;
     # in one block, a rank-1 row of integer keys is sorted by the block radix sort instead.
     from segfuse.compiler.dtypes import DType
-    from segfuse.compiler.segmenter_capability import SINGLE_BLOCK, max_sort_row
+    from segfuse.compiler.segmenter.capability import SINGLE_BLOCK, max_sort_row
 
     limit = max_sort_row(DType.int64, DEFAULT_CAPABILITY)
     radix = DEFAULT_CAPABILITY.radix_sort_max_row

@@ -12,7 +12,6 @@ import dataclasses
 
 import numpy as np
 import pytest
-from segfuse.compiler import segmenter_sort_epilogue as sep
 from segfuse.compiler.codegen import sort_epilogue as se
 from segfuse.compiler.codegen.corpus import _graph, moe_graphs, sort_consumers_graph
 from segfuse.compiler.cuda import nvrtc, radix_sort
@@ -20,7 +19,8 @@ from segfuse.compiler.engine import Engine
 from segfuse.compiler.ir import Fusion
 from segfuse.compiler.numpy_backend import run_graph
 from segfuse.compiler.segmenter import segment
-from segfuse.compiler.segmenter_capability import DEFAULT_CAPABILITY
+from segfuse.compiler.segmenter import sort_epilogue as sep
+from segfuse.compiler.segmenter.capability import DEFAULT_CAPABILITY
 
 K = 8
 BASE = [{"op": "reshape", "out": "flat", "inputs": ["ids"], "shape": [-1]}]

@@ -344,7 +344,7 @@ def case_inputs(case, seed=0):
 def modules_for(fusion, inputs: dict, mode: str = "auto", sm_count: int = 132):
     """Generated modules (or Unsupported reasons) for a fusion's segments under a planning mode:
     'grid' (one segment per anchor), 'block' (one single-block segment) or 'auto'."""
-    from ..segmenter_reference import simple_plan
+    from ..segmenter.reference import simple_plan
     from .lazy import Unsupported
     from .segment import generate
 

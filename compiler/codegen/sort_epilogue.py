@@ -4,7 +4,7 @@ A long sort row is a library segment (compiler/cuda/radix_sort.py: one persisten
 launch). Its MoE consumers are cheap per element but, as separate segments, cost a kernel to
 materialize the keys before the sort and kernels after it (`order // K`; the scatter's init and
 the scatter): 4 launches where the sort's own final pass already holds, per sorted position
-`pos`, the index `idx = order[pos]`. So the planner (compiler/segmenter_sort_epilogue.py, which
+`pos`, the index `idx = order[pos]`. So the planner (compiler/segmenter/sort_epilogue.py, which
 states the pattern) recognizes a region of keys' views, the argsort and its position and scatter
 consumers, and this module renders it as C for the fused kernel (`codegen/radix_sort.Epilogue`):
 every segment output is a position tensor (stored `o[pos] = f(pos, idx)`) or a scatter result
@@ -23,7 +23,7 @@ T=4096 (32768 keys) int64 15.2 us / int32 14.5 us in one launch, against 21.8 / 
 launches before; T=65536 19.6 / 18.7 us against 37.5 / 36.4 us. The sort itself is most of it
 (the plain radix argsort of the same keys: 14.5 / 13.6 us at T=4096).
 
-Three parts: `match` and `fuse_plan` (compiler/segmenter_sort_epilogue.py: the planner pass that
+Three parts: `match` and `fuse_plan` (compiler/segmenter/sort_epilogue.py: the planner pass that
 merges the region's consecutive segments into one library segment whose hints name `ROUTINE`),
 `render` here (pure text, CPU) and the runtime step (compiler/cuda/library_sorts.py).
 """
@@ -31,7 +31,7 @@ merges the region's consecutive segments into one library segment whose hints na
 from __future__ import annotations
 
 from ..ops.registry import OpKind, Scalar
-from ..segmenter_sort_epilogue import Match
+from ..segmenter.sort_epilogue import Match
 from . import ctypes_ as ct
 from .lazy import render_lazy
 from .prelude import PRELUDE

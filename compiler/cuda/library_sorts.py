@@ -1,6 +1,6 @@
 """Library sorts of the CUDA backend: segments the codegen leaves to a routine.
 
-- the sort epilogue's segments (plan: compiler/segmenter_sort_epilogue.py, text:
+- the sort epilogue's segments (plan: compiler/segmenter/sort_epilogue.py, text:
   compiler/codegen/sort_epilogue.py): one launch of the radix sort's fused variant;
 - single-op argsort/sort/topk segments whose rows are too long for one block: our multi-block
   radix sort where it takes the row (compiler/cuda/radix_sort.py), else CuPy's sorts.
@@ -15,7 +15,7 @@ from ..codegen.radix_sort import supported, takes
 from ..codegen.sort_epilogue import render
 from ..dtypes import DType
 from ..ops.registry import LibrarySort
-from ..segmenter_sort_epilogue import ROUTINE, match
+from ..segmenter.sort_epilogue import ROUTINE, match
 from . import radix_sort
 from .arrays import cp_dtype, is_small, output_buffer
 

@@ -15,8 +15,8 @@ from ..codegen.segment import NOMINAL_SM_COUNT, generate
 from ..dtypes import DType
 from ..numpy_backend import eval_node
 from ..plan import Segment, SegmentKind
-from ..segmenter_reference import split_nodes
-from ..segmenter_sort_epilogue import ROUTINE
+from ..segmenter.reference import split_nodes
+from ..segmenter.sort_epilogue import ROUTINE
 from .arrays import contiguous_strides, host_view
 from .library_sorts import library_run, sort_epilogue_run
 from .param_blocks import kernel_step

@@ -20,7 +20,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ..segmenter_cache import SHARED_PLANS
+from ..segmenter.cache import SHARED_PLANS
 from .arrays import commit_outputs, contiguous_strides, signature, to_device
 from .device import get_device
 from .fast_path import make_call

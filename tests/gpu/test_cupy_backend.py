@@ -17,7 +17,7 @@ from segfuse.compiler.engine import Engine  # noqa: E402
 from segfuse.compiler.errors import RunError  # noqa: E402
 from segfuse.compiler.ir import Fusion  # noqa: E402
 from segfuse.compiler.numpy_backend import run_graph  # noqa: E402
-from segfuse.compiler.segmenter_reference import simple_plan  # noqa: E402
+from segfuse.compiler.segmenter.reference import simple_plan  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

@@ -15,7 +15,6 @@ import pytest
 cp = pytest.importorskip("cupy")
 torch = pytest.importorskip("torch")
 
-from segfuse.compiler import segmenter_sort_epilogue as sep  # noqa: E402
 from segfuse.compiler.codegen import sort_epilogue as se  # noqa: E402
 from segfuse.compiler.codegen.corpus import _graph, moe_graphs, sort_consumers_graph  # noqa: E402
 from segfuse.compiler.cuda import radix_sort  # noqa: E402
@@ -25,6 +24,7 @@ from segfuse.compiler.errors import RunError  # noqa: E402
 from segfuse.compiler.ir import Fusion  # noqa: E402
 from segfuse.compiler.numpy_backend import run_graph  # noqa: E402
 from segfuse.compiler.segmenter import segment  # noqa: E402
+from segfuse.compiler.segmenter import sort_epilogue as sep  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

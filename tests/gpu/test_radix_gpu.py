@@ -16,8 +16,8 @@ from segfuse.compiler.codegen.corpus import moe_graphs  # noqa: E402
 from segfuse.compiler.cuda.runtime import CupyRuntime, get_runtime  # noqa: E402
 from segfuse.compiler.engine import Engine  # noqa: E402
 from segfuse.compiler.ir import Fusion  # noqa: E402
-from segfuse.compiler.segmenter_capability import DEFAULT_CAPABILITY  # noqa: E402
-from segfuse.compiler.segmenter_reference import simple_plan  # noqa: E402
+from segfuse.compiler.segmenter.capability import DEFAULT_CAPABILITY  # noqa: E402
+from segfuse.compiler.segmenter.reference import simple_plan  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

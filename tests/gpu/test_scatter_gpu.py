@@ -18,7 +18,7 @@ from segfuse.compiler.cuda.runtime import CupyRuntime  # noqa: E402
 from segfuse.compiler.engine import Engine  # noqa: E402
 from segfuse.compiler.errors import RunError  # noqa: E402
 from segfuse.compiler.ir import Fusion  # noqa: E402
-from segfuse.compiler.segmenter_reference import simple_plan  # noqa: E402
+from segfuse.compiler.segmenter.reference import simple_plan  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .segmenter_graph import COPY, NONE, OWN, Step, WorkGraph, access
+from .graph import COPY, NONE, OWN, Step, WorkGraph, access
 
 SCATTERED, COMPLETE_OWN = "scattered", "own"  # why a tensor made in a segment is not yet readable
 

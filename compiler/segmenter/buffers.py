@@ -11,9 +11,9 @@
 
 from __future__ import annotations
 
-from .plan import Buffer
-from .segmenter_graph import WorkGraph
-from .segmenter_shapes import fmt, nbytes
+from ..plan import Buffer
+from .graph import WorkGraph
+from .shapes import fmt, nbytes
 
 
 class _UnionFind:

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .dtypes import DType
-from .limits import INDEX32_MAX, SMEM_PER_BLOCK, bitonic_sort_bytes
-from .ops.registry import OpKind
+from ..dtypes import DType
+from ..limits import INDEX32_MAX, SMEM_PER_BLOCK, bitonic_sort_bytes
+from ..ops.registry import OpKind
 
 GRID = "grid"
 SINGLE_BLOCK = "single_block"

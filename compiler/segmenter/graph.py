@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from .ops.registry import OpKind, TensorType
-from .segmenter_shapes import numel
-from .shapes import dims_equal
+from ..ops.registry import OpKind, TensorType
+from ..shapes import dims_equal
+from .shapes import numel
 
 # Ops whose results are complete only when their kernel ends (rule 2).
 HEAVY = frozenset({OpKind.reduction, OpKind.scan, OpKind.sort, OpKind.scatter})

@@ -16,10 +16,10 @@ scatter writes in place into a buffer nothing else reads, with as few launches a
 4. Single block. A region whose tensors all fit one thread block (`Capability` limits) becomes one
    segment run by one block with barriers between phases: whole connected regions first, then
    runs of consecutive small segments.
-5. Library. What codegen cannot emit (`segmenter_capability.can_generate`) is a library call.
+5. Library. What codegen cannot emit (`capability.can_generate`) is a library call.
 6. Pointwise ops fuse into producers and consumers; pure views cost no kernel.
 
-Sizes stay symbolic (see segmenter_shapes): every size-dependent decision goes through `Checks`,
+Sizes stay symbolic (see shapes.py): every size-dependent decision goes through `Checks`,
 whose answers define the plan's shape class, so one plan serves every size of its class.
 """
 
@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import sympy
 
-from . import segmenter_place as P
-from .ir import Bound, Fusion
-from .ops.registry import OpKind
-from .plan import Alias, Copy, Plan, Segment, SegmentKind
-from .segmenter_buffers import assign
-from .segmenter_capability import (
+from ..ir import Bound, Fusion
+from ..ops.registry import OpKind
+from ..plan import Alias, Copy, Plan, Segment, SegmentKind
+from . import place as P
+from .buffers import assign
+from .capability import (
     DEFAULT_CAPABILITY,
     GRID,
     SINGLE_BLOCK,
@@ -40,9 +40,9 @@ from .segmenter_capability import (
     can_generate,
     scatter_reduce_of,
 )
-from .segmenter_graph import COPY, OTHER, WorkGraph, access, build
-from .segmenter_shapes import Checks, base_key, class_types, evaluate, fmt, nbytes, numel
-from .segmenter_sort_epilogue import fuse_plan
+from .graph import COPY, OTHER, WorkGraph, access, build
+from .shapes import Checks, base_key, class_types, evaluate, fmt, nbytes, numel
+from .sort_epilogue import fuse_plan
 
 INPLACE, ORDERED, COPIED, INPUT = "inplace", "ordered", "copy", "input"
 

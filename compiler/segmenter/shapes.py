@@ -24,10 +24,10 @@ from functools import lru_cache
 
 import sympy
 
-from .errors import OpError
-from .ops.registry import InferCtx, TensorType
-from .shapes import norm, symbol
-from .shapes import numel as _numel
+from ..errors import OpError
+from ..ops.registry import InferCtx, TensorType
+from ..shapes import norm, symbol
+from ..shapes import numel as _numel
 
 
 def _size_class(v: int) -> str:

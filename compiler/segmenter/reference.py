@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import math
 
-from .ops.registry import LAZY_KINDS
-from .plan import Plan, Segment, SegmentKind
+from ..ops.registry import LAZY_KINDS
+from ..plan import Plan, Segment, SegmentKind
 
 SMALL = 8192
 

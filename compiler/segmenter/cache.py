@@ -14,11 +14,11 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from .ir import Bound, Fusion
-from .plan import Plan
-from .segmenter import plan_checks, segment
-from .segmenter_capability import DEFAULT_CAPABILITY, Capability
-from .segmenter_shapes import base_key
+from ..ir import Bound, Fusion
+from ..plan import Plan
+from .capability import DEFAULT_CAPABILITY, Capability
+from .pipeline import plan_checks, segment
+from .shapes import base_key
 
 
 class PlanCache:

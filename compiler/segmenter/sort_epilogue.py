@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from . import segmenter_place as P
-from .ops.registry import LibrarySort, OpKind, Scalar
-from .segmenter_capability import scatter_reduce_of
-from .shapes import dims_equal
+from ..ops.registry import LibrarySort, OpKind, Scalar
+from ..shapes import dims_equal
+from . import place as P
+from .capability import scatter_reduce_of
 
 ROUTINE = "segfuse.radix_sort+epilogue"
 _SPAN = 3  # segments on each side of the sort that a region may take in
