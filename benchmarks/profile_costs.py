@@ -27,9 +27,9 @@ CENTRES = [
     ("GPU launch and completion (segfuse.compiler, CuPy)", lambda f, p: "/compiler/" in p or "/cupy" in p),
     ("socket write (uvicorn's send)", lambda f, p: f == "RequestResponseCycle.send"),
     ("HTTP parsing and connection (uvicorn/httptools)", lambda f, p: "/uvicorn/" in p or "/httptools" in p),
-    ("request decoding and checks", lambda f, p: f.split(".")[-1] in {
-        "decode_request", "validate_json", "model_validate_json", "parse_request", "check_request", "get",
-        "key", "put"} and ("/server/" in p or "/pydantic" in p)),
+    ("request decoding and checks", lambda f, p: f in {
+        "decode_request", "validate_json", "BaseModel.model_validate_json", "parse_request", "check_request",
+        "ParsedRequests.get", "ParsedRequests.key", "ParsedRequests.put"} and ("/server/" in p or "/pydantic" in p)),
     ("response encoding", lambda f, p: f in {"response", "dumps", "json_array", "join_body"}
         and "/server/" in p),
     ("metrics and statistics", lambda f, p: "/server/metrics.py" in p or "/server/stats.py" in p

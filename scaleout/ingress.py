@@ -28,6 +28,7 @@ import asyncio
 import re
 
 import orjson
+from segfuse.server.errors import error_response
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
@@ -40,9 +41,7 @@ _HEADER_KEY = NAMESPACE_HEADER.lower().encode()
 
 
 def _error(status: int, message: str, loc: list, headers: dict | None = None) -> JSONResponse:
-    # The shape of segfuse's own errors (server/errors.py error_body).
-    return JSONResponse({"error": message, "details": [{"loc": loc, "msg": message}]}, status_code=status,
-                        headers=headers)
+    return error_response(status, message, [{"loc": loc, "msg": message}], headers)
 
 
 def is_broadcast(method: str, path: str) -> bool:

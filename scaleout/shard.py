@@ -27,6 +27,7 @@ from contextlib import AsyncExitStack
 
 import httpx
 import orjson
+from segfuse.server.errors import error_body
 
 from .ingress import is_broadcast
 from .routing import DEFAULT_NAMESPACE, NAMESPACE_HEADER, NamespaceError, parse_namespace
@@ -132,6 +133,5 @@ async def _send(transport: httpx.ASGITransport, method: str, raw_path: bytes, qu
 
 
 def _error(status: int, message: str, loc: list):
-    # The shape of segfuse's own errors (server/errors.py error_body).
-    body = orjson.dumps({"error": message, "details": [{"loc": loc, "msg": message}]})
+    body = orjson.dumps(error_body(message, [{"loc": loc, "msg": message}]))
     return status, [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())], body
