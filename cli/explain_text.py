@@ -102,7 +102,7 @@ def plan_lines(plan, fusion, env: dict[str, int], smem: dict, budget: int, width
         reason = plain(seg.reason).replace(budget_text, f"(<= the planner's budget of {kib(budget)}, see below)")
         field("reason", reason)
         for a in seg.aliases:
-            field("", f"[{a.mode}] {a.tensor} -> buffer of {a.buffer}: {a.why}")
+            field("", f"[{a.mode.value}] {a.tensor} -> buffer of {a.buffer}: {a.why}")
     out.append("")
     field("buffers", "; ".join(f"#{b.id} {b.kind} {size(b.nbytes, env)} B [{' '.join(b.tensors)}]"
                                for b in plan.buffers), indent=0)

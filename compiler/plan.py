@@ -8,8 +8,9 @@ CUDA renderer turns one segment into one kernel.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from enum import Enum
+from typing import TypedDict
 
 
 class SegmentKind(str, Enum):
@@ -25,6 +26,15 @@ class SegmentKind(str, Enum):
     copy = "copy"  # a private copy of a scatter's self (rule 1)
 
 
+class AliasMode(str, Enum):
+    """How rule 1 (a scatter writes into its self's buffer only if nothing reads self later) was met."""
+
+    inplace = "inplace"  # self has no other use
+    ordered = "ordered"  # its other readers run in earlier segments
+    copy = "copy"  # a private copy of self; the alias's `buffer` names the copy
+    input = "input"  # writes a graph input that an output declares alias_of
+
+
 @dataclass
 class Alias:
     """`tensor` is written into the buffer of `buffer` (a scatter's output shares its self's buffer)."""
@@ -32,10 +42,10 @@ class Alias:
     tensor: str
     buffer: str
     why: str = ""
-    # How rule 1 was satisfied: "inplace" (self has no other use), "ordered" (its other readers
-    # run in earlier segments), "copy" (a private copy; `buffer` names it), "input" (writes a
-    # graph input that an output declares alias_of).
-    mode: str = "inplace"
+    mode: AliasMode = AliasMode.inplace
+
+    def __post_init__(self):
+        self.mode = AliasMode(self.mode)
 
 
 @dataclass
@@ -49,6 +59,50 @@ class Copy:
     at: int = 0
 
 
+class SegmentHints(TypedDict, total=False):
+    """The keys a segment's `hints` may hold (tests/test_plan_fields.py checks every plan's)."""
+
+    launch: bool  # False: a pure view, nothing runs
+    routine: str  # library segments: what the backend runs (the registry's OpDef.library, or the
+    #               sort epilogue's ROUTINE)
+    index_bits: int  # 32 or 64: the index type of the kernel's offsets (compiler/limits.py)
+    single_block: bool
+    blocks: int | str  # an int when static, else an expression in the size symbols
+    threads: int
+    smem_bytes: int | str
+    elements: int | str
+    anchor: dict  # the heavy op's geometry (rows, row length, axis) in grid segments
+
+
+@dataclass
+class Commit:
+    """How a backend returns one graph output, once the whole run succeeded (the one commit rule).
+
+    `alias_of`: the output is written into that input, and the input is returned. `copy`: the
+    output is a graph input or a view of one (`Plan.views`), so it is returned as a copy (an output
+    never exposes an input's buffer), or a broadcast view (stride 0), returned as a dense copy (an
+    output is always dense and writable). Copies are taken before any alias is written, so an
+    output `reshape(x)` keeps x's old value when another output updates x in place."""
+
+    name: str
+    alias_of: str | None = None
+    copy: bool = False
+
+
+def commits_for(outputs, input_names, views: dict, broadcast=frozenset()) -> list[Commit]:
+    """The commit of each graph output (`outputs`: objects with `.name` and `.alias_of`, as
+    `Fusion.outputs`), given the plan's views and which of them are broadcasts."""
+    inputs = set(input_names)
+
+    def root(t):
+        while t in views:
+            t = views[t]
+        return t
+
+    return [Commit(o.name, o.alias_of, copy=o.alias_of is None and (root(o.name) in inputs or o.name in broadcast))
+            for o in outputs]
+
+
 @dataclass
 class Segment:
     id: int
@@ -59,7 +113,7 @@ class Segment:
     reason: str  # why a boundary starts this segment
     aliases: list[Alias] = field(default_factory=list)
     intermediates: list[str] = field(default_factory=list)  # made and consumed inside (registers/smem)
-    hints: dict = field(default_factory=dict)  # launch geometry and heuristics (threads, blocks, ...)
+    hints: SegmentHints = field(default_factory=dict)  # launch geometry and heuristics
     copies: list[Copy] = field(default_factory=list)  # private copies made in this segment (rule 1)
 
 
@@ -87,6 +141,16 @@ class Plan:
     views: dict = field(default_factory=dict)  # tensor -> tensor whose buffer it views (no data moves)
     tensors: dict = field(default_factory=dict)  # tensor -> {"dtype", "shape"} (class shapes)
     outputs: list = field(default_factory=list)  # graph outputs, in order
+    commits: list[Commit] = field(default_factory=list)  # how each graph output is returned, in order
+    # The size tests behind the plan (segmenter.shapes.Checks), replayed by the plan cache at other
+    # sizes of the class; not plan data: kept off the JSON and out of comparisons.
+    checks: object = field(default=None, repr=False, compare=False)
+
+    def root_of(self, tensor: str) -> str:
+        """The tensor whose storage `tensor` views (itself when it is not a view)."""
+        while tensor in self.views:
+            tensor = self.views[tensor]
+        return tensor
 
     def segment_of(self, tensor: str) -> Segment | None:
         """The segment making `tensor` (None for a graph input)."""
@@ -96,9 +160,12 @@ class Plan:
         return None
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = asdict(replace(self, checks=None))  # (the checks are not plan data)
+        d.pop("checks")
         for s in d["segments"]:
             s["kind"] = str(s["kind"].value if isinstance(s["kind"], Enum) else s["kind"])
+            for a in s["aliases"]:
+                a["mode"] = a["mode"].value
         return d
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -114,4 +181,7 @@ class Plan:
         segs = [Segment(**{**s, "kind": SegmentKind(s["kind"]), "aliases": [Alias(**a) for a in s["aliases"]],
                            "copies": [Copy(**c) for c in s.get("copies", [])]}) for s in d["segments"]]
         bufs = [Buffer(**b) for b in d.get("buffers", [])]
-        return cls(**{**d, "segments": segs, "buffers": bufs})
+        commits = [Commit(**c) for c in d.get("commits", [])]
+        known = {f.name for f in fields(cls)} - {"checks"}
+        return cls(**{**{k: v for k, v in d.items() if k in known}, "segments": segs, "buffers": bufs,
+                      "commits": commits})

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from .commit import commit
 from .errors import Issue, OpError, RunError
 from .ir import Fusion
-from .plan import Plan
+from .plan import Plan, commits_for
 
 POISON = 0xA5  # freed buffers are filled with this byte so reads after free show up
 
@@ -138,9 +139,8 @@ def _nbytes(t) -> int:
 
 def run_plan(plan: Plan, fusion: Fusion, bound_types: dict, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Execute with the Engine's guarantees: inputs are never written, except `alias_of` targets,
-    which are updated only after every segment succeeded. Returns the outputs."""
-    from .numpy_backend import commit_outputs
-
+    which are updated only after every segment succeeded. Returns the outputs, committed by the
+    plan's `Commit`s (compiler/commit.py), each C-contiguous and writeable."""
     aliased = {o.alias_of for o in fusion.outputs if o.alias_of is not None}
     staged = {}
     for name, a in inputs.items():
@@ -153,4 +153,16 @@ def run_plan(plan: Plan, fusion: Fusion, bound_types: dict, inputs: dict[str, np
     outs = execute(plan, fusion, bound_types, staged)
     values = dict(staged)
     values.update(outs)
-    return commit_outputs(fusion, values, inputs)
+
+    def write(c, v):
+        dst = inputs[c.alias_of]
+        if not dst.flags.writeable:
+            raise RunError(f"input '{c.alias_of}' is read-only but output '{c.name}' updates it in place",
+                           ("inputs", c.alias_of))
+        np.copyto(dst, v)
+        return dst
+
+    commits = plan.commits or commits_for(fusion.outputs, fusion.input_names, plan.views)
+    res = commit(commits, values, lambda v: np.array(v, copy=True), write)
+    # C-contiguous and writeable (np.require keeps 0-d; a no-op for the plan's own buffers)
+    return {name: np.require(v, requirements=["C", "W"]) for name, v in res.items()}

@@ -21,6 +21,7 @@ from segfuse.compiler.cuda import runtime as rtmod
 from segfuse.compiler.cuda import thread_state as ts
 from segfuse.compiler.errors import DeferredRunError, RunError
 from segfuse.compiler.ir import Fusion
+from segfuse.compiler.plan import Commit
 
 BINS = 4
 GRAPH = {"format": "segfuse.fusion/1", "name": "hist",
@@ -155,7 +156,7 @@ class _Setup:
         self.fusion = Fusion.from_json(GRAPH)
         self.launches: list = []
         prep = types.SimpleNamespace(steps=[types.SimpleNamespace(kind="kernel", run=_hist_step(self.launches))],
-                                     may_fail=True, outputs=(("c", None),))
+                                     may_fail=True, outputs=(Commit("c"),))
         tls = threading.local()
         tls.st = self.st
         token = object()

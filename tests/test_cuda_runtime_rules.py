@@ -1,5 +1,5 @@
 """Rules of the CUDA runtime that need no GPU, on the CuPy stand-in: the one commit rule every run
-path uses (compiler/cuda/arrays.py: commit_outputs), the bounded prepared-entry cache, and that a
+path uses (compiler/commit.py through compiler/cuda/arrays.py: commit_outputs), the bounded prepared-entry cache, and that a
 warm-up prepares the entry the first run finds (the Engine hands it its cached plan). The GPU
 suite runs the same paths for real (tests/gpu/test_cupy_backend.py, test_fast_path.py)."""
 
@@ -15,6 +15,7 @@ from cupy_standin import Array
 from segfuse.compiler.cuda import arrays, runtime
 from segfuse.compiler.engine import WARMUPS, Engine
 from segfuse.compiler.ir import Fusion
+from segfuse.compiler.plan import Commit
 
 STATE = types.SimpleNamespace(stream=contextlib.nullcontext())
 
@@ -35,8 +36,8 @@ def test_commit_copies_an_input_returned_as_an_output_and_writes_aliases_in_plac
     x, y = dev([1, 2, 3]), dev([4, 5, 6])
     new_x, made = dev([7, 8, 9]), dev([0, 1, 0])
     env = {"x": x, "y": y, "same": y, "upd": new_x, "made": made}
-    outputs = (("same", None), ("upd", "x"), ("made", None))
-    res = arrays.commit_outputs(outputs, env, {"x": x, "y": y}, {"x": x, "y": y}, STATE, DeviceArray)
+    outputs = (Commit("same", copy=True), Commit("upd", "x"), Commit("made"))
+    res = arrays.commit_outputs(outputs, env, {"x": x, "y": y}, STATE, DeviceArray)
     # an output never exposes an input's buffer: a copy with the input's values
     assert res["same"] is not y and not np.shares_memory(res["same"], y)
     np.testing.assert_array_equal(res["same"], [4, 5, 6])
@@ -51,7 +52,8 @@ def test_commit_updates_a_host_input_through_a_copy():
     host = np.zeros(3, np.float32)
     uploaded = dev(host)
     new = dev([1.5, 2.5, 3.5])
-    res = arrays.commit_outputs((("upd", "h"),), {"upd": new}, {"h": host}, {"h": uploaded}, STATE, DeviceArray)
+    res = arrays.commit_outputs((Commit("upd", "h"),), {"upd": new}, {"h": host}, STATE, DeviceArray)
+    assert uploaded is not new
     np.testing.assert_array_equal(host, [1.5, 2.5, 3.5])
     assert res["upd"] is new  # the device result is returned; the host array was written
 

@@ -6,12 +6,16 @@ Covered, per graph and input shapes (key: graph | shapes | what | segment index)
 - `plan`: the segmenter's plan (Engine("numpy").plan) with `generate` per segment, as
   tests/test_codegen_compile.py does; a sort-epilogue segment (hints.routine) digests the fused
   radix-sort source that segmenter/sort_epilogue.match, sort_epilogue.render and radix_sort.source produce;
+- `runs`: what the CUDA runtime's preparation of that plan compiles for contiguous inputs
+  (compiler/cuda/prepare.py `modules_without_device`: views made without kernels, split pieces of
+  segments the codegen refuses); key suffix `<segment id>.<module>`, `view` for a segment that
+  compiles nothing;
 - `grid` / `block`: the corpus's forced lowerings (corpus.modules_for, block mode skipped for the
   pw_/mv_ cases like the compile test);
 - `radix|<dtype>`: the library radix sort's plain template per key dtype.
 A segment the codegen refuses is stored as "unsupported" (the runtime splits it).
-Not covered: what only the CUDA runtime derives (input strides of non-contiguous inputs, aliased
-scatter outputs, split pieces of unsupported segments).
+Not covered: what only the CUDA runtime derives from real arrays (input strides of non-contiguous
+inputs).
 
 A kernel changed on purpose: regenerate with
     SEGFUSE_UPDATE_DIGESTS=1 python -m pytest tests/test_kernel_digests.py
@@ -31,6 +35,7 @@ from segfuse.compiler.codegen.corpus import all_cases, case_inputs, modules_for,
 from segfuse.compiler.codegen.lazy import Unsupported
 from segfuse.compiler.codegen.segment import generate
 from segfuse.compiler.cuda.arrays import cp_dtype
+from segfuse.compiler.cuda.prepare import modules_without_device
 from segfuse.compiler.engine import Engine
 from segfuse.compiler.ir import Fusion
 from segfuse.compiler.segmenter import sort_epilogue as segmenter_sort_epilogue
@@ -68,6 +73,17 @@ def _plan_digests(eng, f: Fusion, shapes: dict, name: str, out: dict) -> None:
         except Unsupported:
             src = None
         out[f"{base}|{i}"] = UNSUPPORTED if src is None else _sha(src)
+    plan = eng.plan(f, shapes)
+    mods: dict = {}
+    for sid, m in modules_without_device(f, plan, f.bind(shapes)):
+        mods.setdefault(sid, []).append(m)
+    for seg in plan.segments:
+        if (seg.hints or {}).get("routine") == segmenter_sort_epilogue.ROUTINE:
+            continue  # (digested above)
+        for k, m in enumerate(mods.get(seg.id, [])):
+            out[f"{name}|{_sig(shapes)}|runs|{seg.id}.{k}"] = _sha(m.source)
+        if seg.nodes and not mods.get(seg.id):
+            out[f"{name}|{_sig(shapes)}|runs|{seg.id}"] = "view"
 
 
 def compute() -> dict[str, str]:

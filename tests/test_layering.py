@@ -37,7 +37,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     # pure text; the corpus is test data that drives the code generator (issue 14 moves it out)
     ("codegen", ["segfuse.compiler.codegen.*"]),
     # the CPU backend (numpy reference evaluator, plan executor) and the CUDA one
-    ("backends", ["segfuse.compiler.numpy_backend", "segfuse.compiler.plan_executor", "segfuse.compiler.cuda",
+    ("backends", ["segfuse.compiler.commit", "segfuse.compiler.numpy_backend", "segfuse.compiler.plan_executor",
+                  "segfuse.compiler.cuda",
                   "segfuse.compiler.cuda.*"]),
     ("engine", ["segfuse.compiler.engine"]),
     ("frontend", ["segfuse.compiler.builder"]),

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from ..limits import SMEM_PER_BLOCK, index_bits
 from ..ops.registry import LAZY_KINDS, OpKind
+from ..plan import AliasMode
 from . import ctypes_ as ct
 from . import radix
 from .geometry import THREADS, align
@@ -111,7 +112,7 @@ class SegmentCodegen(PointwiseKernels, ReductionKernels, SortKernels, ScatterKer
         for dst, src in self.copies.items():
             types.setdefault(dst, types[src])
         for a in getattr(seg, "aliases", []) or []:
-            if getattr(a, "mode", "") == "copy" and a.buffer in types:
+            if a.mode is AliasMode.copy and a.buffer in types:
                 self.nodes = [dataclasses.replace(nd, inputs=(a.buffer,) + tuple(nd.inputs[1:]))
                               if a.tensor in nd.outputs and nd.op.kind is OpKind.scatter else nd for nd in self.nodes]
         self.types = types
@@ -200,8 +201,12 @@ class SegmentCodegen(PointwiseKernels, ReductionKernels, SortKernels, ScatterKer
         if self.block_mode:
             body_fns.append(self._block_kernel(phases))
         else:
+            groups = [what for kind, what in phases if kind == "materialize"]
             for ph in phases:
-                body_fns.extend(self._grid_kernels(ph))
+                if ph[0] != "materialize" or len(groups) == 1:
+                    body_fns.extend(self._grid_kernels(ph))
+            if len(groups) > 1:
+                body_fns.append(self._materialize_together(groups))
         params = []
         for k, n in enumerate(self.params):
             t = self.types[n]
@@ -257,6 +262,21 @@ class SegmentCodegen(PointwiseKernels, ReductionKernels, SortKernels, ScatterKer
         if kindname is OpKind.scatter:
             return self._scatter_grid(nd)
         raise Unsupported(f"anchor kind {kindname}")
+
+    def _materialize_together(self, groups):
+        """Outputs of several shapes in one launch (one kernel per segment): each shape group owns
+        a range of the grid's blocks and strides over its elements within them. The groups are
+        independent: each recomputes its values from the segment's inputs and anchor results."""
+        I = self.I
+        lam, _ = self._lambdas()
+        parts, first = [], 0
+        for what in groups:
+            blocks = self._grid(numel(self.types[what[0]].shape))
+            start = f"(({I})(blockIdx.x - {first}u) * blockDim.x + threadIdx.x)"
+            parts.append(f"  if (blockIdx.x >= {first}u && blockIdx.x < {first + blocks}u) {{\n"
+                         + self._materialize(what, start, f"(({I}){blocks} * blockDim.x)") + "\n  }")
+            first += blocks
+        return (lam + "\n" + "\n".join(parts), first, THREADS, 0, None)
 
     def _dst(self, o):
         return (self.stage.get(o) or self.loc[o]).ref

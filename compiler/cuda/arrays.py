@@ -8,6 +8,7 @@ import sys
 
 import numpy as np
 
+from ..commit import commit
 from ..dtypes import DType, from_numpy
 from ..errors import BindError, Issue
 from .device import cupy_module
@@ -106,35 +107,27 @@ def shape_proxies(fusion, inputs: dict) -> dict:
     return out
 
 
-def commit_outputs(outputs, env, inputs: dict, arrays: dict, st, device_array) -> dict:
-    """A run's results, by the one commit rule of the CUDA backend, applied only once the run
-    succeeded (or was launched, when it cannot fail or defers its errors): an output declaring
-    `alias_of` is written into that input and returned as it (a host input through a copy); an
-    output that is an input's own array is returned as a copy, so an output never exposes an
-    input's buffer; every other output is returned as it is. `outputs`: (name, alias_of) pairs;
-    `arrays`: the inputs as device arrays (`inputs` itself on the fast path); `device_array`:
-    CuPy's ndarray type. Writes and copies are ordered on the thread state `st`'s stream."""
-    res = {}
-    for name, alias in outputs:
-        v = env[name]
-        if alias is not None:
-            dst = inputs[alias]
-            if isinstance(dst, device_array):
-                with st.stream:
-                    dst[...] = v
-                v = dst
-            else:  # a host array (np.copyto: bfloat16 travels as uint16 bits)
-                with st.stream:
-                    h = v.get()
-                np.copyto(dst, h.view(dst.dtype) if h.dtype != dst.dtype else h)
-        else:
-            for a in arrays.values():
-                if v is a:
-                    with st.stream:
-                        v = v.copy()
-                    break
-        res[name] = v
-    return res
+def commit_outputs(commits, env, inputs: dict, st, device_array) -> dict:
+    """A run's results by the one commit rule (compiler/commit.py), with the plan's `Commit`s:
+    copies and writes are ordered on the thread state `st`'s stream. An input updated in place
+    that the caller passed as a host array is written through a copy to the host (bfloat16
+    travels as uint16 bits). `device_array`: CuPy's ndarray type."""
+    def copy(v):
+        with st.stream:
+            return v.copy()
+
+    def write(c, v):
+        dst = inputs[c.alias_of]
+        if isinstance(dst, device_array):
+            with st.stream:
+                dst[...] = v
+            return dst
+        with st.stream:
+            h = v.get()
+        np.copyto(dst, h.view(dst.dtype) if h.dtype != dst.dtype else h)
+        return v  # the device result (the host array was written)
+
+    return commit(commits, env, copy, write)
 
 
 def to_device(cp, fusion, inputs: dict):

@@ -31,10 +31,12 @@ def make_call(rt, fusion, prep, st0, deferred: bool):
             st.settle()  # an earlier deferred run's failure, once visible, fails this call
         return st, st.params.get(token) or new_ctx(st)
 
-    if all(s.kind == "kernel" for s in prep.steps) and not staged and rt.use_graphs and st0.mapped:
+    launches_only = all(s.launches_only for s in prep.steps)
+    kernels = any(s.kind == "kernel" for s in prep.steps)
+    if launches_only and kernels and not staged and rt.use_graphs and st0.mapped:
         return graphed_call(rt, fusion, prep, defer, tls, new_state, token, new_ctx)
 
-    if all(s.kind == "kernel" for s in prep.steps) and not staged:
+    if launches_only and not staged:
         # kernels only: their steps allocate on the thread's stream themselves, so the call
         # needs no stream context (a few microseconds per call at decode sizes)
         def call(ins: dict) -> dict:
@@ -45,7 +47,7 @@ def make_call(rt, fusion, prep, st0, deferred: bool):
                 st.reset()
                 for run in steps:
                     run(env, ctx)
-                res = commit_outputs(outputs, env, ins, ins, st, device_array)  # (no input writes: while the GPU works)
+                res = commit_outputs(outputs, env, ins, st, device_array)  # (no input writes: while the GPU works)
                 st.outcome(fusion)  # (raises an earlier deferred run's failure first)
                 return res
             if defer:
@@ -58,7 +60,7 @@ def make_call(rt, fusion, prep, st0, deferred: bool):
                 # after the launch, while the GPU works: this run's outputs are then dropped
                 # (its own failure, if any, is counted among the later ones)
                 st.settle()
-            return commit_outputs(outputs, env, ins, ins, st, device_array)
+            return commit_outputs(outputs, env, ins, st, device_array)
 
         return call
 
@@ -79,7 +81,7 @@ def make_call(rt, fusion, prep, st0, deferred: bool):
             else:
                 for run in steps:
                     run(env, ctx)
-            res = commit_outputs(outputs, env, ins, ins, st, device_array)
+            res = commit_outputs(outputs, env, ins, st, device_array)
             if staged:
                 stream.synchronize()
         return res

@@ -94,7 +94,7 @@ def graphed_call(rt, fusion, prep, defer, tls, new_state, token, new_ctx):
                     fire(rec, st.sync_err_ptr, ctx.sp)
             else:
                 g[0].launch(st.stream)
-            res = commit_outputs(outputs, env, ins, ins, st, device_array)  # (no input writes: while the GPU works)
+            res = commit_outputs(outputs, env, ins, st, device_array)  # (no input writes: while the GPU works)
             st.outcome(fusion)  # (raises an earlier deferred run's failure first)
             return res
         if g is None:
@@ -107,7 +107,7 @@ def graphed_call(rt, fusion, prep, defer, tls, new_state, token, new_ctx):
                 st.graph_replayed(g[1])
         if st.pending or st.graph_runs:
             st.settle()  # after the launch, as in prepared_call's other kernels-only path
-        return commit_outputs(outputs, env, ins, ins, st, device_array)
+        return commit_outputs(outputs, env, ins, st, device_array)
 
     return call
 

@@ -5,7 +5,7 @@ the host -- with the plan's kernels compiled and loaded, once per signature."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -14,7 +14,7 @@ from ..codegen.lazy import Unsupported
 from ..codegen.segment import NOMINAL_SM_COUNT, generate
 from ..dtypes import DType
 from ..numpy_backend import eval_node
-from ..plan import Segment, SegmentKind
+from ..plan import AliasMode, Segment, SegmentKind, commits_for
 from ..segmenter.reference import split_nodes
 from ..segmenter.sort_epilogue import ROUTINE
 from .arrays import contiguous_strides, host_view
@@ -24,10 +24,16 @@ from .param_blocks import kernel_step
 
 @dataclass
 class Step:
-    kind: str  # kernel | library | host | copy
+    kind: str  # kernel | view | library | host | copy | split
     seg: object
     run: object  # callable(env, ctx)
     desc: str = ""
+
+    @property
+    def launches_only(self) -> bool:
+        """Its run is `fire(bind(env, ctx), ...)` with no host work but binding (kernels, views):
+        the fast path may bind it and replay its launches from a CUDA graph."""
+        return self.kind in ("kernel", "view")
 
 
 @dataclass
@@ -43,11 +49,12 @@ class Prepared:
     may_fail: bool = False
     # inputs the plan updates in place (alias_of): a run writes a copy and commits it at the end
     staged: list = field(default_factory=list)
-    outputs: tuple = ()  # (name, alias_of) per graph output, as the commit rule takes them
+    outputs: tuple = ()  # the plan's Commit of each graph output (compiler/commit.py)
     plan_s: float = 0.0  # time spent preparing (compiles included)
     # (segment id, codegen Module) for every generated module compiled, in launch order: what the
     # server's plan route shows (Engine.kernel_modules)
     modules: list = field(default_factory=list)
+    made: set = field(default_factory=set)  # tensors the steps so far made (inputs included)
 
 
 def prepare_plan(rt, fusion, plan, bound, strides: dict) -> Prepared:
@@ -58,11 +65,14 @@ def prepare_plan(rt, fusion, plan, bound, strides: dict) -> Prepared:
         for c in getattr(seg, "copies", []) or []:
             types.setdefault(c.dst, types[c.src])
     t0 = time.perf_counter()
+    commits = plan.commits or commits_for(fusion.outputs, fusion.input_names, plan.views)
     prep = Prepared(plan, types, [], staged=[o.alias_of for o in fusion.outputs if o.alias_of is not None],
-                    outputs=tuple((o.name, o.alias_of) for o in fusion.outputs))
+                    outputs=tuple(commits), made=set(fusion.input_names))
     c0 = rt.cache.stats.compile_s
+    layout = dict(strides)  # element strides of the inputs, then of the views the plan makes
     for seg in plan.segments:
-        prep.steps.append(segment_step(rt, fusion, seg, types, strides, prep))
+        prep.steps.append(segment_step(rt, fusion, seg, types, layout, prep))
+        prep.made.update(seg.outputs)
     prep.compile_s = rt.cache.stats.compile_s - c0
     prep.plan_s = time.perf_counter() - t0
     return prep
@@ -90,10 +100,17 @@ def modules_without_device(fusion, plan, bound, sm_count: int | None = None) -> 
 
 
 def segment_step(rt, fusion, seg, types, in_strides, prep) -> Step:
-    """The step that runs one segment of the plan (its launches counted into `prep`)."""
+    """The step that runs one segment of the plan (its launches counted into `prep`).
+    `in_strides`: the element strides of tensors that are not contiguous (inputs, views); a view
+    step adds its outputs' strides there, for the kernels of later segments."""
     kind = getattr(seg.kind, "value", seg.kind)
     if not seg.nodes:
         return Step("copy", seg, _copy_step(rt, seg, types), "copy")
+    if kind == "view":
+        step = _view_step(rt, fusion, seg, types, in_strides)
+        if step is not None:
+            return step
+        prep.fallbacks.append(f"segment {seg.id}: a kernel makes the view (a reshape of a non-contiguous tensor)")
     fused = sort_epilogue_run(rt, fusion, seg, types)
     if fused is not None:
         run, may_fail = fused
@@ -107,27 +124,131 @@ def segment_step(rt, fusion, seg, types, in_strides, prep) -> Step:
     graph_inputs = set(fusion.input_names)
     staged = {o.alias_of for o in fusion.outputs if o.alias_of is not None}
     for a in getattr(seg, "aliases", []) or []:
-        mode = getattr(a, "mode", "inplace")
         if a.buffer not in seg.inputs:
             continue
         if a.buffer in graph_inputs and a.buffer not in staged:
             continue
         node = next((fusion.nodes[p] for p in seg.nodes if a.tensor in fusion.nodes[p].outputs), None)
-        if node is None or (node.inputs[0] != a.buffer and mode != "copy"):
+        if node is None or (node.inputs[0] != a.buffer and a.mode is not AliasMode.copy):
             continue
         aliased.add(a.tensor)
         alias_buf[a.tensor] = a.buffer
     strides = {n: in_strides.get(n) or contiguous_strides(types[n].shape) for n in seg.inputs}
+    tail = _view_outputs(fusion, seg, prep.plan, prep.made, {c.name for c in prep.outputs if c.copy})
+    made_views = {nd.outputs[0] for nd in tail}
+    written = [o for o in seg.outputs if o not in made_views]
+    views = _views(rt, tail, types, in_strides) if tail and written else None
+    gen = replace(seg, outputs=written) if views is not None else seg
     try:
-        mod = generate(fusion, seg, types, strides, aliased=aliased, sm_count=rt.sm_count,
+        mod = generate(fusion, gen, types, strides, aliased=aliased, sm_count=rt.sm_count,
                        single_block=(kind == "single_block"))
     except Unsupported as e:
         return _split_step(rt, fusion, seg, types, strides, prep, str(e))
-    return _kernel(rt, mod, types, alias_buf, prep, seg)
+    step = _kernel(rt, mod, types, alias_buf, prep, seg)
+    if views is not None:
+        in_strides.update(views[1])
+        if step.run is not None:
+            step.run = _then(step.run, views[0])
+    return step
+
+
+def _then(run, make):
+    """A kernel step's run, then the views the plan makes of its outputs (or of inputs)."""
+    kbind, fire = run.bind, run.fire
+
+    def bind(env, ctx):
+        rec = kbind(env, ctx)
+        make(env)
+        return rec
+
+    def both(env, ctx):
+        fire(bind(env, ctx), ctx.state.err_ptr, ctx.sp)
+
+    both.bind, both.fire = bind, fire
+    return both
+
+
+_NO_PARAMS = (b"", None, None, True)  # a view step's "parameter block": nothing to launch
+
+
+def _views(rt, nodes, types, layout):
+    """(`make(env)`, strides): `make` makes each view node's output as a view of its operand's
+    array with the registry's `view` function (the plan's `views`: no data moves); None when one
+    would need a copy (reshaping a non-contiguous tensor). The views' element strides, which later
+    kernels are compiled for, come from the same functions applied to stride-only NumPy proxies
+    (`layout`: the known strides of tensors that are not contiguous)."""
+    proxies = {}
+    for nd in nodes:
+        x, out = nd.inputs[0], nd.outputs[0]
+        px = proxies.get(x)
+        if px is None:
+            t = types[x]
+            st = layout.get(x) or contiguous_strides(t.shape)
+            px = np.lib.stride_tricks.as_strided(np.zeros(1, t.dtype.np), tuple(t.shape),
+                                                 tuple(d * t.dtype.itemsize for d in st), writeable=False)
+        if nd.op.keeps_row_major_order and not px.flags.c_contiguous:
+            return None
+        proxies[out] = nd.op.view(np, px, nd.attrs, types[out])
+    strides = {nd.outputs[0]: tuple(d // max(types[nd.outputs[0]].dtype.itemsize, 1)
+                                    for d in proxies[nd.outputs[0]].strides) for nd in nodes}
+    xp = rt.cp
+    views = tuple((nd.op.view, nd.inputs[0], nd.attrs, types[nd.outputs[0]], nd.outputs[0]) for nd in nodes)
+
+    def make(env):
+        for view, x, attrs, t, out in views:
+            env[out] = view(xp, env[x], attrs, t)
+
+    return make, strides
+
+
+def _no_launch(rec, err_ptr, sp):
+    pass
+
+
+def _view_step(rt, fusion, seg, types, layout) -> Step | None:
+    """A view segment runs no kernel (None: it needs a copy, so a kernel makes it)."""
+    made = _views(rt, [fusion.nodes[p] for p in seg.nodes], types, layout)
+    if made is None:
+        return None
+    make, strides = made
+    layout.update(strides)
+
+    def bind(env, ctx):
+        make(env)
+        return _NO_PARAMS
+
+    def run(env, ctx):
+        make(env)
+
+    run.bind, run.fire = bind, _no_launch
+    return Step("view", seg, run if rt.cp is not None else None, "view")
+
+
+def _view_outputs(fusion, seg, plan, made: set, copied: set) -> list:
+    """The view nodes (in graph order) that make `seg`'s outputs which the plan lists as views of a
+    tensor materialized before the segment ends: the kernel does not write them, they are views.
+    Except graph outputs that the commit copies anyway (views of inputs, broadcasts): the kernel
+    writing them is that copy, fused into a launch that runs anyway."""
+    producer = {o: fusion.nodes[p] for p in seg.nodes for o in fusion.nodes[p].outputs}
+    viewed = [o for o in seg.outputs if o in plan.views and o not in copied]
+    written = made | {o for o in seg.outputs if o not in viewed}
+    chain = {}
+    for o in viewed:
+        t, path = o, []
+        while t not in written and t not in chain:
+            nd = producer.get(t)
+            if nd is None or nd.op.view is None:
+                path = None
+                break
+            path.append(nd)
+            t = nd.inputs[0]
+        for nd in path or ():
+            chain[nd.outputs[0]] = nd
+    return sorted(chain.values(), key=lambda nd: nd.index)
 
 
 def _kernel(rt, mod, types, alias_buf, prep, seg) -> Step:
-    prep.kernels += len(mod.launches)
+    prep.kernels += sum(1 for ln in mod.launches if ln.vector_of is None)  # (a vector variant replaces its scalar twin)
     prep.may_fail = prep.may_fail or mod.may_fail
     prep.modules.append((seg.id, mod))
     if rt.cp is None:  # SourcesOnly: nothing to load
@@ -164,6 +285,7 @@ def _split_step(rt, fusion, seg, types, strides, prep, why) -> Step:
                     subs.append(_kernel(rt, pmod, types, {}, prep, pre))
                 one = Segment(seg.id, SegmentKind.library, [nodes[-1]], [x], outs, "split")
                 lib = library_run(rt, fusion, one, types)
+            prep.kernels += 1  # a library call or a host step counts as one launch, as in the plan
             if lib is not None:
                 prep.fallbacks.append(f"segment {seg.id}: library ({e})")
                 subs.append(Step("library", sub, lib, str(e)))

@@ -135,7 +135,7 @@ class CupyRuntime:
             else:
                 for step in prep.steps:
                     step.run(env, ctx)
-            outs = commit_outputs(prep.outputs, env, inputs, arrays, st, self.cp.ndarray)
+            outs = commit_outputs(prep.outputs, env, inputs, st, self.cp.ndarray)
             if prep.staged:
                 stream.synchronize()
         t2 = time.perf_counter()

@@ -183,6 +183,10 @@ class OpDef:
     library: str = ""  # what a library segment of the op runs on the GPU (plan hints.routine)
     library_sort: LibrarySort | None = None  # the library sort routine that runs it (sort ops)
     py_operator: tuple[str, ...] = ()  # builder Tensor operators: (method, reflected method)
+    # view ops: `view(xp, x, attrs, out_type)` makes the view of array x with array module xp
+    # (numpy or cupy) without moving data; the NumPy reference is the same function with numpy,
+    # and the CUDA runtime runs a plan's view segments with it (no kernel)
+    view: Callable[[Any, Any, Any, TensorType], Any] | None = None
 
     @property
     def keeps_row_major_order(self) -> bool:

@@ -61,9 +61,17 @@ def _reshape_infer(ctx, operands, attrs):
     return [TensorType(x.dtype, tuple(dims))]
 
 
-register(OpDef("reshape", OpKind.view, ("x",), _reshape_infer,
-               lambda args, a, out: [np.reshape(args[0], out[0].shape)], attrs=ShapeAttrs,
-               lowering=Lowering.relinearize,
+def _relinearize(xp, x, a, out):
+    return x.reshape(out.shape)  # a view of a C-contiguous x (the runtime plans it only for those)
+
+
+def _as_ref(view):
+    """An OpDef reference from its `view` function (the NumPy array module)."""
+    return lambda args, a, out: [view(np, np.asarray(args[0]), a, out[0])]
+
+
+register(OpDef("reshape", OpKind.view, ("x",), _reshape_infer, _as_ref(_relinearize), view=_relinearize,
+               attrs=ShapeAttrs, lowering=Lowering.relinearize,
                doc="reshape(x, shape): row-major; one entry may be -1"))
 
 
@@ -89,15 +97,15 @@ def _bid_infer(ctx, operands, attrs):
     return [TensorType(x.dtype, out)]
 
 
-def _bid_ref(args, a, out):
-    x = np.asarray(args[0])
-    shape = [1] * len(out[0].shape)
+def _bid_view(xp, x, a, out):
+    shape = [1] * len(out.shape)
     for i, bd in enumerate(a.broadcast_dims):
         shape[bd] = x.shape[i]
-    return [np.broadcast_to(x.reshape(shape), out[0].shape)]
+    return xp.broadcast_to(x.reshape(shape), out.shape)
 
 
-register(OpDef("broadcast_in_dim", OpKind.view, ("x",), _bid_infer, _bid_ref, attrs=BroadcastInDimAttrs,
+register(OpDef("broadcast_in_dim", OpKind.view, ("x",), _bid_infer, _as_ref(_bid_view), view=_bid_view,
+               attrs=BroadcastInDimAttrs,
                lowering=Lowering.broadcast_in_dim,
                doc="broadcast_in_dim(x, shape, broadcast_dims): input dim i becomes output dim broadcast_dims[i]"))
 
@@ -124,8 +132,12 @@ def _expand_infer(ctx, operands, attrs):
     return [TensorType(x.dtype, tuple(out))]
 
 
-register(OpDef("expand", OpKind.view, ("x",), _expand_infer,
-               lambda args, a, out: [np.broadcast_to(args[0], out[0].shape)], attrs=ShapeAttrs,
+def _expand_view(xp, x, a, out):
+    return xp.broadcast_to(x, out.shape)
+
+
+register(OpDef("expand", OpKind.view, ("x",), _expand_infer, _as_ref(_expand_view), view=_expand_view,
+               attrs=ShapeAttrs,
                lowering=Lowering.expand,
                doc="expand(x, shape): broadcast size-1 dims (-1 keeps a dim), like Tensor.expand"))
 
@@ -160,8 +172,8 @@ def _squeeze_infer(ctx, operands, attrs):
     return [TensorType(x.dtype, tuple(d for i, d in enumerate(x.shape) if i not in drop))]
 
 
-register(OpDef("squeeze", OpKind.view, ("x",), _squeeze_infer,
-               lambda args, a, out: [np.reshape(args[0], out[0].shape)], attrs=SqueezeAttrs,
+register(OpDef("squeeze", OpKind.view, ("x",), _squeeze_infer, _as_ref(_relinearize), view=_relinearize,
+               attrs=SqueezeAttrs,
                lowering=Lowering.relinearize,
                doc="squeeze(x, dims=None): remove size-1 dims (listed dims that are not size 1 stay)"))
 
@@ -178,8 +190,8 @@ def _unsqueeze_infer(ctx, operands, attrs):
     return [TensorType(x.dtype, tuple(shape))]
 
 
-register(OpDef("unsqueeze", OpKind.view, ("x",), _unsqueeze_infer,
-               lambda args, a, out: [np.reshape(args[0], out[0].shape)], attrs=DimAttrs,
+register(OpDef("unsqueeze", OpKind.view, ("x",), _unsqueeze_infer, _as_ref(_relinearize), view=_relinearize,
+               attrs=DimAttrs,
                lowering=Lowering.relinearize,
                doc="unsqueeze(x, dim): insert a size-1 dim"))
 

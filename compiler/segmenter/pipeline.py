@@ -29,7 +29,7 @@ import sympy
 
 from ..ir import Bound, Fusion
 from ..ops.registry import OpKind
-from ..plan import Alias, Copy, Plan, Segment, SegmentKind
+from ..plan import Alias, AliasMode, Copy, Plan, Segment, SegmentKind, commits_for
 from . import place as P
 from .buffers import assign
 from .capability import (
@@ -44,7 +44,7 @@ from .graph import COPY, OTHER, WorkGraph, access, build
 from .shapes import Checks, base_key, class_types, evaluate, fmt, nbytes, numel
 from .sort_epilogue import fuse_plan
 
-INPLACE, ORDERED, COPIED, INPUT = "inplace", "ordered", "copy", "input"
+INPLACE, ORDERED, COPIED, INPUT = AliasMode.inplace, AliasMode.ordered, AliasMode.copy, AliasMode.input
 
 
 def segment(fusion: Fusion, bound: Bound, cap: Capability = DEFAULT_CAPABILITY) -> Plan:
@@ -54,7 +54,7 @@ def segment(fusion: Fusion, bound: Bound, cap: Capability = DEFAULT_CAPABILITY) 
 
 def plan_checks(plan: Plan) -> Checks:
     """The size tests behind a plan, ready to `replay` at other sizes (kept off the JSON)."""
-    return plan._checks  # type: ignore[attr-defined]
+    return plan.checks
 
 
 class _Segmenter:
@@ -383,8 +383,9 @@ class _Segmenter:
             tensor_buffer=tensor_buffer, views=views,
             tensors={t: {"dtype": str(ty.dtype), "shape": [fmt(d) for d in ty.shape]}
                      for t, ty in sorted(g.types.items(), key=lambda kv: order_of.get(kv[0], 1 << 30))},
-            outputs=[o.name for o in self.fusion.outputs])
-        plan._checks = self.checks  # type: ignore[attr-defined]
+            outputs=[o.name for o in self.fusion.outputs],
+            commits=commits_for(self.fusion.outputs, self.fusion.input_names, views, g.broadcast & set(views)),
+            checks=self.checks)
         return plan
 
     def kind_of(self, g: WorkGraph, seg, steps) -> SegmentKind:
@@ -411,7 +412,7 @@ class _Segmenter:
             return {"launch": False}
         if kind is SegmentKind.library:
             lib = next(s for s in steps if s.library)
-            routine = getattr(seg, "routine", "") or self.cap.library_routine(lib.node.op)
+            routine = seg.routine or self.cap.library_routine(lib.node.op)
             return {"launch": True, "routine": routine, "index_bits": index_bits}
         if kind is SegmentKind.single_block:
             threads = self.cap.single_block_threads

@@ -29,6 +29,7 @@ class Seg:
     smem: object = 0  # shared memory bytes of a single-block segment
     made: dict = field(default_factory=dict)  # tensor -> Step making it here
     late: dict = field(default_factory=dict)  # tensor -> SCATTERED | COMPLETE_OWN (absent: recomputable)
+    routine: str = ""  # a library segment's routine when a pass chose it (the sort epilogue's ROUTINE)
 
     @property
     def library(self) -> bool:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 from ..ops.registry import LAZY_KINDS
-from ..plan import Plan, Segment, SegmentKind
+from ..plan import Plan, Segment, SegmentKind, commits_for
 
 SMALL = 8192
 
@@ -30,7 +30,8 @@ def simple_plan(fusion, types: dict, small: int = SMALL) -> Plan:
         outs = [o for o in dict.fromkeys(graph_outs) if o in made]
         ins = [n for n in fusion.input_names if any(n in nd.inputs for nd in fusion.nodes)]
         return Plan(fusion.id, "", [Segment(0, SegmentKind.single_block, list(range(len(fusion.nodes))), ins, outs,
-                                            "small graph: one block")])
+                                            "small graph: one block")],
+                    commits=commits_for(fusion.outputs, fusion.input_names, {}))
     # anchors and what they materialize
     materialized = set(inputs)
     segs = []
@@ -55,7 +56,7 @@ def simple_plan(fusion, types: dict, small: int = SMALL) -> Plan:
                       and x in materialized}, key=str)
         segs.append(Segment(len(segs), SegmentKind.pointwise, sorted(cone), ins, [o], "output"))
         materialized.add(o)
-    return Plan(fusion.id, "", segs)
+    return Plan(fusion.id, "", segs, commits=commits_for(fusion.outputs, fusion.input_names, {}))
 
 
 def _cone(fusion, pos, materialized) -> set:

@@ -197,10 +197,9 @@ def fuse_plan(fusion, g, segs: list, checks) -> list:
             if m is None:
                 continue
             merged = P.Seg(reason=f"{seg.reason}; its consumers run in the sort's final pass and its keys "
-                                  "are read in place: one launch", single_block=False)
+                                  "are read in place: one launch", single_block=False, routine=ROUTINE)
             merged.steps = sorted(all_steps, key=lambda s: s.key)
             merged.rebuild(g)
-            merged.routine = ROUTINE
             out[lo:hi + 1] = [merged]
             i = lo
             break
