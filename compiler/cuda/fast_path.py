@@ -25,63 +25,35 @@ def make_call(rt, fusion, prep, st0, deferred: bool):
         ctx = st.params[token] = RunCtx(rt, st, prep)
         return ctx
 
-    def context():
-        st = getattr(tls, "st", None) or new_state()
-        if st.pending:
-            st.settle()  # an earlier deferred run's failure, once visible, fails this call
-        return st, st.params.get(token) or new_ctx(st)
-
     launches_only = all(s.launches_only for s in prep.steps)
     kernels = any(s.kind == "kernel" for s in prep.steps)
     if launches_only and kernels and not staged and rt.use_graphs and st0.mapped:
         return graphed_call(rt, fusion, prep, defer, tls, new_state, token, new_ctx)
 
+    def state():
+        st = getattr(tls, "st", None) or new_state()
+        return st, st.params.get(token) or new_ctx(st)
+
     if launches_only and not staged:
-        # kernels only: their steps allocate on the thread's stream themselves, so the call
-        # needs no stream context (a few microseconds per call at decode sizes)
+        # kernels and views only: their steps allocate on the thread's stream themselves, so the
+        # call needs no stream context (a few microseconds per call at decode sizes)
         def call(ins: dict) -> dict:
-            st = getattr(tls, "st", None) or new_state()
-            ctx = st.params.get(token) or new_ctx(st)
+            st, ctx = state()
             env = dict(ins)
-            if may_fail and not defer:
-                st.reset()
-                for run in steps:
-                    run(env, ctx)
-                res = commit_outputs(outputs, env, ins, st, device_array)  # (no input writes: while the GPU works)
-                st.outcome(fusion)  # (raises an earlier deferred run's failure first)
-                return res
-            if defer:
-                st.launch_deferred(fusion, steps, env, ctx)
-            else:
-                for run in steps:
-                    run(env, ctx)
-            if st.pending:
-                # an earlier deferred run's failure, once visible, fails this call. Checked
-                # after the launch, while the GPU works: this run's outputs are then dropped
-                # (its own failure, if any, is counted among the later ones)
-                st.settle()
-            return commit_outputs(outputs, env, ins, st, device_array)
+            return st.execute(fusion, steps, env, ctx, may_fail, defer, False,
+                              lambda: commit_outputs(outputs, env, ins, st, device_array))
 
         return call
 
     def call_general(ins: dict) -> dict:
-        st, ctx = context()
+        st, ctx = state()
         stream = st.stream
         with stream:
             env = dict(ins)
             for name in staged:
                 env[name] = ins[name].copy()
-            if defer:
-                st.launch_deferred(fusion, steps, env, ctx)
-            elif may_fail:
-                st.reset()
-                for run in steps:
-                    run(env, ctx)
-                st.outcome(fusion)
-            else:
-                for run in steps:
-                    run(env, ctx)
-            res = commit_outputs(outputs, env, ins, st, device_array)
+            res = st.execute(fusion, steps, env, ctx, may_fail, defer, bool(staged),
+                             lambda: commit_outputs(outputs, env, ins, st, device_array))
             if staged:
                 stream.synchronize()
         return res

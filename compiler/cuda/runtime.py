@@ -113,29 +113,18 @@ class CupyRuntime:
         st = self._thread_state()
         stream = st.stream
         t0 = time.perf_counter()
-        if st.pending:
-            st.settle()
         with stream:
             shapes, dtypes, strides, arrays = to_device(self.cp, fusion, inputs)
             prep = self.prepare(fusion, shapes, dtypes, strides, plan)
             t1 = time.perf_counter()
             env = dict(arrays)
-            ctx = RunCtx(self, st, prep)
             # inputs updated in place (alias_of) are staged: the plan writes the copy, and the
             # caller's array changes only after the whole run succeeded
             for name in prep.staged:
                 env[name] = arrays[name].copy()
-            if prep.may_fail and deferred and defers(fusion, st):
-                st.launch_deferred(fusion, [step.run for step in prep.steps], env, ctx)
-            elif prep.may_fail:
-                st.reset()
-                for step in prep.steps:
-                    step.run(env, ctx)
-                st.outcome(fusion)
-            else:
-                for step in prep.steps:
-                    step.run(env, ctx)
-            outs = commit_outputs(prep.outputs, env, inputs, st, self.cp.ndarray)
+            outs = st.execute(fusion, [step.run for step in prep.steps], env, RunCtx(self, st, prep), prep.may_fail,
+                              prep.may_fail and deferred and defers(fusion, st), bool(prep.staged),
+                              lambda: commit_outputs(prep.outputs, env, inputs, st, self.cp.ndarray))
             if prep.staged:
                 stream.synchronize()
         t2 = time.perf_counter()

@@ -166,6 +166,35 @@ class ThreadState:
         if self.pending or self.graph_runs:
             self.settle(drained=True)
 
+    def execute(self, fusion, runs, env, ctx, may_fail: bool, defer: bool, writes: bool, commit):
+        """The one rule of every run path (CupyRuntime.run, the fast path's calls; the CUDA-graph
+        path follows it with graph launches): launch `runs`, then return `commit()`'s outputs.
+        - `defer` (deferred errors, nothing written in place): returns once launched; the run's
+          failure is raised by a later call on this thread or by `synchronize()`;
+        - `may_fail` otherwise: waits for the outcome and raises this run's failure; the commit
+          runs first, while the GPU works, unless it `writes` inputs (in-place updates are
+          committed only after success);
+        - a plan that cannot fail returns once launched.
+        An earlier deferred run's failure, once visible, fails this call: checked after the launch,
+        while the GPU works (this run's own failure, if any, is counted among the later ones)."""
+        if defer:
+            self.launch_deferred(fusion, runs, env, ctx)
+        else:
+            if may_fail:
+                self.reset()
+            for run in runs:
+                run(env, ctx)
+            if may_fail:
+                if writes:
+                    self.outcome(fusion)
+                    return commit()
+                res = commit()
+                self.outcome(fusion)  # (raises an earlier deferred run's failure first)
+                return res
+        if self.pending:
+            self.settle()
+        return commit()
+
     def launch_deferred(self, fusion, runs, env, ctx):
         """Launch a run's steps with their failures going to a block of the ring of its own."""
         self.err_ptr = self.claim_slot(fusion)
