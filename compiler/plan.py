@@ -69,7 +69,7 @@ class SegmentHints(TypedDict, total=False):
     single_block: bool
     blocks: int | str  # an int when static, else an expression in the size symbols
     threads: int
-    smem_bytes: int | str
+    smem_bytes: int | str  # single-block: the planner's shared-memory budget test for intermediates
     elements: int | str
     anchor: dict  # the heavy op's geometry (rows, row length, axis) in grid segments
 

@@ -16,6 +16,7 @@ from segfuse.compiler.cuda.arrays import contiguous_strides
 from segfuse.compiler.cuda.prepare import SourcesOnly, prepare_plan
 from segfuse.compiler.engine import Engine
 from segfuse.compiler.ir import Fusion
+from segfuse.compiler.limits import SMEM_PER_BLOCK
 from segfuse.compiler.plan import AliasMode, Plan, SegmentHints
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,3 +73,21 @@ def test_a_run_makes_the_launches_the_plan_counts(planned):
            if prep.kernels != plan.kernel_count and not any("split into" in x for x in prep.fallbacks)]
     assert not off, off
     assert len(planned) > 150
+
+
+def test_kernels_use_the_index_width_the_plan_says_and_fit_shared_memory(planned):
+    """For contiguous inputs (the plan's assumption; a strided input's stride extent may widen a
+    kernel's indices at run time, compiler/limits.py) every module indexes with the plan's
+    `index_bits`; and no kernel of a plan asks for more shared memory than limits.SMEM_PER_BLOCK.
+    (A single-block segment's `smem_bytes` hint is the planner's budget test for intermediates;
+    the kernel may stage more, e.g. scatter targets and sort keys, within the same limit.)"""
+    off = []
+    for name, _, plan, prep in planned:
+        segs = {s.id: s for s in plan.segments}
+        for sid, mod in prep.modules:
+            hints = segs[sid].hints
+            if "index_bits" in hints and mod.index_bits != hints["index_bits"]:
+                off.append((name, sid, "index_bits", hints["index_bits"], mod.index_bits))
+            if max(ln.smem for ln in mod.launches) > SMEM_PER_BLOCK:
+                off.append((name, sid, "smem", max(ln.smem for ln in mod.launches)))
+    assert not off, off
