@@ -115,6 +115,9 @@ class Segment:
     intermediates: list[str] = field(default_factory=list)  # made and consumed inside (registers/smem)
     hints: SegmentHints = field(default_factory=dict)  # launch geometry and heuristics
     copies: list[Copy] = field(default_factory=list)  # private copies made in this segment (rule 1)
+    # a library segment the sort epilogue pass made: a multi-block sort whose consumers run in its
+    # last pass (compiler/segmenter/sort_epilogue.py; the backend's routine for it)
+    fused_sort: bool = False
 
 
 @dataclass

@@ -62,7 +62,7 @@ def _plan_digests(eng, f: Fusion, shapes: dict, name: str, out: dict) -> None:
     for i, seg in enumerate(eng.plan(f, shapes).segments):
         if not seg.nodes:
             continue  # a copy segment: no generated kernel
-        if (seg.hints or {}).get("routine") == segmenter_sort_epilogue.ROUTINE:
+        if seg.fused_sort:
             m = segmenter_sort_epilogue.match(f, seg.nodes, seg.inputs, seg.outputs, types, copies=getattr(seg, "copies", ()))
             if m is not None:
                 epi, _ = sort_epilogue.render(f, m, types)
@@ -78,7 +78,7 @@ def _plan_digests(eng, f: Fusion, shapes: dict, name: str, out: dict) -> None:
     for sid, m in modules_without_device(f, plan, f.bind(shapes)):
         mods.setdefault(sid, []).append(m)
     for seg in plan.segments:
-        if (seg.hints or {}).get("routine") == segmenter_sort_epilogue.ROUTINE:
+        if seg.fused_sort:
             continue  # (digested above)
         for k, m in enumerate(mods.get(seg.id, [])):
             out[f"{name}|{_sig(shapes)}|runs|{seg.id}.{k}"] = _sha(m.source)

@@ -64,7 +64,7 @@ def plan(f, T, cap=DEFAULT_CAPABILITY):
 
 
 def fused(p):
-    return [s for s in p.segments if s.hints.get("routine") == sep.ROUTINE]
+    return [s for s in p.segments if s.fused_sort]
 
 
 def matched(f, T):
@@ -80,7 +80,7 @@ def test_moe_argsort_is_one_library_segment(idt, T):
     f = moe(idt)
     p = plan(f, T)
     (seg,) = p.segments
-    assert seg.kind.value == "library" and seg.hints["routine"] == sep.ROUTINE and p.kernel_count == 1
+    assert seg.kind.value == "library" and seg.fused_sort and seg.hints["routine"] == sep.ROUTINE and p.kernel_count == 1
     assert seg.nodes == list(range(len(f.nodes))) and seg.inputs == ["topk_ids"]
     assert set(seg.outputs) == {"input_permutation", "output_permutation"}
     assert "one launch" in seg.reason and "fit shared memory" in seg.reason
@@ -250,6 +250,6 @@ def test_runtime_step_launches_once_with_the_epilogue(monkeypatch):
     prep0 = prepare.Prepared(p0, div0.bind(shapes(div0, T)).types, [])
     assert prepare.segment_step(FakeRt(), div0, p0.segments[0], prep0.types, {}, prep0).kind == "library"
     assert prep0.may_fail and prep0.kernels == 1
-    # a segment without the routine hint is not taken
-    other = dataclasses.replace(p.segments[0], hints={})
+    # a segment the sort epilogue pass did not make is not taken
+    other = dataclasses.replace(p.segments[0], fused_sort=False)
     assert library_sorts.sort_epilogue_run(FakeRt(), f, other, types) is None

@@ -15,17 +15,17 @@ from ..codegen.radix_sort import supported, takes
 from ..codegen.sort_epilogue import render
 from ..dtypes import DType
 from ..ops.registry import LibrarySort
-from ..segmenter.sort_epilogue import ROUTINE, match
+from ..segmenter.sort_epilogue import match
 from . import radix_sort
 from .arrays import cp_dtype, is_small, output_buffer
 
 
 def sort_epilogue_run(rt, fusion, seg, types):
-    """(run(env, ctx), may_fail) for a segment whose hints name the sort epilogue's ROUTINE, at
+    """(run(env, ctx), may_fail) for a segment the sort epilogue pass made (`fused_sort`), at
     these concrete types: `run` launches the fused kernel; `may_fail` says whether it can write the
     error word (a checked divisor), so the run must synchronize to learn its outcome. None: not
     such a segment, or it no longer matches; the general path runs it."""
-    if (seg.hints or {}).get("routine") != ROUTINE:
+    if not seg.fused_sort:
         return None
     m = match(fusion, seg.nodes, seg.inputs, seg.outputs, types, copies=getattr(seg, "copies", ()))
     if m is None:

@@ -42,7 +42,7 @@ from .capability import (
 )
 from .graph import COPY, OTHER, WorkGraph, access, build
 from .shapes import Checks, base_key, class_types, evaluate, fmt, nbytes, numel
-from .sort_epilogue import fuse_plan
+from .sort_epilogue import ROUTINE, fuse_plan
 
 INPLACE, ORDERED, COPIED, INPUT = AliasMode.inplace, AliasMode.ordered, AliasMode.copy, AliasMode.input
 
@@ -368,7 +368,8 @@ class _Segmenter:
             kind = self.kind_of(g, seg, steps)
             segments.append(Segment(id=sid, kind=kind, nodes=nodes, inputs=inputs, outputs=outputs,
                                     reason=seg.reason, aliases=aliases, intermediates=inter,
-                                    hints=self.hints(g, seg, steps, kind, index_bits), copies=copies))
+                                    hints=self.hints(g, seg, steps, kind, index_bits), copies=copies,
+                                    fused_sort=seg.fused_sort))
         buffers, tensor_buffer, views, frees = assign(g, segments, where, lambda t: order_of.get(t, 1 << 30))
         checks = [c.to_dict() for c in self.checks.items]
         plan = Plan(
@@ -412,7 +413,7 @@ class _Segmenter:
             return {"launch": False}
         if kind is SegmentKind.library:
             lib = next(s for s in steps if s.library)
-            routine = seg.routine or self.cap.library_routine(lib.node.op)
+            routine = ROUTINE if seg.fused_sort else self.cap.library_routine(lib.node.op)
             return {"launch": True, "routine": routine, "index_bits": index_bits}
         if kind is SegmentKind.single_block:
             threads = self.cap.single_block_threads

@@ -29,7 +29,7 @@ class Seg:
     smem: object = 0  # shared memory bytes of a single-block segment
     made: dict = field(default_factory=dict)  # tensor -> Step making it here
     late: dict = field(default_factory=dict)  # tensor -> SCATTERED | COMPLETE_OWN (absent: recomputable)
-    routine: str = ""  # a library segment's routine when a pass chose it (the sort epilogue's ROUTINE)
+    fused_sort: bool = False  # the sort epilogue pass merged it: a sort with its consumers in its last pass
 
     @property
     def library(self) -> bool:

@@ -14,7 +14,7 @@ The pattern, for a region of a plan:
 where every segment output is a position tensor or a scatter result. `match` recognizes it (pure,
 CPU; the runtime asks again at concrete types; anything else: None, and the existing path runs),
 `fuse_plan` is the segmenter's post-pass that merges the region's consecutive segments into one
-library segment whose hints name `ROUTINE`.
+library segment marked `fused_sort` (`Segment.fused_sort`; its hints' routine names `ROUTINE`).
 """
 
 from __future__ import annotations
@@ -166,7 +166,7 @@ def _scatter_ok(p, nd, order, position, creations, readers, outputs, types, n, l
 
 def fuse_plan(fusion, g, segs: list, checks) -> list:
     """Merge each matching region (consecutive placed segments around a lone library argsort)
-    into one library segment whose `routine` is ROUTINE. `g`: the segmenter's WorkGraph."""
+    into one library segment marked `fused_sort` (its hints' routine: ROUTINE). `g`: the segmenter's WorkGraph."""
     out = list(segs)
     i = 0
     while i < len(out):
@@ -197,7 +197,7 @@ def fuse_plan(fusion, g, segs: list, checks) -> list:
             if m is None:
                 continue
             merged = P.Seg(reason=f"{seg.reason}; its consumers run in the sort's final pass and its keys "
-                                  "are read in place: one launch", single_block=False, routine=ROUTINE)
+                                  "are read in place: one launch", single_block=False, fused_sort=True)
             merged.steps = sorted(all_steps, key=lambda s: s.key)
             merged.rebuild(g)
             out[lo:hi + 1] = [merged]
