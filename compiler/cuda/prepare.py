@@ -70,8 +70,13 @@ def prepare_plan(rt, fusion, plan, bound, strides: dict) -> Prepared:
                     outputs=tuple(commits), made=set(fusion.input_names))
     c0 = rt.cache.stats.compile_s
     layout = dict(strides)  # element strides of the inputs, then of the views the plan makes
+    keep = set(fusion.input_names) | {o.name for o in fusion.outputs}
     for seg in plan.segments:
-        prep.steps.append(segment_step(rt, fusion, seg, types, layout, prep))
+        step = segment_step(rt, fusion, seg, types, layout, prep)
+        drop = tuple(t for t in plan.frees.get(str(seg.id), ()) if t not in keep)
+        if drop and step.run is not None:
+            step.run = _then_free(step.run, drop)
+        prep.steps.append(step)
         prep.made.update(seg.outputs)
     prep.compile_s = rt.cache.stats.compile_s - c0
     prep.plan_s = time.perf_counter() - t0
@@ -150,6 +155,19 @@ def segment_step(rt, fusion, seg, types, in_strides, prep) -> Step:
         if step.run is not None:
             step.run = _then(step.run, views[0])
     return step
+
+
+def _then_free(run, drop):
+    """A step's run, then the plan's frees: the tensors whose last use this segment is leave the
+    run's env, so CuPy's pool can hand their memory to later steps of the same run (stream
+    ordered). The CUDA-graph path binds every step before it launches and keeps them all."""
+    def run_free(env, ctx):
+        run(env, ctx)
+        for t in drop:
+            env.pop(t, None)
+
+    run_free.bind, run_free.fire = getattr(run, "bind", None), getattr(run, "fire", None)
+    return run_free
 
 
 def _then(run, make):
