@@ -175,22 +175,25 @@ class ThreadState:
           runs first, while the GPU works, unless it `writes` inputs (in-place updates are
           committed only after success);
         - a plan that cannot fail returns once launched.
-        An earlier deferred run's failure, once visible, fails this call: checked after the launch,
-        while the GPU works (this run's own failure, if any, is counted among the later ones)."""
+        An earlier deferred run's failure, once visible, fails this call: a deferred run checks
+        before its launch (so it never reports its own failure), any other after it, while the GPU
+        works (its own failure, if any, is then counted among the later ones)."""
         if defer:
+            if self.pending:
+                self.settle()
             self.launch_deferred(fusion, runs, env, ctx)
-        else:
-            if may_fail:
-                self.reset()
-            for run in runs:
-                run(env, ctx)
-            if may_fail:
-                if writes:
-                    self.outcome(fusion)
-                    return commit()
-                res = commit()
-                self.outcome(fusion)  # (raises an earlier deferred run's failure first)
-                return res
+            return commit()
+        if may_fail:
+            self.reset()
+        for run in runs:
+            run(env, ctx)
+        if may_fail:
+            if writes:
+                self.outcome(fusion)
+                return commit()
+            res = commit()
+            self.outcome(fusion)  # (raises an earlier deferred run's failure first)
+            return res
         if self.pending:
             self.settle()
         return commit()
