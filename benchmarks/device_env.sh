@@ -2,7 +2,8 @@
 # (benchmarks/device_tools.sh makes them):   source benchmarks/device_env.sh
 # - installs .whl into .site once (the setup of tests/gpu/RESULTS.md) and puts .site on PYTHONPATH
 #   and .site/bin (py-spy) on PATH;
-# - makes segfuse importable from this tree (/tmp/sp/segfuse/{compiler,server,client,cli,scaleout} links);
+# - makes segfuse importable from this tree (/tmp/sp/segfuse/{compiler,server,client,cli,scaleout,torch} links;
+#   segfuse.torch's directory is torch_ext);
 # - puts .tools/bin (wrk, which sets LD_LIBRARY_PATH to .tools/root's lib dirs for itself) on PATH.
 _sf_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 if [ -d "$_sf_root/.whl" ] && [ ! -d "$_sf_root/.site" ]; then
@@ -10,7 +11,7 @@ if [ -d "$_sf_root/.whl" ] && [ ! -d "$_sf_root/.site" ]; then
     --target "$_sf_root/.site" "$_sf_root"/.whl/*.whl || echo "device_env.sh: installing .whl failed" >&2
 fi
 mkdir -p /tmp/sp/segfuse
-for _sf_p in compiler server client cli scaleout; do ln -sfn "$_sf_root/$_sf_p" "/tmp/sp/segfuse/$_sf_p"; done
+for _sf_p in compiler server client cli scaleout torch_ext; do ln -sfn "$_sf_root/$_sf_p" "/tmp/sp/segfuse/${_sf_p%_ext}"; done
 export PYTHONPATH="$_sf_root/.site:/tmp/sp${PYTHONPATH:+:$PYTHONPATH}"
 export PATH="$_sf_root/.tools/bin:$_sf_root/.site/bin:$PATH"
 command -v wrk >/dev/null && wrk -v 2>&1 | head -1

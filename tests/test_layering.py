@@ -45,7 +45,9 @@ LAYERS: list[tuple[str, list[str]]] = [
     # the package facade re-exports the builder, so it sits above it
     ("api", ["segfuse.compiler"]),
     # the service layer: the server and the client (see CLIENT_MAY_IMPORT)
-    ("service", ["segfuse.server", "segfuse.server.*", "segfuse.client", "segfuse.client.*"]),
+    # and segfuse.torch (fusions as torch ops: the engine and the CUDA backend, from PyTorch programs)
+    ("service", ["segfuse.server", "segfuse.server.*", "segfuse.client", "segfuse.client.*",
+                 "segfuse.torch", "segfuse.torch.*"]),
     # shards of the server behind Ray Serve (issue 18): may use the server and the client, not the reverse
     ("scaleout", ["segfuse.scaleout", "segfuse.scaleout.*"]),
     ("cli", ["segfuse.cli", "segfuse.cli.*"]),

@@ -26,6 +26,7 @@ COMPILER_ALL = [
 CLIENT_ALL = ["AsyncClient", "Buffer", "Client", "FusionRef", "Region", "RunResult", "SegfuseError", "SystemRegion"]
 SERVER_ALL = ["__version__", "create_app"]
 SCALEOUT_ALL = ["DEFAULT_NAMESPACE", "NAMESPACE_HEADER", "NamespaceError", "parse_namespace", "shard_for"]
+TORCH_ALL = ["TorchFusion", "check", "fusion"]
 
 # "module:name" (name empty for a module imported whole), as found in the files today.
 PINNED_PATHS = sorted("""
@@ -42,13 +43,14 @@ segfuse.compiler.ir:Fusion segfuse.compiler.ops:REGISTRY segfuse.compiler.ops.re
 segfuse.compiler.ops.registry:TensorType segfuse.compiler.plan:Segment segfuse.compiler.plan:SegmentKind
 segfuse.compiler.schema:json_schema
 segfuse.scaleout:shard_for
+segfuse.torch: segfuse.torch:check segfuse.torch:fusion segfuse.compiler.errors:DeferredRunError
 segfuse.server:create_app segfuse.server.backend:resolve segfuse.server.logs:JsonFormatter segfuse.server.runtime:
 segfuse.server.runtime:RunExecutor segfuse.server.settings:Settings segfuse.server.settings:parse_size
 """.split())
 
 FROM = re.compile(r"\bfrom\s+(segfuse(?:\.\w+)*)\s+import\s+(\([^)]*\)|[\w ,]+)")
 IMPORT = re.compile(r"(?<![\w.])import\s+(segfuse(?:\.\w+)+)(?:\s+as\s+(\w+))?")
-REFERENCE = re.compile(r"`(segfuse\.(?:compiler|server|client|scaleout|cli)(?:\.\w+)*)")
+REFERENCE = re.compile(r"`(segfuse\.(?:compiler|server|client|scaleout|cli|torch)(?:\.\w+)*)")
 
 
 def scanned_files() -> list[Path]:
@@ -115,7 +117,8 @@ def resolves(path: str) -> str | None:
 
 
 @pytest.mark.parametrize("package, expected", [("segfuse.compiler", COMPILER_ALL), ("segfuse.client", CLIENT_ALL),
-                                               ("segfuse.server", SERVER_ALL), ("segfuse.scaleout", SCALEOUT_ALL)])
+                                               ("segfuse.server", SERVER_ALL), ("segfuse.scaleout", SCALEOUT_ALL),
+                                               ("segfuse.torch", TORCH_ALL)])
 def test_all_is_pinned(package, expected):
     mod = importlib.import_module(package)
     assert sorted(mod.__all__) == sorted(expected), (

@@ -1,4 +1,4 @@
-"""The docs cannot rot: every ```bash and ```python block of README.md and docs/operations.md runs
+"""The docs cannot rot: every ```bash and ```python block of README.md, docs/operations.md and docs/torch.md runs
 here against a live server (NumPy backend), except blocks preceded by `<!-- no-ci -->`; every
 example in examples/ runs too, in-process and through the service.
 
@@ -25,7 +25,7 @@ from segfuse.compiler import Engine, load_fusion
 from test_client import ROOT, server_process
 
 NO_CI = "<!-- no-ci -->"
-DOCS = [ROOT / "README.md", ROOT / "docs" / "operations.md"]
+DOCS = [ROOT / "README.md", ROOT / "docs" / "operations.md", ROOT / "docs" / "torch.md"]
 EXAMPLES = ROOT / "examples"
 
 

@@ -1,0 +1,181 @@
+"""`TorchFusion`: one fusion as a `torch.library` custom op and a callable on torch tensors.
+
+The op is `torch.ops.segfuse.f_<fusion id>` (the id is the graph's content hash), one per distinct
+graph. Its schema takes the graph's inputs in order, marks the ones an output is `alias_of` as
+mutated, and returns the other outputs. Its implementation runs CPU tensors on the NumPy backend
+and CUDA tensors on the CUDA path (torch_ext/cuda_path.py); its fake implementation gives shapes
+and dtypes from the compiler's shape rules (torch_ext/fake.py), so `torch.compile(fullgraph=True)`
+traces through it.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from segfuse.compiler.engine import Engine
+
+from .convert import from_numpy, to_numpy
+from .fake import output_specs
+
+_LOCK = threading.Lock()
+_BY_ID: dict = {}  # fusion id -> TorchFusion (an op is registered once per process)
+
+
+def _schema(fusion) -> tuple[str, list[str]]:
+    """(schema, mutated argument names): arguments x0.. are the graph's inputs in order."""
+    mutated = {o.alias_of for o in fusion.outputs if o.alias_of is not None}
+    args, names = [], []
+    for i, name in enumerate(fusion.input_names):
+        if name in mutated:
+            args.append(f"Tensor(a{i}!) x{i}")
+            names.append(f"x{i}")
+        else:
+            args.append(f"Tensor x{i}")
+    n = sum(o.alias_of is None for o in fusion.outputs)
+    ret = "Tensor" if n == 1 else "(" + ", ".join(["Tensor"] * n) + ")"
+    return f"({', '.join(args)}) -> {ret}", names
+
+
+class TorchFusion:
+    """A fusion callable on torch tensors (see `segfuse.torch.fusion`)."""
+
+    def __init__(self, fusion):
+        self.fusion = fusion
+        self.input_names = list(fusion.input_names)
+        self.output_names = [o.name for o in fusion.outputs]
+        self._alias = {o.name: self.input_names.index(o.alias_of) for o in fusion.outputs if o.alias_of is not None}
+        self._returned = [o.name for o in fusion.outputs if o.alias_of is None]
+        self._engine = Engine("numpy")
+        self._cuda = None
+        schema, mutated = _schema(fusion)
+        self.qualname = f"segfuse::f_{fusion.id}"
+        op = torch.library.custom_op(self.qualname, self._impl, mutates_args=tuple(mutated), schema=schema)
+        op.register_fake(self._fake)
+        self.op = getattr(torch.ops.segfuse, f"f_{fusion.id}").default
+
+    def __repr__(self) -> str:
+        return f"segfuse.torch.fusion({self.fusion.name!r}: {', '.join(self.input_names)} -> {', '.join(self.output_names)})"
+
+    # ---- the op's implementations ---------------------------------------------------------
+    def _impl(self, *tensors):
+        kinds = {t.device.type for t in tensors}
+        if len(kinds) > 1 or (kinds and kinds != {"cpu"} and kinds != {"cuda"}) or \
+                len({t.device for t in tensors}) > 1:
+            where = ", ".join(f"{n}: {t.device}" for n, t in zip(self.input_names, tensors))
+            raise ValueError(f"segfuse.torch: '{self.fusion.name}' needs its inputs on one device, CPU or CUDA ({where})")
+        if kinds == {"cuda"}:
+            outs = self._cuda_runner().run(list(tensors))
+        else:
+            outs = self._run_cpu(tensors)
+        return _ret(outs)
+
+    def _run_cpu(self, tensors) -> list:
+        res = self._engine.run(self.fusion, {n: to_numpy(t) for n, t in zip(self.input_names, tensors)}).outputs
+        return [from_numpy(res[n]) for n in self._returned]  # (alias_of inputs were written in place)
+
+    def _fake(self, *tensors):
+        specs = dict(zip(self.output_names, output_specs(self.fusion, tensors)))
+        like = tensors[0]
+        return _ret([like.new_empty(specs[n][0], dtype=specs[n][1]) for n in self._returned])
+
+    def _cuda_runner(self):
+        if self._cuda is None:
+            from .cuda_path import CudaRunner  # CuPy only when CUDA tensors come
+
+            with _LOCK:
+                if self._cuda is None:
+                    self._cuda = CudaRunner(self)
+        return self._cuda
+
+    # ---- the callable ----------------------------------------------------------------------
+    def _inputs(self, args, kwargs) -> list:
+        if len(args) > len(self.input_names):
+            raise TypeError(f"'{self.fusion.name}' takes {len(self.input_names)} inputs "
+                            f"({', '.join(self.input_names)}), {len(args)} were given")
+        got = dict(zip(self.input_names, args))
+        for k, v in kwargs.items():
+            if k not in self.input_names:
+                raise TypeError(f"inputs.{k}: unknown input (the graph's inputs are: {', '.join(self.input_names)})")
+            if k in got:
+                raise TypeError(f"inputs.{k}: given twice")
+            got[k] = v
+        missing = [n for n in self.input_names if n not in got]
+        if missing:
+            raise TypeError(f"inputs.{missing[0]}: missing input (the graph declares it)")
+        for n in self.input_names:
+            if not isinstance(got[n], torch.Tensor):
+                raise TypeError(f"inputs.{n}: expected a torch.Tensor, got {type(got[n]).__name__}")
+        return [got[n] for n in self.input_names]
+
+    def __call__(self, *args, out=None, **kwargs):
+        """Run on tensors given in the graph's input order or by name. Returns the outputs in the
+        graph's order (one output: the tensor itself); an `alias_of` output is its input, updated
+        in place. `out`: tensors to write the results into (a tensor, a sequence in output order
+        with None for fresh ones, or a dict by output name); those are returned instead."""
+        tensors = self._inputs(args, kwargs)
+        res = self.op(*tensors)
+        fresh = list(res) if isinstance(res, (tuple, list)) else [] if res is None else [res]
+        by_name = dict(zip(self._returned, fresh))
+        outs = [tensors[self._alias[n]] if n in self._alias else by_name[n] for n in self.output_names]
+        if out is not None:
+            outs = self._write_out(outs, out)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _write_out(self, outs: list, out) -> list:
+        if isinstance(out, torch.Tensor):
+            out = [out]
+        if isinstance(out, dict):
+            unknown = sorted(set(out) - set(self.output_names))
+            if unknown:
+                raise TypeError(f"out.{unknown[0]}: unknown output (the graph's outputs are: {', '.join(self.output_names)})")
+            out = [out.get(n) for n in self.output_names]
+        out = list(out)
+        if len(out) != len(self.output_names):
+            raise TypeError(f"out: {len(out)} tensors for {len(self.output_names)} outputs")
+        for k, (n, dst) in enumerate(zip(self.output_names, out)):
+            if dst is None or n in self._alias:
+                continue
+            if tuple(dst.shape) != tuple(outs[k].shape) or dst.dtype != outs[k].dtype:
+                raise TypeError(f"out.{n}: expected {outs[k].dtype}{list(outs[k].shape)}, "
+                                f"got {dst.dtype}{list(dst.shape)}")
+            dst.copy_(outs[k])
+            outs[k] = dst
+        return outs
+
+    def warmup(self, *args, **kwargs) -> None:
+        """Prepare the CUDA path for inputs like these (same shapes, strides and dtypes) without
+        changing them: compiles and loads the kernels, makes the routines they use, and runs the
+        op once on copies of the inputs it updates in place, so that a later call can be captured
+        in a CUDA graph. Failures of that run (the inputs' contents may be anything) are dropped;
+        failures of earlier calls are raised. A no-op for CPU tensors."""
+        tensors = self._inputs(args, kwargs)
+        if not tensors or tensors[0].device.type != "cuda":
+            return
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("segfuse.torch: warmup runs the op, so it cannot be called inside a CUDA graph capture")
+        from .cuda_path import cuda
+
+        c = cuda()
+        c.report()
+        alias = set(self._alias.values())
+        copies = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
+                  if i in alias else t for i, t in enumerate(tensors)]
+        self.op(*copies)
+        torch.cuda.synchronize()
+        c.errors.failures()  # (dropped: see above; blocks of other ops hold none after report())
+
+
+def _ret(outs: list):
+    if not outs:
+        return None  # (a schema returning `()`)
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def register(fusion) -> TorchFusion:
+    """The process's TorchFusion of `fusion` (made, and its op registered, at the first call)."""
+    with _LOCK:
+        hit = _BY_ID.get(fusion.id)
+        if hit is None:
+            hit = _BY_ID[fusion.id] = TorchFusion(fusion)
+        return hit
