@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import json
+import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,8 +20,8 @@ import pydantic
 from . import ops as _ops
 from .dtypes import DType
 from .errors import BindError, GraphError, Issue, OpError
-from .ops.registry import REGISTRY, Attrs, InferCtx, OpDef, OpKind, Scalar, TensorType
-from .schema import GraphSpec, OutputSpec
+from .ops.registry import REGISTRY, TORCH_DTYPE_NAMES, Attrs, InferCtx, OpDef, OpKind, Scalar, TensorType
+from .schema import GraphSpec, InputSpec, OpSpec, OutputSpec
 from .shapes import dims_equal, fmt_shape, is_identifier
 
 
@@ -110,7 +111,7 @@ class Fusion:
         try:
             spec = GraphSpec.model_validate(data)
         except pydantic.ValidationError as e:
-            raise GraphError(pydantic_issues(e)) from None
+            raise GraphError(pydantic_issues(e, fields=_spec_fields)) from None
         return cls.from_spec(spec, limits)
 
     @classmethod
@@ -190,16 +191,41 @@ def content_id(spec: GraphSpec) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-def pydantic_issues(e: pydantic.ValidationError, prefix: tuple = ()) -> list[Issue]:
+def did_you_mean(word, candidates, synonyms: dict | None = None) -> str:
+    """"; did you mean 'x'?" for the candidates close to `word` (difflib), or for what `synonyms`
+    says it means (PyTorch's "sum" for segfuse's "add"); "" when none is close."""
+    if not isinstance(word, str):
+        return ""
+    cands = list(dict.fromkeys(candidates))
+    meant = (synonyms or {}).get(word.lower())
+    close = [meant] if meant in cands else difflib.get_close_matches(word, cands, n=3)
+    close.sort(key=lambda c: not c.startswith(word[:1]))  # 'ad': 'add' before 'pad'
+    return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+
+
+def _value_hint(err: dict, synonyms: dict) -> str:
+    """A "did you mean" for a value outside an attribute's allowed set (a Literal or an enum)."""
+    if err["type"] not in ("literal_error", "enum") or not err["loc"]:
+        return ""
+    allowed = re.findall(r"'([^']*)'", str((err.get("ctx") or {}).get("expected", "")))
+    return did_you_mean(err.get("input"), allowed, synonyms.get(err["loc"][-1]))
+
+
+def pydantic_issues(e: pydantic.ValidationError, prefix: tuple = (), fields=None,
+                    synonyms: dict | None = None) -> list[Issue]:
+    """Issues of a pydantic error, one per place. `fields(loc)`: the field names allowed where an
+    unknown field is (for a "did you mean"); `synonyms`: per field, other names of its values."""
     out = []
     for err in e.errors():
         loc = prefix + tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in (
             "str", "int", "float", "bool", "list[str]", "constrained-str", "OutputSpec")) ))
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
-            msg = "unknown field"
+            msg = "unknown field" + (did_you_mean(loc[-1], fields(loc)) if fields and loc else "")
         elif err["type"] == "missing":
             msg = "field required"
+        else:
+            msg += _value_hint(err, synonyms or {"dtype": TORCH_DTYPE_NAMES})
         out.append(Issue(loc, msg))
     # one issue per place: the branches of a union (int | list[int], name | number) are merged
     merged: dict[tuple, list[str]] = {}
@@ -302,10 +328,7 @@ class _Validator:
         loc = ("ops", i)
         op = REGISTRY.get(o.op)
         if op is None:
-            close = difflib.get_close_matches(o.op, REGISTRY.keys(), n=3)
-            close.sort(key=lambda c: not c.startswith(o.op[:1]))  # 'ad': 'add' before 'pad'
-            hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-            self.err(loc + ("op",), f"unknown op '{o.op}'{hint}")
+            self.err(loc + ("op",), f"unknown op '{o.op}'{did_you_mean(o.op, REGISTRY.keys())}")
             return None
         try:
             text = json.dumps(o.attrs(), allow_nan=True)
@@ -316,11 +339,14 @@ class _Validator:
             # strict, as JSON: "1" is not a dim, 1 is not a bool, true is not an int
             attrs = op.attrs.model_validate_json(text, strict=True)
         except pydantic.ValidationError as e:
-            for iss in pydantic_issues(e, loc):
+            names = list(op.attrs.model_fields)
+            for iss in pydantic_issues(e, loc, fields=lambda _: names + list(OpSpec.model_fields),
+                                       synonyms=op.attrs.synonyms):
                 msg = iss.msg
-                if msg == "unknown field":
-                    allowed = ", ".join(op.attrs.model_fields) or "none"
-                    msg = f"unknown attribute for op '{op.name}' (its attributes: {allowed})"
+                if msg.startswith("unknown field"):
+                    allowed = ", ".join(names) or "none"
+                    msg = (f"unknown attribute for op '{op.name}' (its attributes: {allowed})"
+                           + msg.removeprefix("unknown field"))
                 self.issues.append(Issue(iss.loc, msg))
             return None
         lo, hi = op.arity()
@@ -432,6 +458,13 @@ class _Validator:
                 self.err(("outputs", seen[o.name]), f"input '{o.name}' is returned and also updated in place by "
                                                     f"outputs[{aliased[o.name]}]: a cycle through aliases")
         return outs
+
+
+def _spec_fields(loc: tuple) -> list[str]:
+    """The fields allowed where a graph has an unknown field (loc: where that field is)."""
+    where = tuple(p for p in loc[:-1] if isinstance(p, str))
+    model = {(): GraphSpec, ("inputs",): InputSpec, ("outputs",): OutputSpec, ("ops",): OpSpec}.get(where)
+    return list(model.model_fields) if model else []
 
 
 def _fmt(loc) -> str:

@@ -164,6 +164,8 @@ register(OpDef("index_select", OpKind.gather, ("x", "index"), _isel_infer, _isel
 
 # ---- scatter family ---------------------------------------------------------------------
 Reduce = Literal["none", "add", "mul", "amax", "amin"]
+# PyTorch's reduce names (scatter_reduce, index_reduce, scatter_) for segfuse's
+TORCH_REDUCE_NAMES = {"sum": "add", "prod": "mul", "multiply": "mul", "max": "amax", "min": "amin"}
 _UFUNC = {"add": np.add, "mul": np.multiply, "amax": np.fmax, "amin": np.fmin}
 
 
@@ -184,6 +186,8 @@ class ScatterAttrs(Attrs):
     dim: int
     reduce: Reduce = "none"
     include_self: bool = True
+
+    synonyms = {**Attrs.synonyms, "reduce": TORCH_REDUCE_NAMES}
 
 
 def _src_dtype_check(self_t: TensorType, src, i: int, op: str):

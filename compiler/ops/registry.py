@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, ClassVar
 
 import ml_dtypes
 import numpy as np
@@ -95,10 +95,18 @@ class Guard(str, Enum):
 LAZY_KINDS = (OpKind.pointwise, OpKind.creation, OpKind.view, OpKind.movement, OpKind.gather)
 
 
+# PyTorch's names of dtypes (torch.float, torch.long, ...), for "did you mean" hints.
+TORCH_DTYPE_NAMES = {"float": "float32", "half": "float16", "double": "float64", "long": "int64", "int": "int32",
+                     "short": "int16", "bfloat": "bfloat16", "char": "int8", "byte": "uint8"}
+
+
 class Attrs(BaseModel):
     """Base of every op's attribute model: unknown attributes are errors."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    # Per attribute, other names of its values that users try (PyTorch's): a validation error for
+    # a value that is not allowed says which value is meant ("sum" -> did you mean "add"?).
+    synonyms: ClassVar[dict[str, dict[str, str]]] = {"dtype": TORCH_DTYPE_NAMES}
 
 
 class NoAttrs(Attrs):
