@@ -193,6 +193,8 @@ def _gather(ctx, node, out_t):
     xt = ctx.types[x]
     if xt.rank == 0:
         raise Unsupported("gather on a 0-d tensor")
+    if ctx.types[idx].rank != xt.rank:  # an empty index of another rank: nothing is read
+        return f"return {ct.literal(0, ct.value(out_t.dtype))};"
     d = node.attrs.dim % xt.rank
     body = f"long long ix = (long long)({ctx.call(idx, coords(out_t.rank))}); {_check(ctx, node, 'ix', xt.shape[d], d)} "
     cs = coords(xt.rank)

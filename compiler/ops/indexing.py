@@ -40,6 +40,22 @@ def _index_tensor(operands, i, name="index") -> TensorType:
     return t
 
 
+def _empty(t: TensorType) -> bool | None:
+    """Whether a tensor has no elements: None while a symbolic size leaves it open (inference runs
+    again with the bound sizes)."""
+    if any(d == 0 for d in t.shape):
+        return True
+    return False if all(isinstance(d, int) for d in t.shape) else None
+
+
+def _no_shape_checks(idx: TensorType, x: TensorType, src=None) -> bool:
+    """PyTorch checks no shapes of gather and scatter operands when the index is empty (any rank,
+    any sizes); with a symbolic index size, ranks that differ wait for the bound sizes."""
+    e = _empty(idx)
+    ranks_differ = idx.rank != x.rank or (isinstance(src, TensorType) and src.rank != x.rank)
+    return e is True or (e is None and ranks_differ)
+
+
 def _le(a, b) -> bool | None:
     """a <= b for dims; None when unknown until bound."""
     if isinstance(a, int) and isinstance(b, int):
@@ -76,9 +92,11 @@ def _gather_infer(ctx, operands, attrs):
     x = tensor(operands, 0, "self")
     idx = _index_tensor(operands, 1)
     d = norm_dim(attrs.dim, x.rank)
+    if _no_shape_checks(idx, x):
+        return [TensorType(x.dtype, idx.shape)]
     if idx.rank != x.rank:
-        raise OpError(f"index has rank {idx.rank} but self has rank {x.rank}; gather needs equal ranks",
-                      ("inputs", 1))
+        raise OpError(f"index has rank {idx.rank} but self has rank {x.rank}; gather needs equal ranks "
+                      "(or an empty index)", ("inputs", 1))
     for k in range(x.rank):
         if k != d and _le(idx.shape[k], x.shape[k]) is False:
             raise OpError(f"index size {idx.shape[k]} at dim {k} exceeds self's size {x.shape[k]}", ("inputs", 1))
@@ -87,13 +105,13 @@ def _gather_infer(ctx, operands, attrs):
 
 def _gather_ref(args, attrs, out_types):
     x, idx = np.asarray(args[0]), np.asarray(args[1])
+    if idx.size == 0:
+        return [np.empty(idx.shape, x.dtype)]
     if x.ndim == 0:
         check_bounds("gather", idx, 1, 0)
         return [x.copy().reshape(idx.shape)]
     d = attrs.dim % x.ndim
     i = check_bounds("gather", idx, x.shape[d], d)
-    if idx.size == 0:
-        return [np.empty(idx.shape, x.dtype)]
     return [x[_coords(idx, d, i)]]
 
 
@@ -200,10 +218,14 @@ def _scatter_infer(ctx, operands, attrs):
     idx = _index_tensor(operands, 1)
     src = operands[2]
     d = norm_dim(attrs.dim, x.rank)
-    if idx.rank != x.rank:
-        raise OpError(f"index has rank {idx.rank} but self has rank {x.rank}; scatter needs equal ranks",
-                      ("inputs", 1))
     _src_dtype_check(x, src, 2, "scatter")
+    if isinstance(src, Scalar):  # converted to self's dtype, as torch.scatter's value
+        check_scalar(src.value, x.dtype, ("inputs", 2))
+    if _no_shape_checks(idx, x, src):
+        return [TensorType(x.dtype, x.shape)]  # self unchanged
+    if idx.rank != x.rank:
+        raise OpError(f"index has rank {idx.rank} but self has rank {x.rank}; scatter needs equal ranks "
+                      "(or an empty index)", ("inputs", 1))
     if isinstance(src, TensorType) and src.rank != x.rank:
         raise OpError(f"src has rank {src.rank} but self has rank {x.rank}", ("inputs", 2))
     for k in range(x.rank):
@@ -211,8 +233,6 @@ def _scatter_infer(ctx, operands, attrs):
             raise OpError(f"index size {idx.shape[k]} at dim {k} exceeds self's size {x.shape[k]}", ("inputs", 1))
         if isinstance(src, TensorType) and _le(idx.shape[k], src.shape[k]) is False:
             raise OpError(f"index size {idx.shape[k]} at dim {k} exceeds src's size {src.shape[k]}", ("inputs", 1))
-    if isinstance(src, Scalar):  # converted to self's dtype, as torch.scatter's value
-        check_scalar(src.value, x.dtype, ("inputs", 2))
     return [TensorType(x.dtype, x.shape)]
 
 
