@@ -11,7 +11,6 @@ import pytest
 import torch
 from segfuse.compiler import BindError, Fusion, GraphError, run_graph
 from segfuse.compiler.engine import Engine
-
 from torch_oracle import check_same, to_torch
 
 
