@@ -7,10 +7,8 @@ run-time input shapes and dtypes and infers concrete shapes (cached per set of s
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
-import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,9 +18,19 @@ import pydantic
 from . import ops as _ops
 from .dtypes import DType
 from .errors import BindError, GraphError, Issue, OpError
-from .ops.registry import REGISTRY, TORCH_DTYPE_NAMES, Attrs, InferCtx, OpDef, OpKind, Scalar, TensorType
-from .schema import GraphSpec, InputSpec, OpSpec, OutputSpec
+from .ops.registry import (
+    REGISTRY,
+    Attrs,
+    Expansion,
+    InferCtx,
+    OpDef,
+    OpKind,
+    Scalar,
+    TensorType,
+)
+from .schema import GraphSpec, OpSpec, OutputSpec
 from .shapes import dims_equal, fmt_shape, is_identifier
+from .spec_errors import did_you_mean, pydantic_issues, spec_fields
 
 
 @dataclass(frozen=True)
@@ -111,7 +119,7 @@ class Fusion:
         try:
             spec = GraphSpec.model_validate(data)
         except pydantic.ValidationError as e:
-            raise GraphError(pydantic_issues(e, fields=_spec_fields)) from None
+            raise GraphError(pydantic_issues(e, fields=spec_fields)) from None
         return cls.from_spec(spec, limits)
 
     @classmethod
@@ -191,58 +199,6 @@ def content_id(spec: GraphSpec) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-def did_you_mean(word, candidates, synonyms: dict | None = None) -> str:
-    """"; did you mean 'x'?" for the candidates close to `word` (difflib), or for what `synonyms`
-    says it means (PyTorch's "sum" for segfuse's "add"); "" when none is close."""
-    if not isinstance(word, str):
-        return ""
-    cands = list(dict.fromkeys(candidates))
-    meant = (synonyms or {}).get(word.lower())
-    close = [meant] if meant in cands else difflib.get_close_matches(word, cands, n=3)
-    close.sort(key=lambda c: not c.startswith(word[:1]))  # 'ad': 'add' before 'pad'
-    return f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-
-
-def _value_hint(err: dict, synonyms: dict) -> str:
-    """A "did you mean" for a value outside an attribute's allowed set (a Literal or an enum)."""
-    if err["type"] not in ("literal_error", "enum") or not err["loc"]:
-        return ""
-    allowed = re.findall(r"'([^']*)'", str((err.get("ctx") or {}).get("expected", "")))
-    return did_you_mean(err.get("input"), allowed, synonyms.get(err["loc"][-1]))
-
-
-def pydantic_issues(e: pydantic.ValidationError, prefix: tuple = (), fields=None,
-                    synonyms: dict | None = None) -> list[Issue]:
-    """Issues of a pydantic error, one per place. `fields(loc)`: the field names allowed where an
-    unknown field is (for a "did you mean"); `synonyms`: per field, other names of its values."""
-    out = []
-    for err in e.errors():
-        loc = prefix + tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in (
-            "str", "int", "float", "bool", "list[str]", "constrained-str", "OutputSpec")) ))
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            msg = "unknown field" + (did_you_mean(loc[-1], fields(loc)) if fields and loc else "")
-        elif err["type"] == "missing":
-            msg = "field required"
-        else:
-            msg += _value_hint(err, synonyms or {"dtype": TORCH_DTYPE_NAMES})
-        out.append(Issue(loc, msg))
-    # one issue per place: the branches of a union (int | list[int], name | number) are merged
-    merged: dict[tuple, list[str]] = {}
-    for i in out:
-        msgs = merged.setdefault(i.loc, [])
-        if i.msg not in msgs:
-            msgs.append(i.msg)
-    uniq = []
-    for loc, msgs in merged.items():
-        if len(loc) == 4 and loc[0] == "ops" and loc[2] == "inputs" and isinstance(loc[3], int) and len(msgs) > 1:
-            msg = "an operand must be a tensor name or a number literal"
-        else:
-            msg = msgs[0] + "".join(", or " + m.removeprefix("Input should be ") for m in msgs[1:])
-        uniq.append(Issue(loc, msg))
-    return uniq
-
-
 class _Validator:
     def __init__(self, spec: GraphSpec, limits: Limits):
         self.spec, self.limits = spec, limits
@@ -307,9 +263,7 @@ class _Validator:
         ctx = InferCtx(frozenset(symbols))
         nodes = []
         for i, o in enumerate(spec.ops):
-            node = self.check_op(i, o, ctx)
-            if node is not None:
-                nodes.append(node)
+            nodes += self.check_op(i, o, ctx)
 
         outputs = self.check_outputs()
         if self.issues:
@@ -324,17 +278,18 @@ class _Validator:
                     f.uses.setdefault(x, []).append((pos, k))
         return f
 
-    def check_op(self, i: int, o, ctx: InferCtx) -> Node | None:
+    def check_op(self, i: int, o, ctx: InferCtx) -> list[Node]:
+        """The op's nodes (one, or a composite op's primitive nodes); [] when it is invalid."""
         loc = ("ops", i)
         op = REGISTRY.get(o.op)
         if op is None:
             self.err(loc + ("op",), f"unknown op '{o.op}'{did_you_mean(o.op, REGISTRY.keys())}")
-            return None
+            return []
         try:
             text = json.dumps(o.attrs(), allow_nan=True)
         except (TypeError, ValueError) as e:
             self.err(loc, f"attributes must be JSON values ({e})")
-            return None
+            return []
         try:
             # strict, as JSON: "1" is not a dim, 1 is not a bool, true is not an int
             attrs = op.attrs.model_validate_json(text, strict=True)
@@ -348,14 +303,14 @@ class _Validator:
                     msg = (f"unknown attribute for op '{op.name}' (its attributes: {allowed})"
                            + msg.removeprefix("unknown field"))
                 self.issues.append(Issue(iss.loc, msg))
-            return None
+            return []
         lo, hi = op.arity()
         n = len(o.inputs)
         if n < lo or (hi is not None and n > hi):
             want = f"{lo}" if hi == lo else (f"at least {lo}" if hi is None else f"{lo} to {hi}")
             noun = "input" if want.endswith(" 1") or want == "1" else "inputs"
             self.err(loc + ("inputs",), f"op '{op.name}' takes {want} {noun} ({', '.join(op.operands)}), got {n}")
-            return None
+            return []
         operands = []
         ok = True
         for k, x in enumerate(o.inputs):
@@ -394,20 +349,39 @@ class _Validator:
                 self.err(where, f"tensor '{name}' is already defined (at {_fmt(self.defined_at[name])})")
                 ok = False
         if not ok:
-            return None
+            return []
         try:
             types = op.infer(ctx, operands, attrs)
         except OpError as e:
             self.err(loc + e.where, e.msg)
-            return None
+            return []
         for name, t in zip(outs, types):
             if t.rank > self.limits.max_rank:
                 self.err(loc, f"result '{name}' has rank {t.rank}, over the limit of {self.limits.max_rank}")
-                return None
+                return []
+        lits = tuple(Scalar(x) if not isinstance(x, str) else x for x in o.inputs)
+        if op.decompose is not None:
+            e = Expansion(tuple(outs))
+            if op.decompose(e, lits, operands, attrs) is not False:
+                return self.expand(i, e, types, ctx)
+        for name, t in zip(outs, types):
             self.types[name] = t
             self.defined_at[name] = loc
-        lits = tuple(Scalar(x) if not isinstance(x, str) else x for x in o.inputs)
-        return Node(index=i, op=op, inputs=lits, attrs=attrs, outputs=tuple(outs))
+        return [Node(index=i, op=op, inputs=lits, attrs=attrs, outputs=tuple(outs))]
+
+    def expand(self, i: int, e: Expansion, types: list, ctx: InferCtx) -> list[Node]:
+        """A composite op's primitive nodes, validated as the graph's ops are, at the composite's
+        position (so run-time errors name it); they must make what the composite's rule says."""
+        before = len(self.issues)
+        nodes = [n for o in e.ops for n in self.check_op(i, OpSpec.model_construct(**o), ctx)]
+        if len(self.issues) == before:
+            for name, t in zip(e.outs, types):
+                got = self.types[name]
+                if got.dtype is not t.dtype or len(got.shape) != t.rank or any(
+                        dims_equal(a, b) is False for a, b in zip(got.shape, t.shape)):
+                    raise AssertionError(f"ops[{i}]: the expansion of {nodes[-1].op.name} makes {got}, "
+                                         f"its rule says {t}")
+        return nodes
 
     def check_outputs(self) -> list[Output]:
         outs = []
@@ -458,13 +432,6 @@ class _Validator:
                 self.err(("outputs", seen[o.name]), f"input '{o.name}' is returned and also updated in place by "
                                                     f"outputs[{aliased[o.name]}]: a cycle through aliases")
         return outs
-
-
-def _spec_fields(loc: tuple) -> list[str]:
-    """The fields allowed where a graph has an unknown field (loc: where that field is)."""
-    where = tuple(p for p in loc[:-1] if isinstance(p, str))
-    model = {(): GraphSpec, ("inputs",): InputSpec, ("outputs",): OutputSpec, ("ops",): OpSpec}.get(where)
-    return list(model.model_fields) if model else []
 
 
 def _fmt(loc) -> str:

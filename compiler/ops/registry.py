@@ -51,6 +51,7 @@ class Lowering(str, Enum):
     broadcast_in_dim = "broadcast_in_dim"  # size-1 dims read at 0, dims placed by broadcast_dims
     permute = "permute"
     slice = "slice"
+    select = "select"  # one index along a dim, which goes away
     pad = "pad"
     cat = "cat"
     gather = "gather"
@@ -191,6 +192,12 @@ class OpDef:
     library: str = ""  # what a library segment of the op runs on the GPU (plan hints.routine)
     library_sort: LibrarySort | None = None  # the library sort routine that runs it (sort ops)
     py_operator: tuple[str, ...] = ()  # builder Tensor operators: (method, reflected method)
+    # A composite op: decompose(expansion, inputs, operand types, attrs) writes the primitive ops it
+    # stands for into `expansion` (see Expansion), or returns False where these attributes need none
+    # (scatter with a reduce other than "mean"). The IR expands it when it validates the graph, so
+    # the plan, the backends and the codegen see only primitive nodes; `ref` states the op's
+    # semantics directly (the oracle its expansion is tested against).
+    decompose: Callable[..., bool | None] | None = None
 
     @property
     def keeps_row_major_order(self) -> bool:
@@ -201,6 +208,21 @@ class OpDef:
     def arity(self) -> tuple[int, int | None]:
         lo = len(self.operands) if self.min_operands is None else self.min_operands
         return lo, (None if self.variadic else len(self.operands))
+
+
+class Expansion:
+    """The primitive ops a composite op expands to, in order: `e("amax", x, dims=[1])` adds one and
+    returns its result's name; `out=k` makes it the composite's k-th output. Intermediate names
+    start with the composite's first output and contain '#', which no user name may."""
+
+    def __init__(self, outs: tuple[str, ...]):
+        self.outs, self.ops = tuple(outs), []
+
+    def __call__(self, op: str, *inputs, out: int | None = None, **attrs) -> str:
+        name = self.outs[out] if out is not None else f"{self.outs[0]}#{len(self.ops)}.{op}"
+        self.ops.append({"op": op, "out": name, "inputs": list(inputs),
+                         **{k: v for k, v in attrs.items() if v is not None}})
+        return name
 
 
 REGISTRY: dict[str, OpDef] = {}

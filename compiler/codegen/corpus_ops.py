@@ -1,0 +1,97 @@
+"""Corpus cases of the ops issue 15 added (select, the composite reductions softmax, log_softmax,
+logsumexp, var, std, var_mean, the scans cummax and cummin, scatter's reduce "mean" and index_reduce):
+every dtype they take, reduced and kept dims, symbolic sizes, empty dims, special values (rows of
+-inf, +inf, NaN; ties). Part of `corpus.all_cases` (the offline compile test, the kernel digests,
+the GPU tests against the NumPy backend)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..dtypes import DType
+from .corpus_util import _graph, rand
+
+FLOATS = (DType.float32, DType.float16, DType.bfloat16, DType.float64)
+
+
+def _outs(ops) -> list[str]:
+    return [n for o in ops for n in ([o["out"]] if isinstance(o["out"], str) else o["out"])]
+
+
+def select_cases():
+    out = []
+    for dt in (DType.float32, DType.int64, DType.bool, DType.float16):
+        ins = [{"name": "x", "dtype": dt.value, "shape": [4, 6, 5]}]
+        ops = [{"op": "select", "out": "s0", "inputs": ["x"], "dim": 0, "index": 2},
+               {"op": "select", "out": "s1", "inputs": ["x"], "dim": -1, "index": -1},
+               {"op": "select", "out": "s2", "inputs": ["s1"], "dim": 1, "index": 0},
+               {"op": "select", "out": "s3", "inputs": ["s2"], "dim": 0, "index": 3},  # 0-d
+               {"op": "sum", "out": "r", "inputs": ["s0"], "dims": 1},
+               {"op": "cast", "out": "c", "inputs": ["s1"], "dtype": "float32"}]
+        out.append((f"select_{dt.value}", _graph(f"select_{dt.value}", ins, ops, _outs(ops)),
+                    lambda rng, dt=dt: {"x": rand(rng, (4, 6, 5), dt)}))
+    return out
+
+
+def _composite_ops(long_row: str):
+    return [{"op": "softmax", "out": "p1", "inputs": ["x"], "dim": 1},
+            {"op": "softmax", "out": "p0", "inputs": ["x"], "dim": 0},
+            {"op": "log_softmax", "out": "lp", "inputs": ["x"], "dim": -1},
+            {"op": "softmax", "out": "pl", "inputs": [long_row], "dim": 1},
+            {"op": "logsumexp", "out": "l1", "inputs": ["x"], "dims": [1]},
+            {"op": "logsumexp", "out": "l02", "inputs": ["y"], "dims": [0, 2], "keepdim": True},
+            {"op": "var", "out": "v1", "inputs": ["x"], "dims": 1},
+            {"op": "std", "out": "sa", "inputs": ["x"]},
+            {"op": "var_mean", "out": ["v02", "m02"], "inputs": ["y"], "dims": [0, 2], "correction": 0,
+             "keepdim": True},
+            {"op": "std", "out": "sl", "inputs": [long_row], "dims": [1], "correction": 2}]
+
+
+def composite_cases():
+    out = []
+    for dt in FLOATS:
+        ins = [{"name": "x", "dtype": dt.value, "shape": [4, 37]}, {"name": "y", "dtype": dt.value, "shape": [2, 3, 5]},
+               {"name": "w", "dtype": dt.value, "shape": [3, 1500]}]
+        ops = _composite_ops("w")
+        out.append((f"comp_{dt.value}", _graph(f"comp_{dt.value}", ins, ops, _outs(ops)),
+                    lambda rng, dt=dt: {"x": rand(rng, (4, 37), dt), "y": rand(rng, (2, 3, 5), dt),
+                                        "w": rand(rng, (3, 1500), dt)}))
+    # integers: softmax with dtype=, logsumexp in float32; symbolic sizes (N counted at run time)
+    ins = [{"name": "i", "dtype": "int64", "shape": [4, 37]}, {"name": "b", "dtype": "bool", "shape": [3, 8]},
+           {"name": "z", "dtype": "float32", "shape": ["R", "N"]}]
+    ops = [{"op": "softmax", "out": "pi", "inputs": ["i"], "dim": 1, "dtype": "float32"},
+           {"op": "log_softmax", "out": "lpi", "inputs": ["i"], "dim": 0, "dtype": "float16"},
+           {"op": "logsumexp", "out": "li", "inputs": ["i"], "dims": 1},
+           {"op": "logsumexp", "out": "lb", "inputs": ["b"], "dims": [0, 1]},
+           {"op": "softmax", "out": "pz", "inputs": ["z"], "dim": 1},
+           {"op": "logsumexp", "out": "lz", "inputs": ["z"], "dims": [0]},
+           {"op": "var_mean", "out": ["vz", "mz"], "inputs": ["z"], "dims": 1},
+           {"op": "std", "out": "sz", "inputs": ["z"], "correction": 3}]
+    out.append(("comp_int_symbolic", _graph("comp_int_symbolic", ins, ops, _outs(ops)),
+                lambda rng: {"i": rand(rng, (4, 37), DType.int64), "b": rand(rng, (3, 8), DType.bool),
+                             "z": rand(rng, (5, 40), DType.float32)}))
+    # special values: a row of -inf, a row with +inf, a row with NaN, a row of one repeated value;
+    # and empty dims (softmax of an empty row is empty, logsumexp -inf, var NaN)
+    ins = [{"name": "x", "dtype": "float32", "shape": [5, 6]}, {"name": "e", "dtype": "float32", "shape": [3, 0]}]
+    ops = [{"op": "softmax", "out": "p", "inputs": ["x"], "dim": 1},
+           {"op": "log_softmax", "out": "lp", "inputs": ["x"], "dim": 1},
+           {"op": "logsumexp", "out": "l", "inputs": ["x"], "dims": 1},
+           {"op": "var", "out": "v", "inputs": ["x"], "dims": [1]},
+           {"op": "softmax", "out": "pe", "inputs": ["e"], "dim": 1},
+           {"op": "logsumexp", "out": "le", "inputs": ["e"], "dims": [1]},
+           {"op": "var_mean", "out": ["ve", "me"], "inputs": ["e"], "dims": 1}]
+    out.append(("comp_special", _graph("comp_special", ins, ops, _outs(ops)), _special_inputs))
+    return out
+
+
+def _special_inputs(rng):
+    x = rand(rng, (5, 6), DType.float32)
+    x[0] = -np.inf
+    x[1, 2] = np.inf
+    x[2, 4] = np.nan
+    x[3] = 1.5
+    return {"x": x, "e": np.zeros((3, 0), np.float32)}
+
+
+def all_op_cases():
+    return select_cases() + composite_cases()
