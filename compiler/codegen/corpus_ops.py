@@ -93,5 +93,43 @@ def _special_inputs(rng):
     return {"x": x, "e": np.zeros((3, 0), np.float32)}
 
 
+def cum_extreme_cases():
+    """cummax/cummin over every dtype (small integers: many ties), rows longer than one block's
+    1024 threads (the carry between chunks), a 0-d input, special floats, and indices that feed a
+    gather and a scatter in the same graph."""
+    out = []
+    for dt in DType:
+        ins = [{"name": "x", "dtype": dt.value, "shape": [3, 200]}, {"name": "w", "dtype": dt.value, "shape": [2, 2500]},
+               {"name": "z", "dtype": dt.value, "shape": []}]
+        ops = [{"op": "cummax", "out": ["mv", "mi"], "inputs": ["x"], "dim": 1},
+               {"op": "cummin", "out": ["nv", "ni"], "inputs": ["x"], "dim": 0},
+               {"op": "cummax", "out": ["wv", "wi"], "inputs": ["w"], "dim": -1},
+               {"op": "cummin", "out": ["zv", "zi"], "inputs": ["z"], "dim": 0},
+               {"op": "take_along_axis", "out": "g", "inputs": ["x", "mi"], "dim": 1}]
+        out.append((f"cumext_{dt.value}", _graph(f"cumext_{dt.value}", ins, ops, _outs(ops)),
+                    lambda rng, dt=dt: {"x": _ties(rng, (3, 200), dt), "w": _ties(rng, (2, 2500), dt),
+                                        "z": rand(rng, (), dt)}))
+    ins = [{"name": "x", "dtype": "float32", "shape": [4, 9]}, {"name": "d", "dtype": "float32", "shape": [4, 9]}]
+    ops = [{"op": "cummax", "out": ["mv", "mi"], "inputs": ["x"], "dim": 1},
+           {"op": "cummin", "out": ["nv", "ni"], "inputs": ["x"], "dim": 1},
+           {"op": "full_like", "out": "zero", "inputs": ["d"], "value": 0},
+           {"op": "scatter", "out": "hits", "inputs": ["zero", "mi", 1.0], "dim": 1, "reduce": "add"}]
+    out.append(("cumext_special", _graph("cumext_special", ins, ops, _outs(ops)), _cum_special_inputs))
+    return out
+
+
+def _ties(rng, shape, dt: DType):
+    """Values from a few integers (many equal values), in any dtype."""
+    return rand(rng, shape, dt) if dt is DType.bool else rng.integers(0 if dt is DType.uint8 else -3, 4, shape).astype(dt.np)
+
+
+def _cum_special_inputs(rng):
+    x = rand(rng, (4, 9), DType.float32, -2, 3).round()
+    x[0, 3], x[0, 6] = np.nan, np.nan
+    x[1, :4] = -np.inf
+    x[2, 5] = np.inf
+    return {"x": x, "d": np.zeros((4, 9), np.float32)}
+
+
 def all_op_cases():
-    return select_cases() + composite_cases()
+    return select_cases() + composite_cases() + cum_extreme_cases()

@@ -60,6 +60,8 @@ class Lowering(str, Enum):
     reduce = "reduce"  # every element of a row combined with the op's `combiner`
     argreduce = "argreduce"  # the position of a row's first extreme (`combiner` amax or amin)
     scan = "scan"  # inclusive prefix with the op's `combiner`
+    # the running extreme (`combiner` amax or amin) and its position: ties and NaN take the later one
+    argscan = "argscan"
     sort = "sort"  # (key, index) pairs ordered by `attrs.descending`; outputs keep the first positions
     scatter = "scatter"  # self[.., index[c], ..] (reduce)= src[c] along dim
     index_add = "index_add"  # self[.., index[c_dim], ..] += alpha * source[c]
