@@ -362,7 +362,7 @@ class _Validator:
         lits = tuple(Scalar(x) if not isinstance(x, str) else x for x in o.inputs)
         if op.decompose is not None:
             e = Expansion(tuple(outs))
-            if op.decompose(e, lits, operands, attrs) is not False:
+            if op.decompose(e, tuple(o.inputs), operands, attrs) is not False:
                 return self.expand(i, e, types, ctx)
         for name, t in zip(outs, types):
             self.types[name] = t

@@ -132,7 +132,7 @@ def test_no_module_outside_the_registry_keys_anything_by_op_name():
     for d in ("compiler", "server", "client", "cli"):
         for f in sorted((root / d).rglob("*.py")) if (root / d).is_dir() else []:
             rel = f.relative_to(root).as_posix()
-            if rel.startswith("compiler/ops/") or rel == "compiler/codegen/corpus.py":
+            if rel.startswith("compiler/ops/") or rel in ("compiler/codegen/corpus.py", "compiler/codegen/corpus_ops.py"):
                 continue
             tree = ast.parse(f.read_text())
             found += [f"{rel}:{n}" for n in _op_name_uses(tree) + _name_tables(tree)]

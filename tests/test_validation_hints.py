@@ -28,7 +28,7 @@ def test_scatter_reduce_names_get_the_segfuse_name(given, meant):
     ((loc, msg),) = _issues(_scatter(reduce=given))
     assert loc == ("ops", 0, "reduce")
     assert msg.endswith(f"; did you mean '{meant}'?"), msg
-    assert "'none', 'add', 'mul', 'amax' or 'amin'" in msg
+    assert "'none', 'add', 'mul', 'amax', 'amin' or 'mean'" in msg
 
 
 def test_nothing_close_no_hint():

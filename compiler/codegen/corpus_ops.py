@@ -131,5 +131,50 @@ def _cum_special_inputs(rng):
     return {"x": x, "d": np.zeros((4, 9), np.float32)}
 
 
+def scatter_mean_cases(n_src=64, m=10):
+    """scatter with reduce "mean" (duplicates, include_self both ways, a 2-D scatter of a number,
+    an empty index of another rank) and index_reduce with every reduce, along dims 0 and 1, int64
+    and int32 indices. (Names start with "sc": float sums accumulate in an unspecified order.)"""
+    out = []
+    for dt in DType:
+        if dt is DType.bool:
+            continue  # (PyTorch has no mean or index_reduce for bool)
+        ins = [{"name": "s", "dtype": dt.value, "shape": [m]}, {"name": "i", "dtype": "int64", "shape": [n_src]},
+               {"name": "v", "dtype": dt.value, "shape": [n_src]}, {"name": "t", "dtype": dt.value, "shape": [4, 9]},
+               {"name": "j", "dtype": "int32", "shape": [4, 5]}, {"name": "e", "dtype": "int64", "shape": [2, 0]}]
+        ops = [{"op": "scatter", "out": "mi", "inputs": ["s", "i", "v"], "dim": 0, "reduce": "mean"},
+               {"op": "scatter", "out": "mx", "inputs": ["s", "i", "v"], "dim": 0, "reduce": "mean", "include_self": False},
+               {"op": "scatter", "out": "m2", "inputs": ["t", "j", 3], "dim": 1, "reduce": "mean", "include_self": False},
+               {"op": "scatter", "out": "me", "inputs": ["s", "e", "v"], "dim": 0, "reduce": "mean"}]
+        out.append((f"sc_mean_{dt.value}", _graph(f"sc_mean_{dt.value}", ins, ops, _outs(ops)),
+                    lambda rng, dt=dt: {"s": rand(rng, (m,), dt, -2, 3), "i": rng.integers(0, m, n_src),
+                                        "v": rand(rng, (n_src,), dt, -9, 10), "t": rand(rng, (4, 9), dt),
+                                        "j": rng.integers(0, 9, (4, 5)).astype(np.int32),
+                                        "e": np.zeros((2, 0), np.int64)}))
+        ins = [{"name": "s", "dtype": dt.value, "shape": [6, 5]}, {"name": "i", "dtype": "int64", "shape": [8]},
+               {"name": "v", "dtype": dt.value, "shape": [8, 5]}, {"name": "q", "dtype": dt.value, "shape": [4, 6]},
+               {"name": "k", "dtype": "int32", "shape": [3]}, {"name": "w", "dtype": dt.value, "shape": [4, 3]}]
+        ops = []
+        for reduce in ("mul", "mean", "amax", "amin", "add"):
+            for inc in (True, False):
+                ops.append({"op": "index_reduce", "out": f"{reduce}{int(inc)}", "inputs": ["s", "i", "v"], "dim": 0,
+                            "reduce": reduce, "include_self": inc})
+            ops.append({"op": "index_reduce", "out": f"{reduce}_d1", "inputs": ["q", "k", "w"], "dim": -1,
+                        "reduce": reduce, "include_self": reduce != "amin"})
+        out.append((f"sc_index_reduce_{dt.value}", _graph(f"sc_index_reduce_{dt.value}", ins, ops, _outs(ops)),
+                    lambda rng, dt=dt: {"s": _unit(rng, (6, 5), dt), "i": rng.integers(0, 6, 8), "v": _unit(rng, (8, 5), dt),
+                                        "q": _unit(rng, (4, 6), dt), "k": rng.integers(0, 6, 3).astype(np.int32),
+                                        "w": _unit(rng, (4, 3), dt)}))
+    return out
+
+
+def _unit(rng, shape, dt: DType):
+    """Values whose products stay exact in every dtype: 1, -1, 2, -2 (and 0 for integers)."""
+    vals = np.array([1, -1, 2, -2] + ([0] if not dt.is_float else []))
+    if dt is DType.uint8:
+        vals = np.array([1, 2, 0, 3])
+    return vals[rng.integers(0, len(vals), shape)].astype(dt.np)
+
+
 def all_op_cases():
-    return select_cases() + composite_cases() + cum_extreme_cases()
+    return select_cases() + composite_cases() + cum_extreme_cases() + scatter_mean_cases()

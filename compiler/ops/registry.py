@@ -64,7 +64,7 @@ class Lowering(str, Enum):
     argscan = "argscan"
     sort = "sort"  # (key, index) pairs ordered by `attrs.descending`; outputs keep the first positions
     scatter = "scatter"  # self[.., index[c], ..] (reduce)= src[c] along dim
-    index_add = "index_add"  # self[.., index[c_dim], ..] += alpha * source[c]
+    index_add = "index_add"  # self[.., index[c_dim], ..] (reduce)= alpha * source[c] (index_add, index_reduce)
     index_put = "index_put"  # self[index[c..]] = values (or +=) on dim 0, negative indices wrap
 
 
@@ -194,7 +194,8 @@ class OpDef:
     library: str = ""  # what a library segment of the op runs on the GPU (plan hints.routine)
     library_sort: LibrarySort | None = None  # the library sort routine that runs it (sort ops)
     py_operator: tuple[str, ...] = ()  # builder Tensor operators: (method, reflected method)
-    # A composite op: decompose(expansion, inputs, operand types, attrs) writes the primitive ops it
+    # A composite op: decompose(expansion, inputs (tensor names and number literals, as in the graph),
+    # operand types, attrs) writes the primitive ops it
     # stands for into `expansion` (see Expansion), or returns False where these attributes need none
     # (scatter with a reduce other than "mean"). The IR expands it when it validates the graph, so
     # the plan, the backends and the codegen see only primitive nodes; `ref` states the op's
