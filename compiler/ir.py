@@ -7,7 +7,6 @@ run-time input shapes and dtypes and infers concrete shapes (cached per set of s
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 from collections import OrderedDict
@@ -19,9 +18,19 @@ import pydantic
 from . import ops as _ops
 from .dtypes import DType
 from .errors import BindError, GraphError, Issue, OpError
-from .ops.registry import REGISTRY, Attrs, InferCtx, OpDef, OpKind, Scalar, TensorType
-from .schema import GraphSpec, OutputSpec
+from .ops.registry import (
+    REGISTRY,
+    Attrs,
+    Expansion,
+    InferCtx,
+    OpDef,
+    OpKind,
+    Scalar,
+    TensorType,
+)
+from .schema import GraphSpec, OpSpec, OutputSpec
 from .shapes import dims_equal, fmt_shape, is_identifier
+from .spec_errors import did_you_mean, pydantic_issues, spec_fields
 
 
 @dataclass(frozen=True)
@@ -110,7 +119,7 @@ class Fusion:
         try:
             spec = GraphSpec.model_validate(data)
         except pydantic.ValidationError as e:
-            raise GraphError(pydantic_issues(e)) from None
+            raise GraphError(pydantic_issues(e, fields=spec_fields)) from None
         return cls.from_spec(spec, limits)
 
     @classmethod
@@ -190,33 +199,6 @@ def content_id(spec: GraphSpec) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
-def pydantic_issues(e: pydantic.ValidationError, prefix: tuple = ()) -> list[Issue]:
-    out = []
-    for err in e.errors():
-        loc = prefix + tuple(p for p in err["loc"] if not (isinstance(p, str) and ("[" in p or p in (
-            "str", "int", "float", "bool", "list[str]", "constrained-str", "OutputSpec")) ))
-        msg = err["msg"]
-        if err["type"] == "extra_forbidden":
-            msg = "unknown field"
-        elif err["type"] == "missing":
-            msg = "field required"
-        out.append(Issue(loc, msg))
-    # one issue per place: the branches of a union (int | list[int], name | number) are merged
-    merged: dict[tuple, list[str]] = {}
-    for i in out:
-        msgs = merged.setdefault(i.loc, [])
-        if i.msg not in msgs:
-            msgs.append(i.msg)
-    uniq = []
-    for loc, msgs in merged.items():
-        if len(loc) == 4 and loc[0] == "ops" and loc[2] == "inputs" and isinstance(loc[3], int) and len(msgs) > 1:
-            msg = "an operand must be a tensor name or a number literal"
-        else:
-            msg = msgs[0] + "".join(", or " + m.removeprefix("Input should be ") for m in msgs[1:])
-        uniq.append(Issue(loc, msg))
-    return uniq
-
-
 class _Validator:
     def __init__(self, spec: GraphSpec, limits: Limits):
         self.spec, self.limits = spec, limits
@@ -281,9 +263,7 @@ class _Validator:
         ctx = InferCtx(frozenset(symbols))
         nodes = []
         for i, o in enumerate(spec.ops):
-            node = self.check_op(i, o, ctx)
-            if node is not None:
-                nodes.append(node)
+            nodes += self.check_op(i, o, ctx)
 
         outputs = self.check_outputs()
         if self.issues:
@@ -298,38 +278,39 @@ class _Validator:
                     f.uses.setdefault(x, []).append((pos, k))
         return f
 
-    def check_op(self, i: int, o, ctx: InferCtx) -> Node | None:
+    def check_op(self, i: int, o, ctx: InferCtx) -> list[Node]:
+        """The op's nodes (one, or a composite op's primitive nodes); [] when it is invalid."""
         loc = ("ops", i)
         op = REGISTRY.get(o.op)
         if op is None:
-            close = difflib.get_close_matches(o.op, REGISTRY.keys(), n=3)
-            close.sort(key=lambda c: not c.startswith(o.op[:1]))  # 'ad': 'add' before 'pad'
-            hint = f"; did you mean {', '.join(repr(c) for c in close)}?" if close else ""
-            self.err(loc + ("op",), f"unknown op '{o.op}'{hint}")
-            return None
+            self.err(loc + ("op",), f"unknown op '{o.op}'{did_you_mean(o.op, REGISTRY.keys())}")
+            return []
         try:
             text = json.dumps(o.attrs(), allow_nan=True)
         except (TypeError, ValueError) as e:
             self.err(loc, f"attributes must be JSON values ({e})")
-            return None
+            return []
         try:
             # strict, as JSON: "1" is not a dim, 1 is not a bool, true is not an int
             attrs = op.attrs.model_validate_json(text, strict=True)
         except pydantic.ValidationError as e:
-            for iss in pydantic_issues(e, loc):
+            names = list(op.attrs.model_fields)
+            for iss in pydantic_issues(e, loc, fields=lambda _: names + list(OpSpec.model_fields),
+                                       synonyms=op.attrs.synonyms):
                 msg = iss.msg
-                if msg == "unknown field":
-                    allowed = ", ".join(op.attrs.model_fields) or "none"
-                    msg = f"unknown attribute for op '{op.name}' (its attributes: {allowed})"
+                if msg.startswith("unknown field"):
+                    allowed = ", ".join(names) or "none"
+                    msg = (f"unknown attribute for op '{op.name}' (its attributes: {allowed})"
+                           + msg.removeprefix("unknown field"))
                 self.issues.append(Issue(iss.loc, msg))
-            return None
+            return []
         lo, hi = op.arity()
         n = len(o.inputs)
         if n < lo or (hi is not None and n > hi):
             want = f"{lo}" if hi == lo else (f"at least {lo}" if hi is None else f"{lo} to {hi}")
             noun = "input" if want.endswith(" 1") or want == "1" else "inputs"
             self.err(loc + ("inputs",), f"op '{op.name}' takes {want} {noun} ({', '.join(op.operands)}), got {n}")
-            return None
+            return []
         operands = []
         ok = True
         for k, x in enumerate(o.inputs):
@@ -368,20 +349,39 @@ class _Validator:
                 self.err(where, f"tensor '{name}' is already defined (at {_fmt(self.defined_at[name])})")
                 ok = False
         if not ok:
-            return None
+            return []
         try:
             types = op.infer(ctx, operands, attrs)
         except OpError as e:
             self.err(loc + e.where, e.msg)
-            return None
+            return []
         for name, t in zip(outs, types):
             if t.rank > self.limits.max_rank:
                 self.err(loc, f"result '{name}' has rank {t.rank}, over the limit of {self.limits.max_rank}")
-                return None
+                return []
+        lits = tuple(Scalar(x) if not isinstance(x, str) else x for x in o.inputs)
+        if op.decompose is not None:
+            e = Expansion(tuple(outs))
+            if op.decompose(e, tuple(o.inputs), operands, attrs) is not False:
+                return self.expand(i, e, types, ctx)
+        for name, t in zip(outs, types):
             self.types[name] = t
             self.defined_at[name] = loc
-        lits = tuple(Scalar(x) if not isinstance(x, str) else x for x in o.inputs)
-        return Node(index=i, op=op, inputs=lits, attrs=attrs, outputs=tuple(outs))
+        return [Node(index=i, op=op, inputs=lits, attrs=attrs, outputs=tuple(outs))]
+
+    def expand(self, i: int, e: Expansion, types: list, ctx: InferCtx) -> list[Node]:
+        """A composite op's primitive nodes, validated as the graph's ops are, at the composite's
+        position (so run-time errors name it); they must make what the composite's rule says."""
+        before = len(self.issues)
+        nodes = [n for o in e.ops for n in self.check_op(i, OpSpec.model_construct(**o), ctx)]
+        if len(self.issues) == before:
+            for name, t in zip(e.outs, types):
+                got = self.types[name]
+                if got.dtype is not t.dtype or len(got.shape) != t.rank or any(
+                        dims_equal(a, b) is False for a, b in zip(got.shape, t.shape)):
+                    raise AssertionError(f"ops[{i}]: the expansion of {nodes[-1].op.name} makes {got}, "
+                                         f"its rule says {t}")
+        return nodes
 
     def check_outputs(self) -> list[Output]:
         outs = []

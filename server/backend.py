@@ -65,7 +65,7 @@ class ArrayBackend:
         return isinstance(a, np.ndarray) and a.flags.writeable
 
     def contiguous(self, a):
-        return np.ascontiguousarray(a)
+        return np.require(a, requirements="C")  # keeps 0-d (np.ascontiguousarray makes it 1-d)
 
     def synchronize(self) -> None:
         pass
@@ -104,7 +104,7 @@ class CupyBackend(ArrayBackend):
 
     def to_host(self, a) -> np.ndarray:
         if isinstance(a, np.ndarray):
-            return np.ascontiguousarray(a)
+            return np.require(a, requirements="C")  # keeps 0-d (np.ascontiguousarray makes it 1-d)
         if a.flags.c_contiguous and a.nbytes >= PINNED_GET_BYTES:
             # into pinned memory from CuPy's pool: a DMA, and no fresh pages to fault in
             out = np.frombuffer(self.cp.cuda.alloc_pinned_memory(a.nbytes), a.dtype, a.size).reshape(a.shape)
@@ -137,7 +137,7 @@ class CupyBackend(ArrayBackend):
         return self.cp.array(a, copy=True)  # also moves a host array to the device
 
     def contiguous(self, a):
-        return self.cp.ascontiguousarray(a)
+        return self.cp.ascontiguousarray(a).reshape(a.shape)  # keeps 0-d
 
     def synchronize(self) -> None:
         self.cp.cuda.Device(self.device_index).synchronize()

@@ -181,7 +181,7 @@ def from_raw(raw: bytes | memoryview, dt: DType, shape: tuple[int, ...], loc: tu
 
 def raw_view(a: np.ndarray) -> np.ndarray:
     """`a` as contiguous little-endian memory (no copy when it already is)."""
-    a = np.ascontiguousarray(a)
+    a = c_order(a)
     if a.dtype.byteorder == ">":
         a = a.astype(a.dtype.newbyteorder("<"))
     return a
@@ -209,7 +209,13 @@ def from_npy(raw: bytes, loc: tuple) -> np.ndarray:
     return a
 
 
+def c_order(a: np.ndarray) -> np.ndarray:
+    """`a` in C order, copied only when it is not already; a 0-d array stays 0-d (not
+    np.ascontiguousarray, which makes every 0-d array 1-d)."""
+    return np.require(a, requirements="C")
+
+
 def to_npy(a: np.ndarray) -> bytes:
     buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(a), allow_pickle=False)
+    np.save(buf, c_order(a), allow_pickle=False)
     return buf.getvalue()

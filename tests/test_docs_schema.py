@@ -109,7 +109,7 @@ def test_op_table_has_every_op_with_its_kind_and_attributes():
             if f.is_required():
                 assert f"`{attr}`: " in r[3] and "(required)" in r[3]
     # spot checks against PyTorch's defaults
-    assert '`reduce`: "none" \\| "add" \\| "mul" \\| "amax" \\| "amin" = `"none"`' in by_name["scatter"][3]
+    assert '`reduce`: "none" \\| "add" \\| "mul" \\| "amax" \\| "amin" \\| "mean" = `"none"`' in by_name["scatter"][3]
     assert "`include_self`: bool = `true`" in by_name["scatter"][3]
     assert by_name["topk"][4].startswith("2")
     assert "src (tensor or number)" in by_name["scatter"][2]

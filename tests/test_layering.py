@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("core", ["segfuse.compiler.dtypes", "segfuse.compiler.errors", "segfuse.compiler.shapes",
               "segfuse.compiler.limits"]),
     ("ops", ["segfuse.compiler.ops", "segfuse.compiler.ops.*"]),
-    ("ir", ["segfuse.compiler.schema", "segfuse.compiler.ir"]),
+    ("ir", ["segfuse.compiler.schema", "segfuse.compiler.spec_errors", "segfuse.compiler.ir"]),
     # the plan model, the segmenter and its parts, the plan cache, the reference planner
     ("plan", ["segfuse.compiler.plan", "segfuse.compiler.segmenter", "segfuse.compiler.segmenter.*"]),
     # pure text; the corpus is test data that drives the code generator (issue 14 moves it out)

@@ -69,7 +69,7 @@ CASES = {
     "wrong attribute value: dtype": (
         g([op("cast", "o", ["x"], dtype="float8")]), ("ops", 0, "dtype"), ["'float32'", "'bfloat16'"]),
     "wrong attribute value: reduce": (
-        g([op("scatter", "o", ["x", "i", "x"], dim=0, reduce="mean")], inputs=XY + (("i", "int64", [2, 3]),)),
+        g([op("scatter", "o", ["x", "i", "x"], dim=0, reduce="avg")], inputs=XY + (("i", "int64", [2, 3]),)),
         ("ops", 0, "reduce"), ["'add'", "'amax'"]),
     "unknown tensor": (
         g([op("add", "a", ["x", "y"]), op("add", "b", ["a", "y"]), op("add", "c", ["b", "y"]), op("add", "d", ["c", "x2"])]),

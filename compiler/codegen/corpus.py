@@ -13,14 +13,12 @@ from ..dtypes import DType
 from ..errors import GraphError
 from ..ir import Fusion
 from ..ops.registry import REGISTRY, OpKind
+from .corpus_ops import all_op_cases
+from .corpus_util import _graph, rand  # noqa: F401  (also imported from here)
 
 ALL_DTYPES = list(DType)
 _UNARY = [n for n, o in REGISTRY.items() if o.kind is OpKind.pointwise and len(o.operands) == 1 and n != "cast"]
 _BINARY = [n for n, o in REGISTRY.items() if o.kind is OpKind.pointwise and len(o.operands) == 2]
-
-
-def _graph(name, inputs, ops, outputs):
-    return {"format": "segfuse.fusion/1", "name": name, "inputs": inputs, "ops": ops, "outputs": outputs}
 
 
 def _valid_ops(inputs, candidates):
@@ -33,21 +31,6 @@ def _valid_ops(inputs, candidates):
         except GraphError:
             pass
     return keep
-
-
-def rand(rng, shape, dt: DType, lo=-4, hi=5, nonzero=False):
-    if dt is DType.bool:
-        return rng.random(shape) < 0.5
-    if dt.is_int:
-        lo2 = 0 if dt is DType.uint8 else lo
-        a = rng.integers(lo2, hi, size=shape).astype(dt.np)
-        if nonzero:
-            a[a == 0] = 1
-        return a
-    a = (rng.standard_normal(shape) * 2).astype(np.float64)
-    if nonzero:
-        a[np.abs(a) < 0.1] = 1.0
-    return a.astype(dt.np)
 
 
 def pointwise_cases(shape=(6, 37)):
@@ -329,6 +312,7 @@ def sort_consumers_graph(idt="int64", K=8) -> dict:
 def all_cases():
     cases = pointwise_cases() + ternary_cases() + movement_cases() + reduction_cases() + scan_sort_cases() + radix_cases() + \
         gather_cases() + scatter_cases()
+    cases += all_op_cases()  # (the ops of issue 15, last: the keys of the cases above stay)
     for idt in ("int64", "int32"):
         for g, mk in moe_graphs(idt=idt):
             for T in (1, 128):

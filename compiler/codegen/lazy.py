@@ -150,6 +150,15 @@ def _slice(ctx, node, out_t):
     return f"return {ctx.call(x, cs)};"
 
 
+def _select(ctx, node, out_t):
+    x = node.inputs[0]
+    in_t = ctx.types[x]
+    d = node.attrs.dim % in_t.rank
+    cs = coords(out_t.rank)
+    cs.insert(d, str(node.attrs.index % in_t.shape[d]))
+    return f"return {ctx.call(x, cs)};"
+
+
 def _pad(ctx, node, out_t):
     x = node.inputs[0]
     in_t = ctx.types[x]
@@ -193,6 +202,8 @@ def _gather(ctx, node, out_t):
     xt = ctx.types[x]
     if xt.rank == 0:
         raise Unsupported("gather on a 0-d tensor")
+    if ctx.types[idx].rank != xt.rank:  # an empty index of another rank: nothing is read
+        return f"return {ct.literal(0, ct.value(out_t.dtype))};"
     d = node.attrs.dim % xt.rank
     body = f"long long ix = (long long)({ctx.call(idx, coords(out_t.rank))}); {_check(ctx, node, 'ix', xt.shape[d], d)} "
     cs = coords(xt.rank)
@@ -229,7 +240,7 @@ def _index_select(ctx, node, out_t):
 RENDERERS = {
     Lowering.pointwise: _pointwise, Lowering.fill: _full, Lowering.iota: _iota, Lowering.relinearize: _reshape,
     Lowering.expand: _expand, Lowering.broadcast_in_dim: _broadcast_in_dim, Lowering.permute: _permute,
-    Lowering.slice: _slice, Lowering.pad: _pad, Lowering.cat: _cat, Lowering.gather: _gather,
+    Lowering.slice: _slice, Lowering.select: _select, Lowering.pad: _pad, Lowering.cat: _cat, Lowering.gather: _gather,
     Lowering.take_along_axis: _take_along_axis, Lowering.index_select: _index_select,
 }
 __all__ = ["LAZY_KINDS", "RENDERERS", "Unsupported", "coords", "delinearize", "linearize", "render_lazy"]

@@ -1,5 +1,5 @@
 """The reduction family: reductions (sum, prod, amax, amin, mean, argmax, argmin) and inclusive scans
-(cumsum, cumprod), one row per warp or per block. A mixin of `SegmentCodegen` (segment.py).
+(cumsum, cumprod; cummax, cummin with their positions), one row per warp or per block. A mixin of `SegmentCodegen` (segment.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from .lazy import Unsupported, delinearize, linearize
 
 
 class ReductionKernels:
-    LOWERINGS = frozenset({Lowering.reduce, Lowering.argreduce, Lowering.scan})
+    LOWERINGS = frozenset({Lowering.reduce, Lowering.argreduce, Lowering.scan, Lowering.argscan})
 
     # ---- reductions --------------------------------------------------------------------
     def _reduce_parts(self, nd):
@@ -85,6 +85,8 @@ class ReductionKernels:
 
     # ---- scans -------------------------------------------------------------------------
     def _scan_body(self, nd, row0, rowstep, dst_ref) -> str:
+        if nd.op.lowering is Lowering.argscan:
+            return self._argscan_body(nd, row0, rowstep, dst_ref)
         x = nd.inputs[0]
         xt, ot = self.types[x], self.types[nd.outputs[0]]
         I = self.I
@@ -111,6 +113,41 @@ class ReductionKernels:
                 f"      {W} xv = j < ({I}){L} ? {ct.cvt(f'{names[x]}({chr(44).join(cs)})', W)} : {op}::id<{W}>();\n"
                 f"      {W} tot; {W} yv = comb(carry, sf_block_scan(xv, comb, tot));\n"
                 f"      if (j < ({I}){L}) {dst_ref}[{lin}] = {ct.cvt('yv', ct.storage(ot.dtype))};\n"
+                f"      carry = comb(carry, tot);\n    }}\n  }} }}")
+
+    def _argscan_body(self, nd, row0, rowstep, dst_ref) -> str:
+        """cummax/cummin: a block scan of (value, position) pairs; the later of two equal values (and
+        of two NaNs) wins, NaN beats any number (PyTorch). A 0-d input is a row of one."""
+        x = nd.inputs[0]
+        xt, vt = self.types[x], self.types[nd.outputs[0]]
+        I = self.I
+        d = nd.attrs.dim % xt.rank if xt.rank else 0
+        other = [k for k in range(xt.rank) if k != d]
+        L, R = (xt.shape[d] if xt.rank else 1), numel([xt.shape[k] for k in other])
+        V = ct.value(opmath(xt.dtype))
+        W = f"sf_argpair<{V}>"
+        wins = ">=" if nd.op.combiner is Combiner.amax else "<="
+        cs = [None] * xt.rank
+        for i, k in enumerate(other):
+            cs[k] = f"r{i}"
+        if xt.rank:
+            cs[d] = "j"
+        _, names = self._lambdas()
+        lin = linearize(cs, xt.shape, I)
+        none = f"{W}{{({V})0, -1LL}}"
+        comb = (f"[&]({W} a, {W} b) -> {W} {{ if (b.i < 0) return a; if (a.i < 0) return b; "
+                f"if (b.v != b.v) return b; if (a.v != a.v) return a; return b.v {wins} a.v ? b : a; }}")
+        load = ct.cvt(f"{names[x]}({', '.join(cs)})", V)
+        return (f"  {{ auto comb = {comb};\n"
+                f"  for ({I} row = {row0}; row < ({I}){R}; row += {rowstep}) {{\n"
+                f"    {delinearize('row', [xt.shape[k] for k in other], I, 'r')}\n"
+                f"    {W} carry = {none};\n"
+                f"    for ({I} base = 0; base < ({I}){L}; base += blockDim.x) {{\n"
+                f"      {I} j = base + threadIdx.x;\n"
+                f"      {W} xv = j < ({I}){L} ? {W}{{{load}, (long long)j}} : {none};\n"
+                f"      {W} tot; {W} yv = comb(carry, sf_block_scan(xv, comb, tot));\n"
+                f"      if (j < ({I}){L}) {{ {dst_ref}[{lin}] = {ct.cvt('yv.v', ct.storage(vt.dtype))}; "
+                f"{self._dst(nd.outputs[1])}[{lin}] = yv.i; }}\n"
                 f"      carry = comb(carry, tot);\n    }}\n  }} }}")
 
     def _scan(self, nd, grid: bool):

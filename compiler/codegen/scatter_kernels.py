@@ -21,6 +21,9 @@ def _scatter_source(ctx, nd, selft, vt, chk):
     idx, src = nd.inputs[1], nd.inputs[2]
     dom = ctx.types[idx].shape
     cs = coords(len(dom))
+    if len(dom) != selft.rank or (not isinstance(src, Scalar) and ctx.types[src].rank != selft.rank):
+        # an empty index of another rank (or a source of another rank): no source, self unchanged
+        return dom, cs, "long long ix = 0;", ["0"] * selft.rank, ct.literal(0, vt)
     pre = f"long long ix = (long long)({ctx.call(idx, cs)}); {chk('ix', selft.shape[d], d, index=idx)}"
     tc = list(cs)
     tc[d] = f"({ctx.I})ix"

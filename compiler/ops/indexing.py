@@ -40,6 +40,22 @@ def _index_tensor(operands, i, name="index") -> TensorType:
     return t
 
 
+def _empty(t: TensorType) -> bool | None:
+    """Whether a tensor has no elements: None while a symbolic size leaves it open (inference runs
+    again with the bound sizes)."""
+    if any(d == 0 for d in t.shape):
+        return True
+    return False if all(isinstance(d, int) for d in t.shape) else None
+
+
+def _no_shape_checks(idx: TensorType, x: TensorType, src=None) -> bool:
+    """PyTorch checks no shapes of gather and scatter operands when the index is empty (any rank,
+    any sizes); with a symbolic index size, ranks that differ wait for the bound sizes."""
+    e = _empty(idx)
+    ranks_differ = idx.rank != x.rank or (isinstance(src, TensorType) and src.rank != x.rank)
+    return e is True or (e is None and ranks_differ)
+
+
 def _le(a, b) -> bool | None:
     """a <= b for dims; None when unknown until bound."""
     if isinstance(a, int) and isinstance(b, int):
@@ -76,9 +92,11 @@ def _gather_infer(ctx, operands, attrs):
     x = tensor(operands, 0, "self")
     idx = _index_tensor(operands, 1)
     d = norm_dim(attrs.dim, x.rank)
+    if _no_shape_checks(idx, x):
+        return [TensorType(x.dtype, idx.shape)]
     if idx.rank != x.rank:
-        raise OpError(f"index has rank {idx.rank} but self has rank {x.rank}; gather needs equal ranks",
-                      ("inputs", 1))
+        raise OpError(f"index has rank {idx.rank} but self has rank {x.rank}; gather needs equal ranks "
+                      "(or an empty index)", ("inputs", 1))
     for k in range(x.rank):
         if k != d and _le(idx.shape[k], x.shape[k]) is False:
             raise OpError(f"index size {idx.shape[k]} at dim {k} exceeds self's size {x.shape[k]}", ("inputs", 1))
@@ -87,13 +105,13 @@ def _gather_infer(ctx, operands, attrs):
 
 def _gather_ref(args, attrs, out_types):
     x, idx = np.asarray(args[0]), np.asarray(args[1])
+    if idx.size == 0:
+        return [np.empty(idx.shape, x.dtype)]
     if x.ndim == 0:
         check_bounds("gather", idx, 1, 0)
         return [x.copy().reshape(idx.shape)]
     d = attrs.dim % x.ndim
     i = check_bounds("gather", idx, x.shape[d], d)
-    if idx.size == 0:
-        return [np.empty(idx.shape, x.dtype)]
     return [x[_coords(idx, d, i)]]
 
 
@@ -163,7 +181,9 @@ register(OpDef("index_select", OpKind.gather, ("x", "index"), _isel_infer, _isel
 
 
 # ---- scatter family ---------------------------------------------------------------------
-Reduce = Literal["none", "add", "mul", "amax", "amin"]
+Reduce = Literal["none", "add", "mul", "amax", "amin", "mean"]
+# PyTorch's reduce names (scatter_reduce, index_reduce, scatter_) for segfuse's
+TORCH_REDUCE_NAMES = {"sum": "add", "prod": "mul", "multiply": "mul", "max": "amax", "min": "amin"}
 _UFUNC = {"add": np.add, "mul": np.multiply, "amax": np.fmax, "amin": np.fmin}
 
 
@@ -185,6 +205,8 @@ class ScatterAttrs(Attrs):
     reduce: Reduce = "none"
     include_self: bool = True
 
+    synonyms = {**Attrs.synonyms, "reduce": TORCH_REDUCE_NAMES}
+
 
 def _src_dtype_check(self_t: TensorType, src, i: int, op: str):
     if isinstance(src, TensorType) and src.dtype is not self_t.dtype:
@@ -196,10 +218,15 @@ def _scatter_infer(ctx, operands, attrs):
     idx = _index_tensor(operands, 1)
     src = operands[2]
     d = norm_dim(attrs.dim, x.rank)
-    if idx.rank != x.rank:
-        raise OpError(f"index has rank {idx.rank} but self has rank {x.rank}; scatter needs equal ranks",
-                      ("inputs", 1))
     _src_dtype_check(x, src, 2, "scatter")
+    check_mean_dtype(attrs, x, "scatter")
+    if isinstance(src, Scalar):  # converted to self's dtype, as torch.scatter's value
+        check_scalar(src.value, x.dtype, ("inputs", 2))
+    if _no_shape_checks(idx, x, src):
+        return [TensorType(x.dtype, x.shape)]  # self unchanged
+    if idx.rank != x.rank:
+        raise OpError(f"index has rank {idx.rank} but self has rank {x.rank}; scatter needs equal ranks "
+                      "(or an empty index)", ("inputs", 1))
     if isinstance(src, TensorType) and src.rank != x.rank:
         raise OpError(f"src has rank {src.rank} but self has rank {x.rank}", ("inputs", 2))
     for k in range(x.rank):
@@ -207,8 +234,6 @@ def _scatter_infer(ctx, operands, attrs):
             raise OpError(f"index size {idx.shape[k]} at dim {k} exceeds self's size {x.shape[k]}", ("inputs", 1))
         if isinstance(src, TensorType) and _le(idx.shape[k], src.shape[k]) is False:
             raise OpError(f"index size {idx.shape[k]} at dim {k} exceeds src's size {src.shape[k]}", ("inputs", 1))
-    if isinstance(src, Scalar):  # converted to self's dtype, as torch.scatter's value
-        check_scalar(src.value, x.dtype, ("inputs", 2))
     return [TensorType(x.dtype, x.shape)]
 
 
@@ -218,6 +243,15 @@ def _accumulate(out, coords, vals, reduce, include_self):
     work = opmath_np(t)
     acc = out.astype(work)
     v = np.asarray(vals).astype(work)
+    if reduce == "mean":  # PyTorch: (self +) the sum over the count (self counts one); integers floor
+        cnt = np.ones(out.shape, work)
+        if not include_self:
+            acc[coords], cnt[coords] = 0, 0
+        np.add.at(acc, coords, v)
+        np.add.at(cnt, coords, np.ones_like(v))
+        with np.errstate(all="ignore"):
+            r = acc / np.maximum(cnt, 1) if np.dtype(work).kind == "f" else np.floor_divide(acc, np.maximum(cnt, 1))
+        return r.astype(t)
     if not include_self:
         acc[coords] = _identity(reduce, np.dtype(work))
     if reduce in ("amax", "amin"):
@@ -269,11 +303,37 @@ def _scatter_ref(args, attrs, out_types):
     return [_accumulate(out, coords, vals, attrs.reduce, attrs.include_self)]
 
 
+def check_mean_dtype(attrs, x: TensorType, op: str) -> None:
+    if attrs.reduce == "mean" and x.dtype.is_bool:
+        raise OpError(f"{op} with reduce 'mean' is not supported for bool (as in PyTorch)", ("reduce",))
+
+
+def expand_mean(e, op: str, inputs, attrs, self_t: TensorType, source_tensor: bool) -> None:
+    """A scatter-family op with reduce "mean" as primitives, PyTorch's scatter_reduce "mean": the sum
+    (with self where include_self, which then counts one) over the count of sources per target, at
+    least 1; integers divide with floor. The sum comes first, so a bad index names `op`.
+    source_tensor: the op's source operand must be a tensor (the count adds a full_like of it)."""
+    x, idx, src = inputs
+    total = e(op, x, idx, src, dim=attrs.dim, reduce="add", include_self=attrs.include_self)
+    ones = e("full_like", src, value=1) if source_tensor else 1
+    zero_or_one = e("full_like", x, value=1 if attrs.include_self else 0)
+    count = e("maximum", e(op, zero_or_one, idx, ones, dim=attrs.dim, reduce="add"), 1)
+    e("div" if self_t.dtype.is_float else "floor_divide", total, count, out=0)
+
+
+def _scatter_decompose(e, inputs, types, attrs):
+    if attrs.reduce != "mean":
+        return False
+    expand_mean(e, "scatter", inputs, attrs, types[0], source_tensor=False)
+
+
 register(OpDef("scatter", OpKind.scatter, ("self", "index", "src"), _scatter_infer, _scatter_ref,
                attrs=ScatterAttrs, literal_ok=frozenset({2}), extra={"signature": ("self", "dim", "index", "src")},
-               lowering=Lowering.scatter,
+               lowering=Lowering.scatter, decompose=_scatter_decompose,
                doc="scatter(self, dim, index, src, reduce='none', include_self=True): torch.scatter / "
-                   "scatter_reduce (add=sum, mul=prod, amax, amin); src may be a number"))
+                   "scatter_reduce (add=sum, mul=prod, amax, amin, mean); src may be a number. reduce 'mean' is "
+                   "composite: scatter add of src, scatter add of ones (the count), maximum, div (floor_divide "
+                   "for integers)"))
 
 
 class IndexAddAttrs(Attrs):
@@ -285,14 +345,20 @@ class IndexAddAttrs(Attrs):
     include_self = property(lambda self: True)
 
 
-def _index_add_infer(ctx, operands, attrs):
+def index_family_infer(op: str):
+    """The shape rule of index_add and index_reduce: a 1-D index; source of self's shape except
+    along dim, where it has the index's length."""
+    return lambda ctx, operands, attrs: _index_add_infer(ctx, operands, attrs, op)
+
+
+def _index_add_infer(ctx, operands, attrs, op="index_add"):
     x = tensor(operands, 0, "self")
     idx = _index_tensor(operands, 1)
     src = tensor(operands, 2, "source")
     d = norm_dim(attrs.dim, x.rank)
     if idx.rank > 1:
-        raise OpError(f"index_add needs a 1-D index, got rank {idx.rank}", ("inputs", 1))
-    _src_dtype_check(x, src, 2, "index_add")
+        raise OpError(f"{op} needs a 1-D index, got rank {idx.rank}", ("inputs", 1))
+    _src_dtype_check(x, src, 2, op)
     if src.rank != x.rank:
         raise OpError(f"source has rank {src.rank} but self has rank {x.rank}", ("inputs", 2))
     n = idx.shape[0] if idx.rank else 1
@@ -306,13 +372,21 @@ def _index_add_infer(ctx, operands, attrs):
     return [TensorType(x.dtype, x.shape)]
 
 
-def _index_add_ref(args, attrs, out_types):
-    x, idx, src = np.asarray(args[0]), np.asarray(args[1]).reshape(-1), np.asarray(args[2])
-    if x.ndim == 0:
-        x1 = _index_add_ref([x.reshape(1), idx, src.reshape(1)], attrs.model_copy(update={"dim": 0}), out_types)
-        return [x1[0].reshape(())]
-    d = attrs.dim % x.ndim
-    i = check_bounds("index_add", idx, x.shape[d], d)
+def index_family_ref(op: str, body):
+    """The reference of index_add or index_reduce: `body(x, i, source, dim, attrs)` gets the index
+    checked and flat; a 0-d self is a row of one."""
+    def ref(args, attrs, out_types):
+        x, idx, src = np.asarray(args[0]), np.asarray(args[1]).reshape(-1), np.asarray(args[2])
+        if x.ndim == 0:
+            one = ref([x.reshape(1), idx, src.reshape(1)], attrs.model_copy(update={"dim": 0}), out_types)
+            return [one[0].reshape(())]
+        d = attrs.dim % x.ndim
+        return [body(x, check_bounds(op, idx, x.shape[d], d), src, d, attrs)]
+
+    return ref
+
+
+def _index_add(x, i, src, d, attrs):
     work = opmath_np(x.dtype)
     acc = x.astype(work)
     v = src.astype(work)
@@ -320,16 +394,14 @@ def _index_add_ref(args, attrs, out_types):
         dt = from_numpy(x.dtype)
         alpha = scalar_array(attrs.alpha, dt) if not dt.is_float else np.asarray(float(attrs.alpha))
         v = v * alpha.astype(work)
-    sl = [slice(None)] * x.ndim
-    sl[d] = i
     vv = np.moveaxis(v, d, 0)
     accm = np.moveaxis(acc, d, 0)
     np.add.at(accm, i, vv)
-    res = acc.astype(x.dtype) if x.dtype.kind != "b" else acc.astype(bool)
-    return [res]
+    return acc.astype(x.dtype) if x.dtype.kind != "b" else acc.astype(bool)
 
 
-register(OpDef("index_add", OpKind.scatter, ("self", "index", "source"), _index_add_infer, _index_add_ref,
+register(OpDef("index_add", OpKind.scatter, ("self", "index", "source"), _index_add_infer,
+               index_family_ref("index_add", _index_add),
                attrs=IndexAddAttrs, extra={"signature": ("self", "dim", "index", "source")},
                lowering=Lowering.index_add,
                doc="index_add(self, dim, index, source, alpha=1): self[..., index[i], ...] += alpha * source[..., i, ...]"))

@@ -1,4 +1,4 @@
-"""Reductions (sum prod amax amin mean argmax argmin), scans (cumsum cumprod) and sorting
+"""Reductions (sum prod amax amin mean argmax argmin), scans (cumsum cumprod cummax cummin) and sorting
 (argsort sort topk), with PyTorch's dtype rules: integer sums and products accumulate in int64,
 reduced-precision floats accumulate in float32."""
 
@@ -195,6 +195,43 @@ def _make_scan(name, np_fn, combiner: Combiner):
 
 _make_scan("cumsum", np.cumsum, Combiner.add)
 _make_scan("cumprod", np.cumprod, Combiner.mul)
+
+
+class CumExtremeAttrs(Attrs):
+    dim: int
+
+
+def _make_cum_extreme(name, extreme: Combiner):
+    """cummax, cummin: (values, int64 indices) of the running extreme along dim. As PyTorch: a tie
+    takes the later position, NaN is the extreme and a later NaN takes its position."""
+    acc = np.maximum if extreme is Combiner.amax else np.minimum  # (both propagate NaN)
+
+    def infer(ctx, operands, attrs):
+        x = tensor(operands, 0)
+        norm_dim(attrs.dim, x.rank)
+        return [TensorType(x.dtype, x.shape), TensorType(DType.int64, x.shape)]
+
+    def ref(args, attrs, out_types):
+        x = np.asarray(args[0])
+        if x.ndim == 0:
+            return [x.copy(), np.zeros((), dtype=np.int64)]
+        ax = attrs.dim % x.ndim
+        k = sort_key(x)
+        run = acc.accumulate(k, axis=ax)
+        with np.errstate(invalid="ignore"):
+            hit = (k == run) | (np.isnan(k) if k.dtype.kind == "f" else False)
+        pos = np.arange(x.shape[ax]).reshape([-1 if a == ax else 1 for a in range(x.ndim)])
+        idx = np.maximum.accumulate(np.where(hit, pos, -1), axis=ax).astype(np.int64)
+        return [np.take_along_axis(x, idx, axis=ax), idx]
+
+    register(OpDef(name, OpKind.scan, ("x",), infer, ref, attrs=CumExtremeAttrs, n_outputs=2,
+                   lowering=Lowering.argscan, combiner=extreme,
+                   doc=f"{name}(x, dim) -> (values, indices): the running {'max' if extreme is Combiner.amax else 'min'}"
+                       " along dim and its int64 position; ties take the later position, NaN propagates (PyTorch)"))
+
+
+_make_cum_extreme("cummax", Combiner.amax)
+_make_cum_extreme("cummin", Combiner.amin)
 
 
 # ---- sorting ----------------------------------------------------------------------------

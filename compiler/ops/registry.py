@@ -16,7 +16,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, ClassVar
 
 import ml_dtypes
 import numpy as np
@@ -51,6 +51,7 @@ class Lowering(str, Enum):
     broadcast_in_dim = "broadcast_in_dim"  # size-1 dims read at 0, dims placed by broadcast_dims
     permute = "permute"
     slice = "slice"
+    select = "select"  # one index along a dim, which goes away
     pad = "pad"
     cat = "cat"
     gather = "gather"
@@ -59,9 +60,11 @@ class Lowering(str, Enum):
     reduce = "reduce"  # every element of a row combined with the op's `combiner`
     argreduce = "argreduce"  # the position of a row's first extreme (`combiner` amax or amin)
     scan = "scan"  # inclusive prefix with the op's `combiner`
+    # the running extreme (`combiner` amax or amin) and its position: ties and NaN take the later one
+    argscan = "argscan"
     sort = "sort"  # (key, index) pairs ordered by `attrs.descending`; outputs keep the first positions
     scatter = "scatter"  # self[.., index[c], ..] (reduce)= src[c] along dim
-    index_add = "index_add"  # self[.., index[c_dim], ..] += alpha * source[c]
+    index_add = "index_add"  # self[.., index[c_dim], ..] (reduce)= alpha * source[c] (index_add, index_reduce)
     index_put = "index_put"  # self[index[c..]] = values (or +=) on dim 0, negative indices wrap
 
 
@@ -95,10 +98,18 @@ class Guard(str, Enum):
 LAZY_KINDS = (OpKind.pointwise, OpKind.creation, OpKind.view, OpKind.movement, OpKind.gather)
 
 
+# PyTorch's names of dtypes (torch.float, torch.long, ...), for "did you mean" hints.
+TORCH_DTYPE_NAMES = {"float": "float32", "half": "float16", "double": "float64", "long": "int64", "int": "int32",
+                     "short": "int16", "bfloat": "bfloat16", "char": "int8", "byte": "uint8"}
+
+
 class Attrs(BaseModel):
     """Base of every op's attribute model: unknown attributes are errors."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    # Per attribute, other names of its values that users try (PyTorch's): a validation error for
+    # a value that is not allowed says which value is meant ("sum" -> did you mean "add"?).
+    synonyms: ClassVar[dict[str, dict[str, str]]] = {"dtype": TORCH_DTYPE_NAMES}
 
 
 class NoAttrs(Attrs):
@@ -187,6 +198,13 @@ class OpDef:
     # (numpy or cupy) without moving data; the NumPy reference is the same function with numpy,
     # and the CUDA runtime runs a plan's view segments with it (no kernel)
     view: Callable[[Any, Any, Any, TensorType], Any] | None = None
+    # A composite op: decompose(expansion, inputs (tensor names and number literals, as in the graph),
+    # operand types, attrs) writes the primitive ops it
+    # stands for into `expansion` (see Expansion), or returns False where these attributes need none
+    # (scatter with a reduce other than "mean"). The IR expands it when it validates the graph, so
+    # the plan, the backends and the codegen see only primitive nodes; `ref` states the op's
+    # semantics directly (the oracle its expansion is tested against).
+    decompose: Callable[..., bool | None] | None = None
 
     @property
     def keeps_row_major_order(self) -> bool:
@@ -197,6 +215,21 @@ class OpDef:
     def arity(self) -> tuple[int, int | None]:
         lo = len(self.operands) if self.min_operands is None else self.min_operands
         return lo, (None if self.variadic else len(self.operands))
+
+
+class Expansion:
+    """The primitive ops a composite op expands to, in order: `e("amax", x, dims=[1])` adds one and
+    returns its result's name; `out=k` makes it the composite's k-th output. Intermediate names
+    start with the composite's first output and contain '#', which no user name may."""
+
+    def __init__(self, outs: tuple[str, ...]):
+        self.outs, self.ops = tuple(outs), []
+
+    def __call__(self, op: str, *inputs, out: int | None = None, **attrs) -> str:
+        name = self.outs[out] if out is not None else f"{self.outs[0]}#{len(self.ops)}.{op}"
+        self.ops.append({"op": op, "out": name, "inputs": list(inputs),
+                         **{k: v for k, v in attrs.items() if v is not None}})
+        return name
 
 
 REGISTRY: dict[str, OpDef] = {}

@@ -1,5 +1,5 @@
 """Shape ops. Views (reshape of contiguous data, squeeze, unsqueeze, expand, broadcast_in_dim)
-move no data; movement ops (permute, slice, pad, cat) read each input element once."""
+move no data; movement ops (permute, slice, select, pad, cat) read each input element once."""
 
 from __future__ import annotations
 
@@ -266,6 +266,34 @@ def _slice_ref(args, a, out):
 register(OpDef("slice", OpKind.movement, ("x",), _slice_infer, _slice_ref, attrs=SliceAttrs,
                lowering=Lowering.slice,
                doc="slice(x, dim=0, start=None, end=None, step=1): x[start:end:step] along dim"))
+
+
+class SelectAttrs(Attrs):
+    dim: int
+    index: int
+
+
+def _select_infer(ctx, operands, attrs):
+    x = tensor(operands, 0)
+    if x.rank == 0:
+        raise OpError("select() cannot be applied to a 0-d tensor", ("inputs", 0))
+    d = norm_dim(attrs.dim, x.rank)
+    size = x.shape[d]
+    if isinstance(size, int) and not -size <= attrs.index < size:
+        raise OpError(f"index {attrs.index} is out of range for dim {d} of size {size}", ("index",))
+    return [TensorType(x.dtype, x.shape[:d] + x.shape[d + 1:])]
+
+
+def _select_ref(args, a, out):
+    x = np.asarray(args[0])
+    d = a.dim % x.ndim
+    return [np.take(x, a.index % x.shape[d], axis=d)]  # (a copy: movement makes new data)
+
+
+register(OpDef("select", OpKind.movement, ("x",), _select_infer, _select_ref, attrs=SelectAttrs,
+               lowering=Lowering.select,
+               doc="select(x, dim, index): x[..., index, ...] along dim, which goes away (torch.select); "
+                   "a negative index counts from the end"))
 
 
 class PadAttrs(Attrs):
