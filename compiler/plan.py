@@ -72,6 +72,7 @@ class SegmentHints(TypedDict, total=False):
     smem_bytes: int | str  # single-block: the planner's shared-memory budget test for intermediates
     elements: int | str
     anchor: dict  # the heavy op's geometry (rows, row length, axis) in grid segments
+    launches: int  # 2: a grid anchor's kernel, then one for the segment's other outputs (default 1)
 
 
 @dataclass
@@ -176,8 +177,9 @@ class Plan:
 
     @property
     def kernel_count(self) -> int:
-        """Launches: one per segment, except pure views (library calls count as one)."""
-        return sum(1 for s in self.segments if s.kind not in (SegmentKind.view,))
+        """Launches: one per segment (a library call counts as one; a grid anchor's segment with
+        other outputs too, `hints.launches`, two), none for pure views."""
+        return sum(s.hints.get("launches", 1) for s in self.segments if s.kind is not SegmentKind.view)
 
     @classmethod
     def from_dict(cls, d: dict) -> Plan:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import sympy
 
 from ..ir import Bound, Fusion
-from ..ops.registry import OpKind
+from ..ops.registry import LAZY_KINDS, OpKind
 from ..plan import Alias, AliasMode, Copy, Plan, Segment, SegmentKind, commits_for
 from . import place as P
 from .buffers import assign
@@ -366,10 +366,15 @@ class _Segmenter:
                                "straight into its buffer"
                     aliases.append(Alias(tensor=s.outputs[0], buffer=s.operands[0], why=why, mode=mode))
             kind = self.kind_of(g, seg, steps)
+            hints = self.hints(g, seg, steps, kind, index_bits)
+            if seg.heavy is not None and hints.get("single_block") is False and any(
+                    s.kind in LAZY_KINDS or s.kind == COPY for s in steps if set(s.outputs) & set(outputs)):
+                # the codegen's rule: a grid anchor's kernel writes the anchor's results; the
+                # segment's other outputs (pointwise, views, copies) are one more launch after it
+                hints["launches"] = 2
             segments.append(Segment(id=sid, kind=kind, nodes=nodes, inputs=inputs, outputs=outputs,
                                     reason=seg.reason, aliases=aliases, intermediates=inter,
-                                    hints=self.hints(g, seg, steps, kind, index_bits), copies=copies,
-                                    fused_sort=seg.fused_sort))
+                                    hints=hints, copies=copies, fused_sort=seg.fused_sort))
         buffers, tensor_buffer, views, frees = assign(g, segments, where, lambda t: order_of.get(t, 1 << 30))
         checks = [c.to_dict() for c in self.checks.items]
         plan = Plan(
