@@ -21,6 +21,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))  # the test corpus (tests/corpus/)
 
 REPS, WARM = 20, 3
 MOE_REPS = 100  # small calls: more repetitions, same for every implementation
@@ -213,7 +214,7 @@ def _torch_moe(kind, ids, counts, E, K):
 def bench_moe(rows, E=256, K=8):
     import cupy as cp
     import torch
-    from segfuse.compiler.codegen.corpus import moe_graphs
+    from corpus import moe_graphs
     from segfuse.compiler.cuda.runtime import get_runtime
     from segfuse.compiler.engine import Engine
     from segfuse.compiler.ir import Fusion

@@ -5,7 +5,7 @@ a segment the codegen refuses is split per anchor as the runtime does. For the o
 from __future__ import annotations
 
 import numpy as np
-from segfuse.compiler.codegen.corpus import modules_for
+from corpus import modules_for
 from segfuse.compiler.codegen.lazy import Unsupported
 from segfuse.compiler.codegen.segment import generate
 from segfuse.compiler.engine import Engine

@@ -13,7 +13,7 @@ import re
 
 import numpy as np
 import pytest
-from segfuse.compiler.codegen.corpus import moe_graphs
+from corpus import moe_graphs
 from segfuse.compiler.codegen.segment import generate
 from segfuse.compiler.ir import Fusion
 from segfuse.compiler.segmenter import segment

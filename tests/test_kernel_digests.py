@@ -30,8 +30,8 @@ import os
 from pathlib import Path
 
 import numpy as np
+from corpus import all_cases, case_inputs, modules_for, moe_graphs
 from segfuse.compiler.codegen import radix_sort, sort_epilogue
-from segfuse.compiler.codegen.corpus import all_cases, case_inputs, modules_for, moe_graphs
 from segfuse.compiler.codegen.lazy import Unsupported
 from segfuse.compiler.codegen.segment import generate
 from segfuse.compiler.cuda.arrays import cp_dtype

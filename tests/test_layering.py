@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     ("ir", ["segfuse.compiler.schema", "segfuse.compiler.spec_errors", "segfuse.compiler.ir"]),
     # the plan model, the segmenter and its parts, the plan cache, the reference planner
     ("plan", ["segfuse.compiler.plan", "segfuse.compiler.segmenter", "segfuse.compiler.segmenter.*"]),
-    # pure text; the corpus is test data that drives the code generator (issue 14 moves it out)
+    # pure text (the corpus that drives it is test data: tests/corpus/)
     ("codegen", ["segfuse.compiler.codegen.*"]),
     # the CPU backend (numpy reference evaluator, plan executor) and the CUDA one
     ("backends", ["segfuse.compiler.commit", "segfuse.compiler.numpy_backend", "segfuse.compiler.plan_executor",

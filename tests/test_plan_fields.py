@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from segfuse.compiler.codegen.corpus import all_cases, case_inputs, moe_graphs
+from corpus import all_cases, case_inputs, moe_graphs
 from segfuse.compiler.cuda.arrays import contiguous_strides
 from segfuse.compiler.cuda.prepare import SourcesOnly, prepare_plan
 from segfuse.compiler.engine import Engine

@@ -34,7 +34,7 @@ segfuse.client:AsyncClient segfuse.client:Buffer segfuse.client:Client segfuse.c
 segfuse.client:RunResult segfuse.client:SegfuseError segfuse.client:SystemRegion
 segfuse.compiler:Fusion segfuse.compiler:FusionDefinition segfuse.compiler:GraphError
 segfuse.cli:main segfuse.cli.client_cmds:plot_bench
-segfuse.compiler.codegen:segment segfuse.compiler.codegen.corpus:moe_graphs
+segfuse.compiler.codegen:segment
 segfuse.compiler.codegen.segment:VEC_BLOCKS_PER_SM segfuse.compiler.codegen.segment:generate
 segfuse.compiler.cuda.runtime:CupyRuntime segfuse.compiler.cuda.runtime:get_runtime
 segfuse.compiler.segmenter.reference:simple_plan

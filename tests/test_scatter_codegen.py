@@ -6,8 +6,8 @@ PyTorch in tests/gpu/test_scatter_gpu.py."""
 from __future__ import annotations
 
 import pytest
+from corpus import scatter_graph
 from segfuse.compiler.codegen import scatter as sc
-from segfuse.compiler.codegen.corpus import scatter_graph
 from segfuse.compiler.codegen.prelude import PRELUDE
 from segfuse.compiler.codegen.segment import generate
 from segfuse.compiler.ir import Fusion
@@ -107,7 +107,7 @@ def test_every_variant_compiles(monkeypatch):
 
 def _moe_histogram(T: int, idt: str):
     import numpy as np
-    from segfuse.compiler.codegen.corpus import moe_graphs
+    from corpus import moe_graphs
     from segfuse.compiler.segmenter import segment
 
     g, mk = moe_graphs(idt=idt)[0]

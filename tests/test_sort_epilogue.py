@@ -12,8 +12,8 @@ import dataclasses
 
 import numpy as np
 import pytest
+from corpus import _graph, moe_graphs, sort_consumers_graph
 from segfuse.compiler.codegen import sort_epilogue as se
-from segfuse.compiler.codegen.corpus import _graph, moe_graphs, sort_consumers_graph
 from segfuse.compiler.cuda import nvrtc, radix_sort
 from segfuse.compiler.engine import Engine
 from segfuse.compiler.ir import Fusion
@@ -35,7 +35,7 @@ def graph(name, ops, outs, idt="int64"):
 
 
 def moe(idt="int64", desc=True):
-    """nvFuser's MoE argsort fusion (compiler/codegen/corpus.py) with either sort order."""
+    """nvFuser's MoE argsort fusion (tests/corpus/) with either sort order."""
     g, _ = moe_graphs(idt=idt)[-1]
     ops = [dict(op, descending=desc) if op["op"] == "argsort" else op for op in g["ops"]]
     return Fusion.from_json({**g, "ops": ops})

@@ -13,7 +13,7 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
-from segfuse.compiler.codegen.corpus import moe_graphs  # noqa: E402
+from corpus import moe_graphs  # noqa: E402
 from segfuse.compiler.cuda import graphs  # noqa: E402
 from segfuse.compiler.cuda.runtime import get_runtime  # noqa: E402
 from segfuse.compiler.engine import Engine  # noqa: E402

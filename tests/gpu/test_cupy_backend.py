@@ -10,7 +10,7 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
-from segfuse.compiler.codegen.corpus import all_cases, case_inputs, moe_graphs  # noqa: E402
+from corpus import all_cases, case_inputs, moe_graphs  # noqa: E402
 from segfuse.compiler.cuda.runtime import CupyRuntime, get_runtime  # noqa: E402
 from segfuse.compiler.dtypes import DType, from_numpy  # noqa: E402
 from segfuse.compiler.engine import Engine  # noqa: E402

@@ -12,7 +12,7 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
-from segfuse.compiler.codegen.corpus import moe_graphs  # noqa: E402
+from corpus import moe_graphs  # noqa: E402
 from segfuse.compiler.cuda import thread_state as ts  # noqa: E402
 from segfuse.compiler.engine import Engine  # noqa: E402
 from segfuse.compiler.errors import DeferredRunError, RunError  # noqa: E402

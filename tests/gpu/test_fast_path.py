@@ -11,7 +11,7 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
-from segfuse.compiler.codegen.corpus import moe_graphs  # noqa: E402
+from corpus import moe_graphs  # noqa: E402
 from segfuse.compiler.engine import Engine  # noqa: E402
 from segfuse.compiler.errors import RunError  # noqa: E402
 from segfuse.compiler.ir import Fusion  # noqa: E402

@@ -15,8 +15,8 @@ import pytest
 cp = pytest.importorskip("cupy")
 torch = pytest.importorskip("torch")
 
+from corpus import _graph, moe_graphs, sort_consumers_graph  # noqa: E402
 from segfuse.compiler.codegen import sort_epilogue as se  # noqa: E402
-from segfuse.compiler.codegen.corpus import _graph, moe_graphs, sort_consumers_graph  # noqa: E402
 from segfuse.compiler.cuda import radix_sort  # noqa: E402
 from segfuse.compiler.cuda.runtime import get_runtime  # noqa: E402
 from segfuse.compiler.engine import Engine  # noqa: E402

@@ -12,7 +12,7 @@ import pytest
 cp = pytest.importorskip("cupy")
 torch = pytest.importorskip("torch")
 
-from segfuse.compiler.codegen.corpus import moe_graphs  # noqa: E402
+from corpus import moe_graphs  # noqa: E402
 from segfuse.compiler.cuda.runtime import CupyRuntime, get_runtime  # noqa: E402
 from segfuse.compiler.engine import Engine  # noqa: E402
 from segfuse.compiler.ir import Fusion  # noqa: E402

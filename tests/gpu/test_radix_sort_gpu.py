@@ -15,8 +15,8 @@ import pytest
 cp = pytest.importorskip("cupy")
 torch = pytest.importorskip("torch")
 
+from corpus import moe_graphs  # noqa: E402
 from segfuse.compiler.codegen import radix_sort as radix_text  # noqa: E402
-from segfuse.compiler.codegen.corpus import moe_graphs  # noqa: E402
 from segfuse.compiler.cuda import radix_sort  # noqa: E402
 from segfuse.compiler.engine import Engine  # noqa: E402
 from segfuse.compiler.ir import Fusion  # noqa: E402
@@ -165,7 +165,7 @@ def test_moe_argsort_fusion(idt, monkeypatch):
 
 
 def _lib_graph(dt, n):
-    from segfuse.compiler.codegen.corpus import _graph
+    from corpus import _graph
 
     ops = [{"op": "argsort", "out": "a", "inputs": ["x"], "dim": 0, "descending": True, "stable": True},
            {"op": "sort", "out": ["sv", "si"], "inputs": ["x"], "dim": 0, "stable": True},

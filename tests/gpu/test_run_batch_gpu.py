@@ -9,7 +9,7 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
-from segfuse.compiler.codegen.corpus import moe_graphs  # noqa: E402
+from corpus import moe_graphs  # noqa: E402
 from segfuse.compiler.engine import Engine, RunResult  # noqa: E402
 from segfuse.compiler.errors import DeferredRunError, RunError  # noqa: E402
 from segfuse.compiler.ir import Fusion  # noqa: E402

@@ -12,8 +12,8 @@ import pytest
 cp = pytest.importorskip("cupy")
 torch = pytest.importorskip("torch")
 
+from corpus import scatter_graph  # noqa: E402
 from segfuse.compiler.codegen import scatter as sc  # noqa: E402
-from segfuse.compiler.codegen.corpus import scatter_graph  # noqa: E402
 from segfuse.compiler.cuda.runtime import CupyRuntime  # noqa: E402
 from segfuse.compiler.engine import Engine  # noqa: E402
 from segfuse.compiler.errors import RunError  # noqa: E402

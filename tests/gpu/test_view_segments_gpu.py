@@ -14,8 +14,8 @@ import pytest
 cp = pytest.importorskip("cupy")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from corpus import all_cases, case_inputs  # noqa: E402
 from segfuse.compiler import FusionDefinition  # noqa: E402
-from segfuse.compiler.codegen.corpus import all_cases, case_inputs  # noqa: E402
 from segfuse.compiler.cuda.runtime import get_runtime  # noqa: E402
 from segfuse.compiler.engine import Engine  # noqa: E402
 from segfuse.compiler.ir import Fusion  # noqa: E402

@@ -8,13 +8,13 @@ are skipped when the corpus is built.
 from __future__ import annotations
 
 import numpy as np
+from segfuse.compiler.dtypes import DType
+from segfuse.compiler.errors import GraphError
+from segfuse.compiler.ir import Fusion
+from segfuse.compiler.ops.registry import REGISTRY, OpKind
 
-from ..dtypes import DType
-from ..errors import GraphError
-from ..ir import Fusion
-from ..ops.registry import REGISTRY, OpKind
-from .corpus_ops import all_op_cases
-from .corpus_util import _graph, rand  # noqa: F401  (also imported from here)
+from .ops import all_op_cases
+from .util import _graph, rand  # noqa: F401  (also imported from here)
 
 ALL_DTYPES = list(DType)
 _UNARY = [n for n, o in REGISTRY.items() if o.kind is OpKind.pointwise and len(o.operands) == 1 and n != "cast"]
@@ -328,9 +328,10 @@ def case_inputs(case, seed=0):
 def modules_for(fusion, inputs: dict, mode: str = "auto", sm_count: int = 132):
     """Generated modules (or Unsupported reasons) for a fusion's segments under a planning mode:
     'grid' (one segment per anchor), 'block' (one single-block segment) or 'auto'."""
-    from ..segmenter.reference import simple_plan
-    from .lazy import Unsupported
-    from .segment import generate
+    from segfuse.compiler.segmenter.reference import simple_plan
+
+    from segfuse.compiler.codegen.lazy import Unsupported
+    from segfuse.compiler.codegen.segment import generate
 
     shapes = {k: np.shape(v) for k, v in inputs.items()}
     types = fusion.bind(shapes).types

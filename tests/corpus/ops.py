@@ -7,9 +7,9 @@ the GPU tests against the NumPy backend)."""
 from __future__ import annotations
 
 import numpy as np
+from segfuse.compiler.dtypes import DType
 
-from ..dtypes import DType
-from .corpus_util import _graph, rand
+from .util import _graph, rand
 
 FLOATS = (DType.float32, DType.float16, DType.bfloat16, DType.float64)
 

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-
-from ..dtypes import DType
+from segfuse.compiler.dtypes import DType
 
 
 def _graph(name, inputs, ops, outputs):
