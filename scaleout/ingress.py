@@ -53,7 +53,10 @@ class Ingress:
 
             shards = {s: serve.get_deployment_handle("shard", app_name=h) if isinstance(h, str) else h
                       for s, h in shards.items()}
-        self.shards = shards
+        # Requests and answers are plain values (bytes, str, lists of pairs): pickle, not Ray's
+        # default cloudpickle (~8% less CPU per request in the shard here, HAProxy mode).
+        self.shards = {s: h.options(request_serialization="pickle", response_serialization="pickle")
+                       for s, h in shards.items()}
         self.ids = sorted(shards)
 
     async def __call__(self, request: Request) -> Response:

@@ -35,7 +35,28 @@ class Registry:
         return previous, list(self._registrations.get(shard, []))
 
     def record(self, shard: str, call: tuple) -> None:
-        self._registrations.setdefault(shard, []).append(call)
+        remember(self._registrations.setdefault(shard, []), call)
+
+
+# The headers a registration needs again when it is replayed; the others (request id, namespace,
+# user agent) differ between two requests that register the same thing.
+_REPLAYED = {b"content-type", b"content-encoding", b"content-length", b"authorization"}
+
+
+def replayable(call: tuple) -> tuple:
+    """A registration as it is kept: its headers cut to those that change what it does."""
+    method, raw_path, query, headers, body = call
+    return method, raw_path, query, [(k, v) for k, v in headers if k.lower() in _REPLAYED], body
+
+
+def remember(calls: list, call: tuple) -> None:
+    """Append `call` to `calls`, dropping an earlier identical one: registering the same graph
+    again (every namespace's client may) does not grow the list, and replaying the list still
+    ends in the same fusions (the later call has the last word on its name)."""
+    call = replayable(call)
+    if call in calls:
+        calls.remove(call)
+    calls.append(call)
 
 
 def actor():

