@@ -6,7 +6,8 @@ are `http://HOST:PORT/shards/shard-<i>`). The namespace's shard is chosen by the
 rendezvous hash (segfuse.client.sharding), so both reach the same shard and the same buffers. Every
 request goes to that shard, but the ones every shard must see (fusion registration and removal, the
 repository's load/unload), which go to all of them, as the ingress sends them: the answer is the
-namespace's shard's when every shard answered with the same status, else a 502 listing each status.
+namespace's shard's when every shard succeeded (or all failed alike), else a 503 (some shard could not
+be reached: send it again) or 502 listing each status (`sharding.broadcast_outcome`).
 
 This is a wrapper around the client's httpx transport, so the calls, the retry policy and the
 decoding stay the ones of a plain client.
@@ -20,7 +21,7 @@ from collections.abc import Sequence
 import httpx
 
 from ._builder import normalize_url
-from .sharding import DEFAULT_NAMESPACE, disagreement, is_broadcast, shard_for, shard_ids
+from .sharding import DEFAULT_NAMESPACE, broadcast_outcome, is_broadcast, shard_for, shard_ids
 
 
 class ShardMap:
@@ -60,10 +61,10 @@ class ShardMap:
                 for i, url in enumerate(self.urls)]
 
     def combine(self, request: httpx.Request, responses: list[httpx.Response], bodies: list[bytes]) -> httpx.Response:
-        statuses = {s: r.status_code for s, r in zip(self.ids, responses)}
-        if len(set(statuses.values())) > 1:
-            message = disagreement(statuses)
-            return httpx.Response(502, json={"error": message, "details": [{"loc": ["shards"], "msg": message}]},
+        outcome = broadcast_outcome({s: r.status_code for s, r in zip(self.ids, responses)})
+        if outcome is not None:
+            status, message = outcome
+            return httpx.Response(status, json={"error": message, "details": [{"loc": ["shards"], "msg": message}]},
                                   request=request)
         home = responses[self.home]
         return httpx.Response(home.status_code, headers=home.headers, content=bodies[self.home], request=request)

@@ -69,7 +69,14 @@ def is_broadcast(method: str, path: str) -> bool:
     return any(method == m and p.fullmatch(path) for m, p in _BROADCAST)
 
 
-def disagreement(statuses: dict[str, int]) -> str:
-    """The message of the 502 that a broadcast gets when the shards answered it differently."""
+def broadcast_outcome(statuses: dict[str, int]) -> tuple[int, str] | None:
+    """How a request sent to every shard ends, from each shard's status: None when they agree (all
+    succeeded, or all failed alike: the namespace's shard's answer stands); else (status, message):
+    503 when the only failures are shards that could not be reached (503: restarting; sending the
+    request again is safe, a registration of the same graph succeeds again), 502 otherwise."""
+    if len(set(statuses.values())) == 1 or all(200 <= st < 300 for st in statuses.values()):
+        return None
     listing = ", ".join(f"{s}: {st}" for s, st in statuses.items())
-    return f"the shards disagree on this request ({listing}); it may have been applied on some of them"
+    if all(200 <= st < 300 or st == 503 for st in statuses.values()):
+        return 503, f"not every shard could be reached ({listing}); send the request again"
+    return 502, f"the shards disagree on this request ({listing}); it may have been applied on some of them"

@@ -36,9 +36,10 @@ def response_of(answer: Answer, shard: str | None = None) -> Response:
     return response
 
 
-def error(status: int, message: str, loc: list) -> Answer:
+def error(status: int, message: str, loc: list, headers: dict | None = None) -> Answer:
     body = orjson.dumps(error_body(message, [{"loc": loc, "msg": message}]))
-    return status, [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())], body
+    extra = [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    return status, [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), *extra], body
 
 
 def with_body(answer: Answer, body: bytes, content_type: bytes | None = None) -> Answer:

@@ -22,9 +22,12 @@ back, move them again). Requests that are not one namespace's:
   and namespace (scaleout/metrics.py).
 - fusion registration and removal (POST /v2/fusions, DELETE /v2/fusions/{key}, the model repository's
   load/unload): sent to every shard, so any namespace can run the fusion; the answer is the
-  namespace's shard's when every shard agrees (same status), else 502 listing each shard's status.
+  namespace's shard's when every shard succeeds (or all fail alike), else 503 when the only failures
+  are shards that could not be reached (send it again), 502 listing each shard's status otherwise.
   Each shard keeps what it applied in the registry, which restores it on a replacement replica.
 - everything else (buffers, runs, plans, regions, metadata, stats): the namespace's shard.
+A shard whose replica died under a request, or is not there, answers 503 with Retry-After: 1 (the SDK
+sends the request again); requests sent while Ray starts a new replica wait for it.
 """
 
 from __future__ import annotations
@@ -36,7 +39,27 @@ from starlette.responses import JSONResponse, Response
 
 from . import metrics
 from .asgi import Call, call_of, error, response_of, with_body
-from .routing import NAMESPACE_HEADER, NamespaceError, disagreement, is_broadcast, parse_namespace, shard_for
+from .routing import (
+    NAMESPACE_HEADER,
+    NamespaceError,
+    broadcast_outcome,
+    is_broadcast,
+    parse_namespace,
+    shard_for,
+)
+
+
+def _unavailable() -> tuple:
+    from ray.exceptions import RayActorError
+    from ray.serve.exceptions import DeploymentUnavailableError, ReplicaUnavailableError
+
+    return RayActorError, DeploymentUnavailableError, ReplicaUnavailableError
+
+
+try:
+    _UNAVAILABLE = _unavailable()
+except ImportError:  # no Ray (unit tests of the routing): nothing to catch
+    _UNAVAILABLE = ()
 
 
 def _error(status: int, message: str, loc: list) -> Response:
@@ -78,16 +101,23 @@ class Ingress:
         return response_of(await self._send(home, call), home)
 
     async def _send(self, shard: str, call: Call):
-        return await self.shards[shard].forward.remote(*call)
+        """The shard's answer; 503 (Retry-After: 1) when its replica died under the request or is not
+        there: it may or may not have run, and whatever it did is gone with the replica, so a client
+        may send it again (the SDK does, for every method), then to the replica Ray starts."""
+        try:
+            return await self.shards[shard].forward.remote(*call)
+        except _UNAVAILABLE as e:
+            return error(503, f"shard {shard} is unavailable (its replica died or is being replaced): "
+                              f"{type(e).__name__}; send the request again", ["shards", shard], {"Retry-After": "1"})
 
     async def _all(self, call: Call) -> dict:
         return dict(zip(self.ids, await asyncio.gather(*(self._send(s, call) for s in self.ids))))
 
     async def _broadcast(self, call: Call, home: str) -> Response:
         answers = await self._all(call)
-        statuses = {s: a[0] for s, a in answers.items()}
-        if len(set(statuses.values())) > 1:
-            return _error(502, disagreement(statuses), ["shards"])
+        outcome = broadcast_outcome({s: a[0] for s, a in answers.items()})
+        if outcome is not None:
+            return response_of(error(*outcome, ["shards"], {"Retry-After": "1"} if outcome[0] == 503 else None))
         return response_of(answers[home], home)
 
     async def _ready(self, call: Call) -> Response:

@@ -14,7 +14,7 @@ from segfuse.client.sharding import (
     NAMESPACE_RULE,
     SHARD_HEADER,
     NamespaceError,
-    disagreement,
+    broadcast_outcome,
     is_broadcast,
     parse_namespace,
     shard_for,
@@ -23,4 +23,4 @@ from segfuse.client.sharding import (
 )
 
 __all__ = ["DEFAULT_NAMESPACE", "NAMESPACE_HEADER", "NAMESPACE_RULE", "SHARD_HEADER", "NamespaceError",
-           "disagreement", "is_broadcast", "parse_namespace", "shard_for", "shard_ids", "weight"]
+           "broadcast_outcome", "is_broadcast", "parse_namespace", "shard_for", "shard_ids", "weight"]

@@ -83,6 +83,18 @@ def test_shards_that_disagree_give_502_listing_them():
     assert "shard-0: 201, shard-1: 201, shard-2: 409" in e.value.message
 
 
+def test_a_shard_out_of_reach_gives_503_and_success_codes_agree():
+    transport, _ = _recording({"s1.test": 503})
+    with Client(shards=URLS, transport=transport, retries=0) as c:
+        with pytest.raises(SegfuseError, match="not every shard could be reached") as e:
+            c.register(MOE_PROBLEM_SIZES)
+    assert e.value.status == 503  # the SDK's retry policy sends a 503 again (here retries=0)
+    transport, _ = _recording({"s0.test": 200})  # 200 (had it) and 201 (new): both succeeded
+    with Client(shards=URLS, transport=transport, namespace=next(f"n{i}" for i in range(99) if oracle(f"n{i}", 3) == 2),
+                retries=0) as c:
+        assert c.register(MOE_PROBLEM_SIZES).info["host"] == "s2.test"
+
+
 def test_async_client_broadcasts_too():
     transport, seen = _recording()
 
