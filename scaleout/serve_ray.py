@@ -89,10 +89,14 @@ def build_shard(args: dict[str, Any]):
     settings = {**dict(args.get("settings") or {}), "backend": backend}
     if backend == "cupy":
         settings["device"] = 0  # Ray sets CUDA_VISIBLE_DEVICES to the replica's one GPU
-    actor = {"num_cpus": float(args.get("shard_cpus", 1)), "num_gpus": 1 if backend == "cupy" else 0}
     deployment = serve.deployment(Shard).options(name="shard", num_replicas=1, max_ongoing_requests=MAX_ONGOING,
-                                                 ray_actor_options=actor)
+                                                 ray_actor_options=shard_resources(args))
     return deployment.bind(f"shard-{index}", settings, max_namespaces)
+
+
+def shard_resources(args: dict[str, Any]) -> dict:
+    """What a shard's replica reserves: shard_cpus CPUs, and one GPU with backend cupy."""
+    return {"num_cpus": float(args.get("shard_cpus", 1)), "num_gpus": 1 if args.get("backend", "numpy") == "cupy" else 0}
 
 
 def build_ingress(args: dict[str, Any]):

@@ -8,7 +8,6 @@ the module (starting one costs ~12 s here, stopping ~7 s)."""
 
 from __future__ import annotations
 
-import importlib
 import os
 import signal
 import socket
@@ -18,7 +17,6 @@ import httpx
 import numpy as np
 import pytest
 from conftest import MOE_PROBLEM_SIZES, LiveServer
-from segfuse.cli import main as cli_main
 from segfuse.client import Buffer, Client, SegfuseError
 from segfuse.scaleout.routing import shard_for
 
@@ -26,7 +24,6 @@ pytest.importorskip("ray.serve", reason="segfuse serve-ray needs the ray extra")
 pytestmark = pytest.mark.timeout(180)
 
 SHARDS = ["shard-0", "shard-1"]
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _namespace_on(shard: str, prefix: str) -> str:
@@ -269,59 +266,3 @@ def test_a_restarted_shard_says_so_and_works(ingress, registered):
         for name in ("moe_problem_sizes", "direct_hist"):
             res = b.run(name, inputs={"topk_ids": Buffer("again")})
             np.testing.assert_array_equal(res["counts"], np.bincount(ids.ravel(), minlength=16))
-
-
-def check_serve_config(doc: dict, shards: int) -> list:
-    """`doc` is a valid Serve config (Ray Serve's own schema) whose applications really build: the
-    ingress of `shards` shards at /, shard i at /shards/shard-<i>. Returns the applications' args."""
-    from ray import serve
-    from ray.serve.schema import ServeDeploySchema
-    from segfuse.scaleout import serve_ray
-
-    config = ServeDeploySchema.model_validate(doc)
-    apps = {a.name: a for a in config.applications}
-    assert set(apps) == {"segfuse", *(f"segfuse-shard-{i}" for i in range(shards))}
-    assert apps["segfuse"].route_prefix == "/" and apps["segfuse"].args["shards"] == shards
-    for i in range(shards):
-        assert apps[f"segfuse-shard-{i}"].route_prefix == f"/shards/shard-{i}"
-        assert apps[f"segfuse-shard-{i}"].args["shard"] == i
-    for app in apps.values():
-        module, _, name = app.import_path.partition(":")
-        builder = getattr(importlib.import_module(module), name)  # the import path resolves ...
-        assert builder in (serve_ray.build_ingress, serve_ray.build_shard)
-        assert isinstance(builder(app.args), serve.Application)  # ... and its args build
-    return [a.args for a in config.applications]
-
-
-def test_config_example_is_a_valid_serve_config_and_builds():
-    import yaml
-
-    with open(os.path.join(ROOT, "examples", "serve-ray.yaml")) as f:
-        check_serve_config(yaml.safe_load(f), 2)
-
-
-def test_print_config_writes_a_valid_config(capsys):
-    import yaml
-
-    assert cli_main(["serve-ray", "--shards", "3", "--max-namespaces", "5", "--print-config"]) == 0
-    args = check_serve_config(yaml.safe_load(capsys.readouterr().out), 3)
-    assert [a["max_namespaces"] for a in args[1:]] == [5, 5, 5]
-
-
-@pytest.mark.parametrize("builder, args, message", [
-    ("build_ingress", {"shards": 0}, "at least 1"), ("build_shard", {"backend": "auto"}, "numpy or cupy"),
-    ("build_shard", {"max_namespaces": 0}, "max_namespaces must be an integer of at least 1"),
-    ("build_ingress", {"replicas": 2}, "unknown ingress arguments"),
-    ("build_shard", {"shards": 2}, "unknown shard arguments")])
-def test_bad_arguments(builder, args, message):
-    from segfuse.scaleout import serve_ray
-
-    with pytest.raises(ValueError, match=message):
-        getattr(serve_ray, builder)(args)
-
-
-@pytest.mark.parametrize("argv, message", [(["--shards", "0"], "at least 1"),
-                                           (["--max-namespaces", "0"], "at least 1")])
-def test_cli_reports_bad_arguments(capsys, argv, message):
-    assert cli_main(["serve-ray", *argv]) == 2
-    assert message in capsys.readouterr().err
