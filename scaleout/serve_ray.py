@@ -32,7 +32,11 @@ IMPORT_PATH = "segfuse.scaleout.serve_ray"
 # Requests a replica takes at once. Ray's default (5) would queue in Ray what the segfuse runtime
 # itself batches and bounds (max_queued_runs, then 429).
 MAX_ONGOING = 1024
-SHARD_ARGS = {"shard", "backend", "shard_cpus", "settings", "max_namespaces"}
+SHARD_ARGS = {"shard", "backend", "shard_cpus", "settings", "max_namespaces", "health_check_period_s"}
+# How often Ray Serve's controller checks a shard replica. It finds a dead replica by this check, so it
+# bounds how long a shard's namespaces wait after a crash before a new replica starts (Ray's default,
+# 10 s, made that window 8-15 s here; docs/operations.md, "Scaling out").
+HEALTH_CHECK_PERIOD_S = 2.0
 INGRESS_ARGS = {"shards", "ingress_cpus"}
 # Ray Serve's high-throughput mode (Ray >= 2.55; docs.ray.io, "Enable High Throughput on Ray Serve
 # with KubeRay"): HAProxy instead of Ray's Python proxy on the HTTP port, forwarding to the ingress
@@ -76,7 +80,8 @@ def _count(args: dict, key: str, default: int, least: int) -> int:
 def build_shard(args: dict[str, Any]):
     """Shard `shard` (an index, default 0): args also take backend ("numpy" or "cupy"; default
     numpy), shard_cpus (CPUs reserved, default 1), settings (dict of Settings overrides) and
-    max_namespaces (runtimes the shard holds at most, default 64). A `serve run` config names it."""
+    max_namespaces (runtimes the shard holds at most, default 64), health_check_period_s (default
+    2). A `serve run` config names it."""
     serve = _serve()
     from .shard import Shard
 
@@ -89,8 +94,11 @@ def build_shard(args: dict[str, Any]):
     settings = {**dict(args.get("settings") or {}), "backend": backend}
     if backend == "cupy":
         settings["device"] = 0  # Ray sets CUDA_VISIBLE_DEVICES to the replica's one GPU
+    period = float(args.get("health_check_period_s", HEALTH_CHECK_PERIOD_S))
+    if not period > 0:
+        raise ValueError(f"health_check_period_s must be a number of seconds above 0, not {period!r}")
     deployment = serve.deployment(Shard).options(name="shard", num_replicas=1, max_ongoing_requests=MAX_ONGOING,
-                                                 ray_actor_options=shard_resources(args))
+                                                 ray_actor_options=shard_resources(args), health_check_period_s=period)
     return deployment.bind(f"shard-{index}", settings, max_namespaces)
 
 
