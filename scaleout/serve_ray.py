@@ -77,6 +77,29 @@ def _count(args: dict, key: str, default: int, least: int) -> int:
     return value
 
 
+def _number(args: dict, key: str, default: float, positive: bool) -> float:
+    value = args.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (positive and value == 0):
+        raise ValueError(f"{key} must be a number {'above' if positive else 'of at least'} 0, not {value!r}")
+    return float(value)
+
+
+def _settings(settings: Any, backend: str) -> dict:
+    """The shards' Settings overrides, checked here (a bad one would fail every replica's start)."""
+    from segfuse.server.settings import Settings
+
+    if not isinstance(settings, dict):
+        raise ValueError(f"settings must be a mapping of Settings fields, not {type(settings).__name__}")
+    settings = {**settings, "backend": backend}
+    if backend == "cupy":
+        settings["device"] = 0  # Ray sets CUDA_VISIBLE_DEVICES to the replica's one GPU
+    try:
+        Settings.from_env(**settings)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"settings: {e}") from None
+    return settings
+
+
 def build_shard(args: dict[str, Any]):
     """Shard `shard` (an index, default 0): args also take backend ("numpy" or "cupy"; default
     numpy), shard_cpus (CPUs reserved, default 1), settings (dict of Settings overrides) and
@@ -91,12 +114,8 @@ def build_shard(args: dict[str, Any]):
     backend = args.get("backend", "numpy")
     if backend not in ("numpy", "cupy"):
         raise ValueError(f"backend must be numpy or cupy (a shard owns one GPU or none), not {backend!r}")
-    settings = {**dict(args.get("settings") or {}), "backend": backend}
-    if backend == "cupy":
-        settings["device"] = 0  # Ray sets CUDA_VISIBLE_DEVICES to the replica's one GPU
-    period = float(args.get("health_check_period_s", HEALTH_CHECK_PERIOD_S))
-    if not period > 0:
-        raise ValueError(f"health_check_period_s must be a number of seconds above 0, not {period!r}")
+    settings = _settings(args.get("settings") or {}, backend)
+    period = _number(args, "health_check_period_s", HEALTH_CHECK_PERIOD_S, positive=True)
     deployment = serve.deployment(Shard).options(name="shard", num_replicas=1, max_ongoing_requests=MAX_ONGOING,
                                                  ray_actor_options=shard_resources(args), health_check_period_s=period)
     return deployment.bind(f"shard-{index}", settings, max_namespaces)
@@ -104,7 +123,8 @@ def build_shard(args: dict[str, Any]):
 
 def shard_resources(args: dict[str, Any]) -> dict:
     """What a shard's replica reserves: shard_cpus CPUs, and one GPU with backend cupy."""
-    return {"num_cpus": float(args.get("shard_cpus", 1)), "num_gpus": 1 if args.get("backend", "numpy") == "cupy" else 0}
+    return {"num_cpus": _number(args, "shard_cpus", 1, positive=False),
+            "num_gpus": 1 if args.get("backend", "numpy") == "cupy" else 0}
 
 
 def build_ingress(args: dict[str, Any]):
@@ -117,7 +137,7 @@ def build_ingress(args: dict[str, Any]):
     n = _count(args, "shards", 2, 1)
     ingress = serve.deployment(Ingress).options(
         name="ingress", max_ongoing_requests=MAX_ONGOING,
-        ray_actor_options={"num_cpus": float(args.get("ingress_cpus", 0))})
+        ray_actor_options={"num_cpus": _number(args, "ingress_cpus", 0, positive=False)})
     return ingress.bind({sid: shard_app(i) for i, sid in enumerate(shard_ids(n))})
 
 

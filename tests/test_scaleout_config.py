@@ -56,7 +56,10 @@ def test_print_config_writes_a_valid_config(capsys):
 @pytest.mark.parametrize("builder, args, message", [
     ("build_ingress", {"shards": 0}, "at least 1"), ("build_shard", {"backend": "auto"}, "numpy or cupy"),
     ("build_shard", {"max_namespaces": 0}, "max_namespaces must be an integer of at least 1"),
-    ("build_shard", {"health_check_period_s": 0}, "health_check_period_s must be a number of seconds above 0"),
+    ("build_shard", {"health_check_period_s": 0}, "health_check_period_s must be a number above 0"),
+    ("build_shard", {"shard_cpus": "many"}, "shard_cpus must be a number of at least 0"),
+    ("build_shard", {"settings": {"max_queued_runs": 0}}, "settings: max_queued_runs must be at least 1"),
+    ("build_shard", {"settings": {"colour": "red"}}, "settings: .*colour"),
     ("build_ingress", {"replicas": 2}, "unknown ingress arguments"),
     ("build_shard", {"shards": 2}, "unknown shard arguments")])
 def test_bad_arguments(builder, args, message):
