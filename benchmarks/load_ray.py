@@ -1,6 +1,6 @@
-"""Runs/s and latency of `segfuse serve-ray` on loopback (NumPy shards): through its ingress, and in
-the SDK's direct sharded mode (each client on its shard's own route, /shards/shard-<i>), next to a
-direct `segfuse serve`, all in one run. The cached MoE histogram of benchmarks/load.py on a resident
+"""Runs/s and latency of `segfuse serve-ray` on loopback (NumPy shards; CuPy with --backend cupy):
+through its ingress, and in the SDK's direct sharded mode (each client on its shard's own route,
+/shards/shard-<i>), next to a direct `segfuse serve`, all in one run. The cached MoE histogram of benchmarks/load.py on a resident
 buffer, driven by wrk (benchmarks/wrk/infer_ns.lua: the namespace in a header).
 
 Each configuration is started as a user would (`segfuse serve-ray --shards N --proxy P`, its own
@@ -40,12 +40,13 @@ from segfuse.scaleout import shard_for
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def start_serve_ray(shards: int, proxy: str) -> tuple[subprocess.Popen, str]:
+def start_serve_ray(shards: int, proxy: str, backend: str = "numpy") -> tuple[subprocess.Popen, str]:
     """`segfuse serve-ray` as a user starts it, on a free port; (process, URL) once ready."""
     port = load.free_port()
     env = dict(os.environ, SEGFUSE_LOG_LEVEL="warning")
     cmd = [sys.executable, "-c", "import sys; from segfuse.cli import main; sys.exit(main())", "serve-ray",
-           "--shards", str(shards), "--port", str(port), "--proxy", proxy, "--max-queued-runs", "4096"]
+           "--shards", str(shards), "--port", str(port), "--proxy", proxy, "--backend", backend,
+           "--max-queued-runs", "4096"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -139,13 +140,14 @@ def _keep(result: tuple, summaries: list):
 def bench(args) -> dict:
     result = {**load.environment(), "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "tokens": args.tokens, "topk": args.topk, "experts": args.experts, "duration_s": args.duration,
-              "connections": args.connections, "wrk_version": load_wrk.wrk_version(args.wrk), "rows": []}
+              "connections": args.connections, "wrk_version": load_wrk.wrk_version(args.wrk), "backend": args.backend,
+              "rows": []}
     py_spy = find_py_spy(None) if args.profile else None
 
-    proc, url = load.start_server("numpy", None)
+    proc, url = load.start_server(args.backend, None)
     try:
         _, fid, _ = load.setup(url, {}, args)
-        result["rows"].append({"target": "segfuse serve --backend numpy", "shards": 1, "levels":
+        result["rows"].append({"target": f"segfuse serve --backend {args.backend}", "shards": 1, "levels":
                                levels(args, [(url, fid, "default")], -1, servers={proc.pid})})
         print(_line(result["rows"][-1]), flush=True)
     finally:
@@ -153,7 +155,7 @@ def bench(args) -> dict:
         proc.wait(30)
     for proxy in args.proxies:
         for n in args.shards:
-            proc, url = start_serve_ray(n, proxy)
+            proc, url = start_serve_ray(n, proxy, args.backend)
             try:
                 spaces = namespaces(n)
                 fids = [load.setup(url, {"Segfuse-Namespace": ns}, args)[1] for ns in spaces]
@@ -183,7 +185,8 @@ def _line(row: dict) -> str:
 
 def table(result: dict) -> str:
     m = result["machine"]
-    lines = [f"## segfuse serve-ray on loopback: NumPy shards, {m['cpus']} CPUs ({m['cpu_model']}), {result['time']}",
+    lines = [f"## segfuse serve-ray on loopback: {result['backend']} shards, {m['cpus']} CPUs ({m['cpu_model']}), "
+             f"{result['time']}",
              f"moe_problem_sizes T={result['tokens']} K={result['topk']} E={result['experts']} on a resident buffer, "
              f"wrk {result['wrk_version']}, {result['duration_s']:g} s per level, commit {result['commit']}", "",
              f"| target | shards | 1 connection: runs/s, p50, p99 | {result['connections']} connections over the "
@@ -210,6 +213,8 @@ def table(result: dict) -> str:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--backend", default="numpy", choices=["numpy", "cupy"],
+                   help="of the shards and the direct server (cupy: a GPU per shard, so N shards need N GPUs)")
     p.add_argument("--shards", default="1,2", help="comma-separated shard counts (default 1,2)")
     p.add_argument("--proxies", default="haproxy,ray", help="comma-separated: haproxy, ray (default both)")
     p.add_argument("--connections", type=int, default=8, help="wrk connections of the second level, in all")
