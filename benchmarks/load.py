@@ -71,18 +71,25 @@ def start_server(backend: str, token: str | None, switch_interval: float | None 
            "--max-queued-runs", "4096"]
     proc = subprocess.Popen(cmd, env=env)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
+    if not wait_ready(proc, url, 120, "segfuse serve"):
+        proc.kill()
+        raise SystemExit("segfuse serve did not become ready in 120 s")
+    return proc, url
+
+
+def wait_ready(proc: subprocess.Popen, url: str, seconds: float, what: str, poll: float = 0.1) -> bool:
+    """Whether `url`/v2/health/ready answered 200 within `seconds`; exits if `proc` ends first."""
+    deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"segfuse serve exited with status {proc.returncode}")
+            raise SystemExit(f"{what} exited with status {proc.returncode}")
         try:
             if httpx.get(url + "/v2/health/ready", timeout=2).status_code == 200:
-                return proc, url
+                return True
         except httpx.TransportError:
             pass
-        time.sleep(0.1)
-    proc.kill()
-    raise SystemExit("segfuse serve did not become ready in 120 s")
+        time.sleep(poll)
+    return False
 
 
 def in_process_baseline(backend: str, ids: np.ndarray, experts: int, duration: float) -> dict:

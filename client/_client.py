@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -15,16 +15,28 @@ import numpy as np
 from ._builder import Call, _Calls, _RequestBuilder
 from ._regions import RegionCalls
 from ._retry import RetryPolicy, retrying
+from ._sharded import AsyncShardedTransport, ShardedTransport, ShardMap
 from ._types import FusionRef, Region, RunResult
+from .sharding import parse_namespace
 
 DEFAULT_TIMEOUT = httpx.Timeout(60.0, connect=5.0)  # a first GPU run may compile for seconds
+DEFAULT_URL = "127.0.0.1:8000"
 
 
 class _BaseClient:
-    def __init__(self, url: str, token: str | None, timeout, retries: int, backoff: float, max_backoff: float,
-                 namespace: str | None):
+    def __init__(self, url: str | None, token: str | None, timeout, retries: int, backoff: float,
+                 max_backoff: float, namespace: str | None, shards: Sequence[str] | None):
+        if namespace is not None:
+            parse_namespace(namespace)  # a bad one fails here, naming the rule, not at the server
         self.namespace = namespace
-        self._build = _RequestBuilder(url, token, namespace)
+        self._shards = None
+        if shards is not None:
+            if url is not None:
+                raise ValueError("give url (a server or serve-ray's ingress) or shards (direct sharded mode), "
+                                 "not both")
+            self._shards = ShardMap(shards, namespace)
+            url = self._shards.home_url
+        self._build = _RequestBuilder(DEFAULT_URL if url is None else url, token, namespace)
         self._calls = _Calls(self._build)
         self._regions = RegionCalls(self._build)
         self.timeout = timeout if isinstance(timeout, httpx.Timeout) else httpx.Timeout(timeout)
@@ -32,9 +44,22 @@ class _BaseClient:
 
     @property
     def url(self) -> str:
+        """The server's URL; in direct sharded mode, the URL of the namespace's shard."""
         return self._build.base_url
 
+    @property
+    def shards(self) -> list[str] | None:
+        """The shard URLs of direct sharded mode, in shard order; None for a plain client."""
+        return None if self._shards is None else list(self._shards.urls)
+
+    @property
+    def shard(self) -> str | None:
+        """The id of the namespace's shard in direct sharded mode ("shard-<i>"); None for a plain client."""
+        return None if self._shards is None else self._shards.ids[self._shards.home]
+
     def __repr__(self) -> str:
+        if self._shards is not None:
+            return f"{type(self).__name__}(shards={self._shards.urls!r}, namespace={self.namespace!r})"
         return f"{type(self).__name__}({self.url!r})"
 
 
@@ -46,8 +71,13 @@ class Client(_BaseClient):
             res = c.run("moe_problem_sizes", inputs={"topk_ids": Buffer("ids_0")}, outputs=["counts"])
             res["counts"]
 
-    `url` is "host:port" or a full URL; `token` is the server's bearer token, if it has one.
-    Every failure raises `SegfuseError`.
+    `url` is "host:port" or a full URL (default 127.0.0.1:8000); `token` is the server's bearer
+    token, if it has one. Every failure raises `SegfuseError`.
+
+    `namespace` is sent as the Segfuse-Namespace header (`segfuse serve-ray` keeps each namespace's
+    buffers on one shard). `shards=[url0, url1, ...]` instead of `url` is direct sharded mode: the
+    client sends its requests to the namespace's shard itself (the i-th URL is shard-i, chosen by
+    the ingress's own hash), fusion registrations to every shard; see `segfuse.client._sharded`.
 
     A request refused with 429 (run queue full) or 503 (not ready) is sent again up to `retries`
     times, after the server's Retry-After or `backoff` * 2**n seconds (at most `max_backoff`);
@@ -55,13 +85,15 @@ class Client(_BaseClient):
     reached the server is not repeated: it may have run). `retries=0` sends every request once.
     """
 
-    def __init__(self, url: str = "127.0.0.1:8000", token: str | None = None,
+    def __init__(self, url: str | None = None, token: str | None = None,
                  timeout: float | httpx.Timeout = DEFAULT_TIMEOUT, *, retries: int = 3, backoff: float = 0.25,
                  max_backoff: float = 10.0, transport: httpx.BaseTransport | None = None,
-                 namespace: str | None = None):
-        super().__init__(url, token, timeout, retries, backoff, max_backoff, namespace)
+                 namespace: str | None = None, shards: Sequence[str] | None = None):
+        super().__init__(url, token, timeout, retries, backoff, max_backoff, namespace, shards)
         if transport is None:  # httpx retries failed connects itself; given a transport, it is the caller's
             transport = httpx.HTTPTransport(retries=retries)
+        if self._shards is not None:
+            transport = ShardedTransport(transport, self._shards)
         self._http = httpx.Client(timeout=self.timeout, transport=transport)
 
     def _send(self, call: Call):
@@ -183,13 +215,15 @@ class AsyncClient(_BaseClient):
             res = await c.run(graph, inputs={"topk_ids": ids})
     """
 
-    def __init__(self, url: str = "127.0.0.1:8000", token: str | None = None,
+    def __init__(self, url: str | None = None, token: str | None = None,
                  timeout: float | httpx.Timeout = DEFAULT_TIMEOUT, *, retries: int = 3, backoff: float = 0.25,
                  max_backoff: float = 10.0, transport: httpx.AsyncBaseTransport | None = None,
-                 namespace: str | None = None):
-        super().__init__(url, token, timeout, retries, backoff, max_backoff, namespace)
+                 namespace: str | None = None, shards: Sequence[str] | None = None):
+        super().__init__(url, token, timeout, retries, backoff, max_backoff, namespace, shards)
         if transport is None:
             transport = httpx.AsyncHTTPTransport(retries=retries)
+        if self._shards is not None:
+            transport = AsyncShardedTransport(transport, self._shards)
         self._http = httpx.AsyncClient(timeout=self.timeout, transport=transport)
 
     async def _send(self, call: Call):

@@ -1,6 +1,8 @@
 """A shard (scaleout/shard.py) without Ray: each namespace gets its own runtime, so namespaces that
 share a shard never see each other's buffers; registrations reach every namespace, those made later
-too; a shard holds at most max_namespaces. Oracle: the bytes put, np.bincount."""
+too; a shard holds at most max_namespaces; a replica that replaces another (told by the registry, here
+a local one) gets its registrations back and says so in its 404s; /metrics is every namespace's,
+labelled. Oracles: the bytes put, np.bincount, prometheus_client's own parser, the runs made."""
 
 from __future__ import annotations
 
@@ -25,9 +27,10 @@ GRAPH = {"format": "segfuse.fusion/1", "name": "hist",
 async def make_shard():
     made = []
 
-    async def make(**kw):
+    async def make(shard_id="shard-0", **kw):
+        kw.setdefault("registry_name", None)
         shard = Shard.__new__(Shard)
-        await shard.__init__("shard-0", {"backend": "numpy"}, **kw)
+        await shard.__init__(shard_id, {"backend": "numpy"}, **kw)
         made.append(shard)
         return shard
 
@@ -40,7 +43,7 @@ async def call(shard, method, path, namespace=None, body=b"", content_type="appl
     headers = [(b"content-type", content_type.encode()), (b"accept", b"application/json")]
     if namespace is not None:
         headers.append((b"segfuse-namespace", namespace.encode()))
-    status, raw_headers, data, _ = await shard.forward(method, path.encode(), query, headers, body)
+    status, raw_headers, data = await shard.forward(method, path.encode(), query, headers, body)
     return status, data
 
 
@@ -106,3 +109,53 @@ async def test_concurrent_first_requests_of_a_namespace_make_one_runtime(make_sh
     assert (await get(shard, "new", "x"))[1]["data"] == [1]
     assert (await get(shard, "new", "y"))[1]["data"] == [2]
     assert (await shard.identity())["namespaces"] == ["default", "new"]
+
+
+async def run_hist(shard, namespace, ids):
+    await put(shard, namespace, "ids", ids)
+    body = json.dumps({"inputs": [{"name": "ids", "parameters": {"buffer": "ids"}}]}).encode()
+    return await call(shard, "POST", "/v2/models/hist/infer", namespace, body)
+
+
+async def test_a_replacement_gets_the_registrations_back_and_says_it_restarted(make_shard):
+    from segfuse.scaleout.registry import Registry
+
+    registry = Registry()
+    first = await make_shard(registry_name=registry)
+    other = await make_shard("shard-1", registry_name=registry)
+    assert (await call(first, "POST", "/v2/fusions", "a", json.dumps(GRAPH).encode()))[0] == 201
+    assert (await call(first, "POST", "/v2/fusions", "b", json.dumps(GRAPH).encode()))[0] == 200  # the same again
+    await put(first, "a", "x", [1])
+    assert first.replaced is None and (await get(first, "a", "nope"))[1].find(b"restarted") < 0
+    second = await make_shard(registry_name=registry)  # Ray replaced shard-0's replica
+    assert second.replaced == first.incarnation and other.replaced is None
+    status, data = await get(second, "a", "x")  # the buffer is gone, and the 404 says why
+    assert status == 404 and b"shard shard-0 restarted at " + second.incarnation.split("/")[0].encode() in data
+    status, data = await run_hist(second, "a", [2, 2, 5])  # the fusion is back, in a new namespace too
+    assert status == 200, data
+    assert json.loads(data)["outputs"][0]["data"] == np.bincount([2, 2, 5], minlength=8).tolist()
+    assert (await run_hist(other, "a", [1]))[0] == 404  # shard-1 never had it: nothing replayed there
+    assert b"restarted" not in (await get(other, "a", "x"))[1]
+    assert len(registry.start("shard-0", "later")[1]) == 1  # registering the same graph twice kept it once
+
+
+async def test_metrics_are_every_namespaces_labelled(make_shard):
+    from prometheus_client.parser import text_string_to_metric_families
+
+    shard = await make_shard()
+    await call(shard, "POST", "/v2/fusions", None, json.dumps(GRAPH).encode())
+    runs = {"a": 3, "b": 1}
+    for ns, n in runs.items():
+        for _ in range(n):
+            assert (await run_hist(shard, ns, [0, 1]))[0] == 200
+    status, data = await call(shard, "GET", "/metrics", "a")
+    assert status == 200
+    text = data.decode()
+    families = list(text_string_to_metric_families(text))
+    names = [f.name for f in families]
+    assert len(names) == len(set(names))  # each family once, its samples together
+    ok = {s.labels["namespace"]: s.value for f in families for s in f.samples
+          if s.name == "segfuse_runs_total" and s.labels.get("outcome") == "ok"}
+    assert ok == {"default": 0, **runs}
+    assert all(s.labels["shard"] == "shard-0" for f in families for s in f.samples)
+    assert text.count("# TYPE segfuse_runs_total ") == 1
