@@ -222,12 +222,13 @@ def _compile_fallback(rt, mod, types, prep, seg, err) -> Step:
 def _split_step(rt, fusion, seg, types, strides, prep, why) -> Step:
     """The segment as several launches: one per anchor (grid mode), CuPy or host for the rest.
     No piece writes in place (a scatter initializes its result from self), so the segment's
-    private copies may read their sources at the end: they run last (a lazily computed source is
-    materialized for them); a scatter whose self is a copy an earlier segment made reads the copy."""
-    copies = [(c.src, c.dst) for c in getattr(seg, "copies", None) or []]
+    private copies may read their sources at the end: those that later segments read run last (a
+    lazily computed source is materialized for them); a piece's scatter reads its self's source in
+    place of a copy made here, and the copy an earlier segment made in place of its source."""
+    copies = [(c.src, c.dst) for c in getattr(seg, "copies", None) or [] if c.dst in seg.outputs]
     dsts = {d for _, d in copies}
     outs = [o for o in seg.outputs if o not in dsts]
-    outs += [s for s, _ in copies if s not in seg.inputs and s not in outs]
+    outs += list(dict.fromkeys(s for s, _ in copies if s not in seg.inputs and s not in outs))
     reads = [a for a in getattr(seg, "aliases", None) or [] if getattr(a, "mode", "") == "copy" and a.buffer in seg.inputs]
     subs = []
     for nodes, ins, gouts in split_nodes(fusion, seg.nodes, seg.inputs, outs):
