@@ -2,7 +2,12 @@
 
 A hypothesis-driven generator grows a graph op by op: pointwise ops (unary, binary, where,
 clamp, cast; with number literals and broadcasting, size-1 dims and 0-d tensors), reductions,
-scans, sorts, gathers and the scatter family (duplicate indices with every reduce). Each op is
+scans, sorts, gathers and the scatter family (duplicate indices with every reduce), and indices the
+graph makes itself (sort/argsort/topk along any dim, argmax/argmin, integer sums) feeding gathers,
+scatters, take_along_axis, index_select and index_put; small sizes (one thread block) and large
+ones (grid-mode plans of several segments). Every plan these tests build is also compiled for
+sm_90 by the compile check (tests/compile_check.py), and tests/gpu/test_random_graphs_gpu.py runs
+the same generator on the GPU with fresh seeds. Each op is
 also evaluated at once with PyTorch (`TORCH` below: op name -> torch function, written from the
 PyTorch documentation, not from segfuse's NumPy references), so the generator knows every
 tensor's concrete shape and dtype and the final results to expect. Whenever segfuse rejects an
