@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily
 
 # The request counter's `method` label: these, or "other" (a label from the raw method would let
 # any client add series without bound).
@@ -35,6 +36,7 @@ class Metrics:
         self.fusions = Gauge("segfuse_fusions", "Registered fusions", registry=r)
         self.region_bytes = Gauge("segfuse_region_bytes", "Bytes of registered shared-memory regions", ["kind"], registry=r)
         self.regions = Gauge("segfuse_regions", "Registered shared-memory regions", ["kind"], registry=r)
+        r.register(_CompileFallbacks())
 
         self._request_counters: dict = {}
 
@@ -67,3 +69,25 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _CompileFallbacks:
+    """segfuse_compile_fallbacks{lowering}: generated kernels that did not compile, by the lowering
+    that ran instead (split, library, host); the process's count (one compiler per process),
+    read from the CUDA preparation when scraped."""
+
+    def describe(self):
+        return [self._family()]
+
+    def collect(self):
+        from segfuse.compiler.cuda.prepare import compile_fallbacks
+
+        fam = self._family()
+        for lowering, n in sorted(compile_fallbacks().items()):
+            fam.add_metric([lowering], n)
+        return [fam]
+
+    @staticmethod
+    def _family():
+        return CounterMetricFamily("segfuse_compile_fallbacks", "Generated kernels that did not compile, "
+                                   "by the lowering that ran instead", labels=["lowering"])

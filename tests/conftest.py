@@ -185,3 +185,16 @@ def live_server_factory():
     for s in started:
         s.stop()
 
+
+
+# ---- the compile check (tests/compile_check.py): every plan the session builds compiles --------
+def pytest_addoption(parser):
+    import compile_check
+
+    compile_check.addoption(parser)
+
+
+def pytest_configure(config):
+    import compile_check
+
+    compile_check.configure(config)

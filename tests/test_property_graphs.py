@@ -2,7 +2,12 @@
 
 A hypothesis-driven generator grows a graph op by op: pointwise ops (unary, binary, where,
 clamp, cast; with number literals and broadcasting, size-1 dims and 0-d tensors), reductions,
-scans, sorts, gathers and the scatter family (duplicate indices with every reduce). Each op is
+scans, sorts, gathers and the scatter family (duplicate indices with every reduce), and indices the
+graph makes itself (sort/argsort/topk along any dim, argmax/argmin, integer sums) feeding gathers,
+scatters, take_along_axis, index_select and index_put; small sizes (one thread block) and large
+ones (grid-mode plans of several segments). Every plan these tests build is also compiled for
+sm_90 by the compile check (tests/compile_check.py), and tests/gpu/test_random_graphs_gpu.py runs
+the same generator on the GPU with fresh seeds. Each op is
 also evaluated at once with PyTorch (`TORCH` below: op name -> torch function, written from the
 PyTorch documentation, not from segfuse's NumPy references), so the generator knows every
 tensor's concrete shape and dtype and the final results to expect. Whenever segfuse rejects an
@@ -20,7 +25,6 @@ change the answer.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -365,11 +369,18 @@ class T:
 
 
 # ---- the generator --------------------------------------------------------------------------
+# Sizes of the base shape: small ones (every graph fits one thread block), and the large ones
+# (`Gen(big=True)`) that make grid-mode plans of several segments, where a scatter's self gets a
+# private copy made by another segment (the topk -> scatter kernel of issue 15 did not compile).
+SMALL_DIMS = [1, 2, 3, 4, 5]
+BIG_SHAPES = [[128, 1024], [1024, 128], [131072], [2, 128, 1024], [40000, 3], [3, 40000], [1024, 1, 64], [33, 4099]]
+
+
 class Gen:
-    def __init__(self, data, max_ops: int, kinds: tuple):
+    def __init__(self, data, max_ops: int, kinds: tuple, big: bool = False):
         self.draw = data.draw
         self.rng = np.random.default_rng(self.draw(st.integers(0, 2**32 - 1), label="seed"))
-        self.max_ops, self.kinds = max_ops, kinds
+        self.max_ops, self.kinds, self.big = max_ops, kinds, big
         self.inputs: list[dict] = []
         self.ops: list[dict] = []
         self.arrays: dict[str, np.ndarray] = {}  # input data
@@ -377,8 +388,10 @@ class Gen:
         self.expect_error: str | None = None  # a run-time error PyTorch raised for the last op
         self.n = 0
         # a base shape: inputs take suffixes of it, some dims set to 1 (broadcasting)
-        rank = self.draw(st.integers(0, 3), label="rank")
-        self.base = [self.draw(st.sampled_from([1, 2, 3, 4, 5])) for _ in range(rank)]
+        if big:
+            self.base = list(self.draw(st.sampled_from(BIG_SHAPES), label="big_shape"))
+        else:
+            self.base = [self.draw(st.sampled_from(SMALL_DIMS)) for _ in range(self.draw(st.integers(0, 3), label="rank"))]
         self.symbolic = [self.draw(st.booleans()) and d > 1 for d in self.base]
 
     def fresh(self, prefix="t") -> str:
@@ -417,6 +430,8 @@ class Gen:
     def new_base_input(self) -> str:
         dtype = self.draw(st.sampled_from(INPUT_DTYPES), label="dtype")
         k = self.draw(st.integers(0, len(self.base)), label="suffix")
+        if self.big and self.draw(st.integers(0, 3)):
+            k = len(self.base)  # mostly large inputs: the whole base shape
         shape = [1 if self.draw(st.integers(0, 4)) == 0 else d for d in self.base[len(self.base) - k:]]
         return self.add_input(dtype, shape, symbolic_from_base=True)
 
@@ -749,6 +764,119 @@ class Gen:
         self.try_op("index_put", [x, i, vals], {"accumulate": acc},
                     exact_out=None if not (acc and is_float(v)) else False)
 
+    # -- indices made by the graph itself (the patterns of issue 15) --------------------------------
+    def gen_sort_index(self):
+        """sort/argsort/topk along any dim, in the middle of the graph, its indices (and values)
+        feeding a gather, take_along_axis, index_select, scatter or index_put."""
+        op = self.draw(st.sampled_from(["topk", "sort", "argsort"]), label="index_sort")
+        picked = self.pick_along(op)
+        if picked is None:
+            return
+        x, r, d, size = picked
+        if op == "topk":
+            attrs = {"k": self.draw(st.integers(min(size, 1), size)), "dim": d, "largest": self.draw(st.booleans())}
+        else:
+            attrs = {"dim": d, "descending": self.draw(st.booleans())}
+        outs = self.try_op(op, [x], attrs, n_out=1 if op == "argsort" else 2)
+        if outs and not self.expect_error:
+            self.use_indices(outs[-1], d % r, size, x, outs[0] if len(outs) == 2 else None)
+
+    def gen_reduce_index(self):
+        """Indices from a reduction: argmax/argmin, or an integer sum modulo the dim's size, along
+        one dim (kept), feeding the same consumers."""
+        op = self.draw(st.sampled_from(["argmax", "argmin", "sum"]), label="index_reduce")
+        picked = self.pick_along(op, lambda t: 0 not in t.value.shape and (op != "sum" or not is_float(t.value)))
+        if picked is None:
+            return
+        x, r, d, size = picked
+        keep = op == "sum" or self.draw(st.booleans())
+        outs = self.try_op(op, [x], {"dim" if op != "sum" else "dims": d, "keepdim": keep})
+        if outs and not keep:
+            outs = self.try_op("unsqueeze", outs, {"dim": d})
+        if outs and op == "sum":
+            outs = self.try_op("remainder", [outs[0], size], {})
+        if outs and not self.expect_error:
+            self.use_indices(outs[0], d % r, size, x, None)
+
+    def pick_along(self, op: str, pred=lambda t: True):
+        """(x, rank, dim, size along dim): an operand of rank >= 1 that `op` may read, and a dim."""
+        x = self.pick(lambda n, t: t.value.dim() >= 1 and self.usable(op)(n, t) and pred(t), label=op)
+        if x is None:
+            return None
+        r = self.t[x].value.dim()
+        d = self.draw(st.integers(-r, r - 1))
+        return x, r, d, self.t[x].value.shape[d]
+
+    def use_indices(self, idx: str, dn: int, size: int, x: str, vals: str | None):
+        """A consumer of `idx`: values in [0, size), no value repeated along dim dn, the shape of
+        `x` but (maybe) along dn; `vals` (when a sort made it) has idx's shape and x's dtype."""
+        i = self.t[idx].value
+        r = i.dim()
+        ishape = tuple(i.shape)
+        kind = self.draw(st.sampled_from(["gather", "take_along_axis", "scatter", "scatter", "index_put"]
+                                         + (["index_select"] if r == 1 else [])), label="index_use")
+        d = dn - r if self.draw(st.booleans()) else dn
+
+        def covers(t, bcast=False):  # a tensor that idx may index along dn (gather, scatter; or broadcast)
+            s = t.value.shape
+            return t.value.dim() == r and s[dn] >= size and size > 0 and all(
+                (s[k] == ishape[k] or 1 in (s[k], ishape[k])) if bcast else s[k] >= ishape[k]
+                for k in range(r) if k != dn)
+
+        if kind in ("gather", "take_along_axis"):
+            y = self.pick(lambda n, t: covers(t, kind == "take_along_axis"), label="gathered")
+            if y is not None:
+                self.try_op(kind, [y, idx], {"dim": d})
+        elif kind == "index_select":
+            y = self.pick(lambda n, t: t.value.dim() >= 1 and size in t.value.shape, label="selected")
+            if y is not None:
+                dims = [k for k, s in enumerate(self.t[y].value.shape) if s == size]
+                self.try_op("index_select", [y, idx], {"dim": self.draw(st.sampled_from(dims))})
+        elif kind == "scatter":
+            if size == 0:
+                return
+            src = vals if vals is not None and self.draw(st.booleans()) else None
+            how = self.draw(st.sampled_from(["input", "input", "existing"]), label="scatter_self")
+            dtype = self.t[src].value.dtype if src is not None else None
+            target = None
+            if how == "existing":
+                target = self.pick(lambda n, t: covers(t) and (dtype is None or t.value.dtype == dtype), label="self")
+            if target is None:  # a graph input: its scatter needs a private copy (no alias_of)
+                shape = list(self.t[x].value.shape)
+                target = self.add_input(DTYPE_NAME[dtype] if dtype is not None else
+                                        self.draw(st.sampled_from(INPUT_DTYPES)), shape)
+            tv = self.t[target].value
+            if src is None:
+                src = self.draw(st.sampled_from([True] if tv.dtype == torch.bool else [2, -1] if not is_float(tv)
+                                                else [0.5, -2.0])) if self.draw(st.integers(0, 2)) == 0 else \
+                    self.add_input(DTYPE_NAME[tv.dtype], list(ishape))
+            reduce = self.draw(st.sampled_from(["none", "add", "amax", "amin"]), label="reduce")
+            if reduce == "add" and tv.dtype == torch.bool:
+                reduce = "amax"
+            attrs = {"dim": d} if reduce == "none" else {"dim": d, "reduce": reduce}
+            # no destination repeats (idx is unique along dn): every reduce is one exact operation
+            self.try_op("scatter", [target, idx, src], attrs)
+        else:  # index_put along dim 0: idx's rows repeat values unless it is 1-D
+            if size == 0:
+                return
+            tail = [self.draw(st.sampled_from([1, 2, 3])) for _ in range(self.draw(st.integers(0, 1)))]
+            target = self.add_input(self.draw(st.sampled_from(INPUT_DTYPES)), [size] + tail)
+            tv = self.t[target].value
+            acc = r > 1 or self.draw(st.booleans())
+            if acc and tv.dtype == torch.bool:
+                acc = False if r == 1 else None
+            if acc is None:
+                return
+            region = list(ishape) + tail
+            if vals is not None and not tail and self.t[vals].value.dtype == tv.dtype and self.draw(st.booleans()):
+                put = vals
+            elif self.draw(st.integers(0, 2)) == 0:
+                put = self.draw(st.sampled_from([2, -1] if not is_float(tv) else [0.5, -2.0]))
+            else:
+                put = self.add_input(DTYPE_NAME[tv.dtype], region[len(region) - self.draw(st.integers(0, len(region))):])
+            self.try_op("index_put", [target, idx, put], {"accumulate": acc},
+                        exact_out=None if not (acc and is_float(tv)) else False)
+
     def gen_shape(self):
         op = self.draw(st.sampled_from(["reshape", "permute", "unsqueeze", "squeeze", "expand", "slice", "pad",
                                         "cat", "full_like", "iota"]), label="shape_op")
@@ -817,6 +945,7 @@ class Gen:
         "gather": ("gen_gather",),
         "shape": ("gen_shape", "gen_shape"),
         "scatter": ("gen_scatter", "gen_scatter", "gen_index_add", "gen_index_put"),
+        "indices": ("gen_sort_index", "gen_sort_index", "gen_reduce_index"),
     }
 
     def build(self) -> dict:
@@ -953,6 +1082,22 @@ def test_shape_graphs(data):
 
 @settings(max_examples=150, **COMMON)
 @given(st.data())
+def test_graph_made_index_graphs(data):
+    # sorts, topk and reductions in the middle of a graph whose indices feed the indexing ops
+    g = Gen(data, max_ops=6, kinds=("pointwise", "indices", "indices", "gather", "scatter"))
+    check(g, g.build())
+
+
+@settings(max_examples=60, **COMMON)
+@given(st.data())
+def test_large_graphs(data):
+    # 4099 to 2^18 elements: grid-mode plans of several segments (private copies across them)
+    g = Gen(data, max_ops=5, kinds=("pointwise", "reduction", "indices", "indices", "gather", "scatter"), big=True)
+    check(g, g.build())
+
+
+@settings(max_examples=150, **COMMON)
+@given(st.data())
 def test_mixed_chains(data):
     g = Gen(data, max_ops=10, kinds=("pointwise", "reduction", "shape", "gather", "scatter"))
     check(g, g.build())
@@ -1001,8 +1146,6 @@ def test_generator_makes_nontrivial_graphs(kinds):
     assert len(seen) >= 6
 
 
-_ = math
-
 
 # ---- graphs the random search found (kept as fixed regressions) ------------------------------
 def torch_eval(graph: dict, arrays: dict) -> dict:
@@ -1022,7 +1165,17 @@ def _g(inputs, ops, outputs):
         {"name": n, "dtype": d, "shape": s} for n, d, s in inputs], "ops": ops, "outputs": outputs}
 
 
+_RNG = np.random.default_rng(15)
+
 REGRESSIONS = {
+    # issue 15: the scatter's private copy of d is made by the topk's kernel, whose vector variant
+    # did not define d's lambda (NVRTC: identifier "v0" is undefined); the compile check compiles it
+    "topk_dim0_indices_feed_scatter_dim0": (
+        _g([("x", "float32", [128, 1024]), ("d", "float32", [128, 1024])],
+           [{"op": "topk", "out": ["v", "i"], "inputs": ["x"], "k": 8, "dim": 0},
+            {"op": "scatter", "out": "o", "inputs": ["d", "i", "v"], "dim": 0}], ["o"]),
+        {"x": _RNG.standard_normal((128, 1024)).astype(np.float32),
+         "d": _RNG.standard_normal((128, 1024)).astype(np.float32)}),
     # an identity permute returned its input itself; the in-place index_put then wrote the input
     "identity_permute_then_index_put": (
         _g([("x", "bool", [1]), ("i", "int64", [0]), ("j", "int64", [1])],

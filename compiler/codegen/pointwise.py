@@ -114,6 +114,8 @@ class PointwiseKernels:
             r = tuple(t.shape) == tuple(shape)
             if r and n in self.seg.inputs:
                 r = self.strides[n] == contiguous_strides(shape)
+            elif r and n in self.copies:  # a private copy reads its source: that is in the cone
+                r = ok(self.copies[n])
             elif r and n in self.producer:
                 nd = self.producer[n]
                 if nd.op.kind is OpKind.pointwise:

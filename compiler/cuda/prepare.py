@@ -4,6 +4,9 @@ the host -- with the plan's kernels compiled and loaded, once per signature."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
@@ -19,7 +22,10 @@ from ..segmenter.reference import split_nodes
 from ..segmenter.sort_epilogue import ROUTINE
 from .arrays import contiguous_strides, host_view
 from .library_sorts import library_run, sort_epilogue_run
+from .nvrtc import CompileError
 from .param_blocks import kernel_step
+
+log = logging.getLogger("segfuse.compiler")
 
 
 @dataclass
@@ -55,6 +61,9 @@ class Prepared:
     # server's plan route shows (Engine.kernel_modules)
     modules: list = field(default_factory=list)
     made: set = field(default_factory=set)  # tensors the steps so far made (inputs included)
+    # what a fallback from a kernel that does not compile needs: the graph, the run's input strides
+    fusion: object = None
+    in_strides: dict = field(default_factory=dict)
 
 
 def prepare_plan(rt, fusion, plan, bound, strides: dict) -> Prepared:
@@ -67,7 +76,7 @@ def prepare_plan(rt, fusion, plan, bound, strides: dict) -> Prepared:
     t0 = time.perf_counter()
     commits = plan.commits or commits_for(fusion.outputs, fusion.input_names, plan.views)
     prep = Prepared(plan, types, [], staged=[o.alias_of for o in fusion.outputs if o.alias_of is not None],
-                    outputs=tuple(commits), made=set(fusion.input_names))
+                    outputs=tuple(commits), made=set(fusion.input_names), fusion=fusion, in_strides=strides)
     c0 = rt.cache.stats.compile_s
     layout = dict(strides)  # element strides of the inputs, then of the views the plan makes
     keep = set(fusion.input_names) | {o.name for o in fusion.outputs}
@@ -266,26 +275,106 @@ def _view_outputs(fusion, seg, plan, made: set, copied: set) -> list:
 
 
 def _kernel(rt, mod, types, alias_buf, prep, seg) -> Step:
-    prep.kernels += sum(1 for ln in mod.launches if ln.vector_of is None)  # (a vector variant replaces its scalar twin)
-    prep.may_fail = prep.may_fail or mod.may_fail
-    prep.modules.append((seg.id, mod))
     if rt.cp is None:  # SourcesOnly: nothing to load
+        _count_module(prep, mod, seg)
         return Step("kernel", seg, None, mod.key)
-    rawmod = rt.cache.get(mod.source)
-    kernels = []
-    for ln in mod.launches:
-        k = rawmod.get_function(ln.kernel)
-        if ln.smem > 48 * 1024:
-            k.max_dynamic_shared_size_bytes = ln.smem
-        kernels.append((k, ln))
+    try:
+        rawmod = rt.cache.get(mod.source)
+        kernels = []
+        for ln in mod.launches:
+            k = rawmod.get_function(ln.kernel)
+            if ln.smem > 48 * 1024:
+                k.max_dynamic_shared_size_bytes = ln.smem
+            kernels.append((k, ln))
+    except _compile_errors(rt) as e:
+        return _compile_fallback(rt, mod, types, prep, seg, e)
+    _count_module(prep, mod, seg)
     return Step("kernel", seg, kernel_step(rt, mod, kernels, types, alias_buf), mod.key)
 
 
+def _count_module(prep, mod, seg) -> None:
+    prep.kernels += sum(1 for ln in mod.launches if ln.vector_of is None)  # (a vector variant replaces its scalar twin)
+    prep.may_fail = prep.may_fail or mod.may_fail
+    prep.modules.append((seg.id, mod))
+
+
+# ---- kernels that do not compile --------------------------------------------------------------
+# Fallbacks from a generated module that failed to compile, by the lowering taken instead, for the
+# whole process (the server's segfuse_compile_fallbacks metric); each failing source is logged once.
+_FALLBACKS: dict = {}
+_LOGGED: set = set()
+_FALLBACK_LOCK = threading.Lock()
+SPLIT = "split"  # a segment's pieces (one per anchor), or the seg's reason for a piece
+
+
+def compile_fallbacks() -> dict:
+    """{lowering taken: count} over the process, for a module that did not compile: "split"
+    (the segment as one launch per anchor), "library" (a CuPy routine) or "host" (NumPy)."""
+    with _FALLBACK_LOCK:
+        return dict(_FALLBACKS)
+
+
+def _compile_errors(rt) -> tuple:
+    """The exceptions a compile failure raises: NVRTC's through cuda.bindings, CuPy's own where
+    CuPy compiles (no cuda.bindings)."""
+    cupy_err = getattr(getattr(getattr(rt.cp, "cuda", None), "compiler", None), "CompileException", None)
+    return (CompileError, cupy_err) if isinstance(cupy_err, type) else (CompileError,)
+
+
+def _first_error(e: BaseException) -> str:
+    """The first error line of a compiler log (or the message): what a fallback records."""
+    text = getattr(e, "log", "") or str(e)
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return next((ln for ln in lines if "error" in ln), lines[0] if lines else type(e).__name__)[:200]
+
+
+def _compile_fallback(rt, mod, types, prep, seg, err) -> Step:
+    """The step for a segment (or a piece of a split one) whose module failed to compile: a plan
+    segment is split per anchor (`_split_step`, as for a segment the codegen refuses); a piece
+    that still does not compile runs as a CuPy routine or on the host. Logs the source once.
+    Raises a one-line CompileError only where no lowering exists (no compiler at all, no graph)."""
+    what = _first_error(err)
+    fusion = prep.fusion
+    if fusion is None or not seg.nodes or (isinstance(err, CompileError) and not err.source and not err.log):
+        raise CompileError(f"segment {seg.id}: no lowering compiles ({what})") from None
+    with _FALLBACK_LOCK:
+        first = mod.key not in _LOGGED
+        _LOGGED.add(mod.key)
+    if first:
+        log.warning("kernel %s (segment %d of graph '%s') does not compile, falling back: %s\n%s\n%s",
+                    mod.key, seg.id, fusion.name, what, getattr(err, "log", "") or err, mod.source)
+    why = f"kernel {mod.key} does not compile: {what}"
+    if seg.reason != SPLIT:
+        lowering = SPLIT
+        strides = {n: prep.in_strides.get(n) or contiguous_strides(types[n].shape) for n in seg.inputs}
+        step = _split_step(rt, fusion, seg, types, strides, prep, why)
+    else:
+        lib = library_run(rt, fusion, seg, types)
+        lowering = "library" if lib is not None else "host"
+        prep.fallbacks.append(f"segment {seg.id}: {lowering} ({why})")
+        step = Step(lowering, seg, lib if lib is not None else _host_step(rt, fusion, seg, types), why)
+    with _FALLBACK_LOCK:
+        _FALLBACKS[lowering] = _FALLBACKS.get(lowering, 0) + 1
+    return step
+
+
 def _split_step(rt, fusion, seg, types, strides, prep, why) -> Step:
-    """The segment as several launches: one per anchor (grid mode), CuPy or host for the rest."""
+    """The segment as several launches: one per anchor (grid mode), CuPy or host for the rest.
+    No piece writes in place (a scatter initializes its result from self), so the segment's
+    private copies may read their sources at the end: those that later segments read run last (a
+    lazily computed source is materialized for them); a piece's scatter reads its self's source in
+    place of a copy made here, and the copy an earlier segment made in place of its source."""
+    copies = [(c.src, c.dst) for c in getattr(seg, "copies", None) or [] if c.dst in seg.outputs]
+    dsts = {d for _, d in copies}
+    outs = [o for o in seg.outputs if o not in dsts]
+    outs += list(dict.fromkeys(s for s, _ in copies if s not in seg.inputs and s not in outs))
+    reads = [a for a in getattr(seg, "aliases", None) or [] if getattr(a, "mode", "") == "copy" and a.buffer in seg.inputs]
     subs = []
-    for nodes, ins, outs in split_nodes(fusion, seg.nodes, seg.inputs, seg.outputs):
-        sub = Segment(seg.id, SegmentKind.pointwise, nodes, ins, outs, "split")
+    for nodes, ins, gouts in split_nodes(fusion, seg.nodes, seg.inputs, outs):
+        made = {o for p in nodes for o in fusion.nodes[p].outputs}
+        als = [a for a in reads if a.tensor in made]
+        ins = ins + [a.buffer for a in als if a.buffer not in ins]
+        sub = Segment(seg.id, SegmentKind.pointwise, nodes, ins, gouts, SPLIT, aliases=als)
         try:
             mod = generate(fusion, sub, types, {n: strides.get(n) or contiguous_strides(types[n].shape) for n in ins},
                            sm_count=rt.sm_count, single_block=False)
@@ -297,11 +386,11 @@ def _split_step(rt, fusion, seg, types, strides, prep, why) -> Step:
                 # materialize the sort's (lazily computed) input with a kernel, then CuPy sorts it
                 x = anchor.inputs[0]
                 if x not in ins:
-                    pre = Segment(seg.id, SegmentKind.pointwise, nodes[:-1], ins, [x], "split")
+                    pre = Segment(seg.id, SegmentKind.pointwise, nodes[:-1], ins, [x], SPLIT)
                     pmod = generate(fusion, pre, types, {n: strides.get(n) or contiguous_strides(types[n].shape) for n in ins},
                                     sm_count=rt.sm_count, single_block=False)
                     subs.append(_kernel(rt, pmod, types, {}, prep, pre))
-                one = Segment(seg.id, SegmentKind.library, [nodes[-1]], [x], outs, "split")
+                one = Segment(seg.id, SegmentKind.library, [nodes[-1]], [x], gouts, SPLIT)
                 lib = library_run(rt, fusion, one, types)
             prep.kernels += 1  # a library call or a host step counts as one launch, as in the plan
             if lib is not None:
@@ -310,6 +399,8 @@ def _split_step(rt, fusion, seg, types, strides, prep, why) -> Step:
             else:
                 prep.fallbacks.append(f"segment {seg.id}: host ({e})")
                 subs.append(Step("host", sub, _host_step(rt, fusion, sub, types), str(e)))
+    if copies:
+        subs.append(Step("copy", seg, _copy_pairs(copies), "copy"))
     prep.fallbacks.append(f"segment {seg.id}: split into {len(subs)} launches ({why})")
 
     def run(env, ctx):
@@ -319,9 +410,7 @@ def _split_step(rt, fusion, seg, types, strides, prep, why) -> Step:
     return Step("split", seg, run, why)
 
 
-def _copy_step(rt, seg, types):
-    pairs = [(c.src, c.dst) for c in getattr(seg, "copies", []) or []] or list(zip(seg.inputs, seg.outputs))
-
+def _copy_pairs(pairs):
     def run(env, ctx):
         for i, o in pairs:
             env[o] = env[i].copy()
@@ -329,10 +418,18 @@ def _copy_step(rt, seg, types):
     return run
 
 
+def _copy_step(rt, seg, types):
+    pairs = [(c.src, c.dst) for c in getattr(seg, "copies", []) or []] or list(zip(seg.inputs, seg.outputs))
+    return _copy_pairs(pairs)
+
+
 def _host_step(rt, fusion, seg, types):
     """Last resort: the NumPy references on the host (exact semantics, slow)."""
     cp = rt.cp
+    reads = {a.tensor: a.buffer for a in getattr(seg, "aliases", None) or [] if getattr(a, "mode", "") == "copy"}
     nodes = [fusion.nodes[p] for p in seg.nodes]
+    nodes = [dataclasses.replace(nd, inputs=(reads[nd.outputs[0]],) + tuple(nd.inputs[1:])) if nd.outputs[0] in reads
+             else nd for nd in nodes]
 
     def run(env, ctx):
         values = {}

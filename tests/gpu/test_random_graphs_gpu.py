@@ -1,0 +1,89 @@
+"""The random graphs of tests/test_property_graphs.py on the GPU, against PyTorch (issue 15).
+
+CI runs the generator's graphs on the NumPy backend with a fixed seed (and compiles their kernels,
+tests/compile_check.py); here every graph runs on `Engine("cupy")` and must agree with the
+generator's PyTorch translation, as on the CPU, without a single kernel falling back for not
+compiling. Fresh seeds: Hypothesis draws a new one per run; `--hypothesis-seed=N` replays one.
+SEGFUSE_RANDOM_GRAPHS sets the examples per configuration (default 200); run with -rP to see how
+many graphs each configuration ran.
+"""
+
+from __future__ import annotations
+
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+cp = pytest.importorskip("cupy")
+torch = pytest.importorskip("torch")
+
+import test_property_graphs as pg  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from segfuse.compiler import Engine, Fusion, RunError  # noqa: E402
+from segfuse.compiler.cuda import prepare  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+EXAMPLES = int(os.environ.get("SEGFUSE_RANDOM_GRAPHS", "200"))
+FRESH = {**pg.COMMON, "derandomize": False}  # a new seed per run, unless --hypothesis-seed
+
+# the configurations of the CI tests: name -> (max ops, kinds, large sizes)
+CONFIGS = {
+    "pointwise": (8, ("pointwise",), False),
+    "reduction": (6, ("pointwise", "reduction"), False),
+    "scatter_gather": (6, ("pointwise", "gather", "scatter"), False),
+    "shape": (8, ("pointwise", "shape"), False),
+    "graph_made_indices": (6, ("pointwise", "indices", "indices", "gather", "scatter"), False),
+    "large": (5, ("pointwise", "reduction", "indices", "indices", "gather", "scatter"), True),
+    "mixed": (10, ("pointwise", "reduction", "shape", "gather", "scatter", "indices"), False),
+}
+
+
+def host(a, ref) -> np.ndarray:
+    h = cp.asnumpy(a)
+    return h.view(ml_dtypes.bfloat16) if ref.value.dtype == torch.bfloat16 and h.dtype == np.uint16 else h
+
+
+def check_gpu(gen, graph: dict, engine: Engine) -> None:
+    fusion = Fusion.from_json(graph)
+    outs = [o if isinstance(o, str) else o["name"] for o in graph["outputs"]]
+    alias = {o["alias_of"]: o["name"] for o in graph["outputs"] if isinstance(o, dict)}
+    for _ in range(2):  # cold (prepared here), then warm
+        inputs = {k: v.copy() for k, v in gen.arrays.items()}
+        if gen.expect_error:
+            with pytest.raises(RunError):
+                engine.run(fusion, inputs)
+            return
+        res = engine.run(fusion, inputs).outputs
+        assert list(res) == outs
+        for k in outs:
+            pg.assert_agrees(k, host(res[k], gen.t[k]), gen.t[k])
+        for k, v in inputs.items():
+            if k in alias:
+                pg.assert_agrees(f"{k} (updated in place by {alias[k]})", v, gen.t[alias[k]])
+            else:
+                np.testing.assert_array_equal(v, gen.arrays[k])
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_random_graphs_agree_with_torch_on_the_gpu(name):
+    max_ops, kinds, big = CONFIGS[name]
+    engine = Engine("cupy")
+    ran = []
+    before = prepare.compile_fallbacks()
+
+    @settings(max_examples=EXAMPLES, **FRESH)
+    @given(st.data())
+    def run(data):
+        g = pg.Gen(data, max_ops=max_ops, kinds=kinds, big=big)
+        graph = g.build()
+        check_gpu(g, graph, engine)
+        assert prepare.compile_fallbacks() == before, f"a kernel did not compile: {prepare.compile_fallbacks()}"
+        ran.append(1)
+
+    run()
+    print(f"{name}: {len(ran)} random graphs agree with PyTorch on the GPU")
+    assert ran
