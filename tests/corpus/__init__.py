@@ -328,10 +328,9 @@ def case_inputs(case, seed=0):
 def modules_for(fusion, inputs: dict, mode: str = "auto", sm_count: int = 132):
     """Generated modules (or Unsupported reasons) for a fusion's segments under a planning mode:
     'grid' (one segment per anchor), 'block' (one single-block segment) or 'auto'."""
-    from segfuse.compiler.segmenter.reference import simple_plan
-
     from segfuse.compiler.codegen.lazy import Unsupported
     from segfuse.compiler.codegen.segment import generate
+    from segfuse.compiler.segmenter.reference import simple_plan
 
     shapes = {k: np.shape(v) for k, v in inputs.items()}
     types = fusion.bind(shapes).types
