@@ -1,9 +1,10 @@
 """CuPy's allocator during a CUDA call of a segfuse.torch op: every buffer is memory of torch's
 caching allocator on torch's current stream (under a capture: in the graph's private pool).
 
-A call's allocations are the same, in the same order, every time one input signature runs, so
-the first call of a signature records them (`Recording`) and later calls follow that record
-(`AllocPlan`) instead of making a torch tensor per buffer:
+A prepared plan makes the same allocations, in the same order, every time one input signature
+runs (each is checked against the record as it comes), so the first call of a signature records
+them (`Recording`) and later calls follow that record (`AllocPlan`) instead of making a torch
+tensor per buffer:
 
 - each output the call returns gets a tensor of its own shape and dtype, made before the launch,
   and the kernel that allocates its buffer gets that tensor's memory: the output IS that tensor
