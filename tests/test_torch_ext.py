@@ -266,3 +266,41 @@ def test_error_blocks_report_the_first_failure_of_each_op():
     assert e.value.later_failures == 1
     assert not blocks.dirty()
     blocks.raise_failures()  # cleared: nothing left to raise
+
+
+
+def test_eager_calls_skip_the_dispatcher_and_others_do_not(monkeypatch):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    chain = sft.fusion("examples/elementwise_chain.json")
+    upd = sft.fusion(SCATTER_ADD)
+    through = []
+    for f in (chain, upd):
+        real = f.op
+        monkeypatch.setattr(f, "op", lambda *a, real=real: through.append(real) or real(*a))
+    a, b, c = (torch.randn(50, generator=torch.Generator().manual_seed(i)) for i in range(3))
+    want = torch.where(a > 0, a * b + c, torch.exp(c) * 0.5)
+    torch.testing.assert_close(chain(a, b, c), want)  # eager: the implementation, directly
+    assert through == []
+    dst, index, src = torch.zeros(8), torch.tensor([0, 0, 3, 7]), torch.ones(4)
+    v = dst._version
+    assert upd(dst, index, src) is dst and dst._version > v  # in place: the version bumped as the op would
+    torch.testing.assert_close(dst, torch.zeros(8).scatter_add_(0, index, src))
+    assert through == []
+    with torch.autograd.profiler.profile() as prof:  # the profiler sees the op
+        torch.testing.assert_close(chain(a, b, c), want)
+    assert len(through) == 1 and any(f"f_{chain.fusion.id}" in e.name for e in prof.function_events)
+    with torch.device("cpu"):  # a torch function mode
+        torch.testing.assert_close(chain(a, b, c), want)
+    assert len(through) == 2
+    with FakeTensorMode() as m:  # fake tensors: the fake implementation
+        out = chain(*(m.from_tensor(x) for x in (a, b, c)))
+    assert len(through) == 3 and tuple(out.shape) == (50,)
+    ag = a.clone().requires_grad_()  # a gradient: the dispatcher (which knows there is no formula)
+    out = chain(ag, b, c)
+    assert len(through) == 4 and out.requires_grad
+    with pytest.raises(RuntimeError, match="no autograd formula"):
+        out.sum().backward()
+    with torch.no_grad():
+        chain(ag, b, c)
+    assert len(through) == 4

@@ -5,10 +5,12 @@
     counts, offsets = prologue(topk_ids)            # torch tensors in, torch tensors out
 
 - CPU tensors run on the NumPy backend; CUDA tensors run on `torch.cuda.current_stream()` with no
-  copies (inputs as DLPack views, outputs on storages of torch's caching allocator) and no host
-  synchronization, capturable in `torch.cuda.graph` (run the op or `op.warmup(...)` once first).
+  copies (inputs as CuPy views of their pointers, outputs on storages of torch's caching allocator)
+  and no host synchronization, capturable in `torch.cuda.graph` (run the op or `op.warmup(...)`
+  once first).
 - The op is a `torch.library` custom op (`op.op`, `torch.ops.segfuse.f_<id>`) with a fake
-  implementation, so `torch.compile(fullgraph=True)` traces through it.
+  implementation, so `torch.compile(fullgraph=True)` traces through it. Eager calls on plain
+  tensors skip the dispatcher (torch_ext/op.py says when).
 - Device errors (a bad index) are reported by a later call, or by `check()`, as a
   `DeferredRunError` naming the graph, the op and the index.
 """

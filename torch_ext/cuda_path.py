@@ -1,12 +1,14 @@
 """CUDA tensors: a fusion run on `torch.cuda.current_stream()`, capturable in `torch.cuda.graph`.
 
-- No copies: the kernels read the callers' tensors (CuPy views through DLPack) and write buffers
-  that become the returned tensors; an `alias_of` input is updated in place (a non-contiguous one
-  through a contiguous stand-in copied back, all in stream order).
-- Every buffer of a call (outputs, intermediates, scratch) is a torch tensor from torch's caching
-  allocator on the current stream: CuPy's allocator points at it for the duration of the call
-  (`TorchMemory`), and an output is returned on its own storage. Under a capture the allocations
-  therefore come from the graph's private pool, and replays find them there.
+- No copies: the kernels read the callers' tensors (CuPy views made from `data_ptr()`, shape and
+  strides; no DLPack) and write buffers that become the returned tensors; an `alias_of` input is
+  updated in place (a non-contiguous one through a contiguous stand-in copied back, all in stream
+  order).
+- Every buffer of a call (outputs, intermediates, scratch) is memory of torch's caching allocator
+  on the current stream (torch_ext/memory.py): CuPy's allocator points at it for the duration of
+  the call, each returned output is a tensor of its own, and from a signature's second call on the
+  outputs are made before the launch and the rest is one arena. Nothing is kept between calls.
+  Under a capture the allocations come from the graph's private pool, and replays find them there.
 - No host synchronization: failures go to the op's error block (compiler/cuda/external_stream.py),
   reported by a later call or `segfuse.torch.check()`.
 - A call during a capture must find its input signature prepared (kernels compiled and loaded,
@@ -19,11 +21,14 @@ import threading
 
 import torch
 from segfuse.compiler.cuda import external_stream as ext
+from segfuse.compiler.cuda.arrays import cp_dtype
 from segfuse.compiler.cuda.runtime import get_runtime
 
 from .convert import segfuse_dtype, torch_dtype
+from .memory import RECORDS, CallMemory
 
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
 
 
 def current_stream_ptr(device: int) -> int:
@@ -32,40 +37,15 @@ def current_stream_ptr(device: int) -> int:
     return torch.cuda.current_stream(device).cuda_stream
 
 
-class TorchMemory:
-    """CuPy's allocator during a call: each allocation is a torch uint8 tensor, made by torch's
-    caching allocator on torch's current stream (under a capture: in the graph's private pool), kept
-    alive while CuPy holds the memory. An output becomes a tensor on that very storage (`tensor`):
-    a real caching-allocator storage, with no copy."""
-
-    def __init__(self, cp):
-        self.live: dict = {}  # base pointer -> the uint8 tensor behind it
-        self.malloc = cp.cuda.memory.PythonFunctionAllocator(self._malloc, self._free).malloc
-
-    def _malloc(self, size: int, device: int) -> int:
-        t = torch.empty(max(size, 1), dtype=torch.uint8, device=torch.device("cuda", device))
-        ptr = t.data_ptr()
-        self.live[ptr] = t
-        return ptr
-
-    def _free(self, ptr: int, device: int) -> None:
-        self.live.pop(ptr, None)  # (the storage lives on in the tensors made on it)
-
-    def tensor(self, a, dtype: torch.dtype) -> torch.Tensor | None:
-        """A tensor of `dtype` on the storage behind CuPy array `a` (its shape and strides), or None
-        when that memory is not one of ours."""
-        base = self.live.get(a.data.mem.ptr)
-        if base is None:
-            return None
-        size = a.itemsize
-        t = torch.empty(0, dtype=dtype, device=base.device)
-        return t.set_(base.untyped_storage(), (a.data.ptr - base.data_ptr()) // size, a.shape,
-                      tuple(s // size for s in a.strides))
+def is_capturing() -> bool:
+    if _capturing is not None:
+        return _capturing()
+    return torch.cuda.is_current_stream_capturing()
 
 
 class Cuda:
     """The process's CUDA side of segfuse.torch: the runtime (kernel cache, prepared plans), error
-    blocks, stream states and the torch-backed CuPy allocator."""
+    blocks, stream states and each thread's torch-backed CuPy allocator."""
 
     def __init__(self):
         self.rt = get_runtime()
@@ -73,8 +53,19 @@ class Cuda:
         self.errors = ext.ErrorBlocks(cp)
         self.states = ext.StreamStates(cp)
         self.states.refill()
-        self.memory = TorchMemory(cp)
-        self.using_allocator = cp.cuda.using_allocator
+        self._tls = threading.local()
+        mem = cp.cuda.memory
+        get, put = getattr(mem, "_get_thread_local_allocator", None), getattr(mem, "_set_thread_local_allocator", None)
+        if get is None or put is None:  # (CuPy's own context manager does exactly this, a little slower)
+            get, put = _allocator_via_context(cp)
+        self.get_allocator, self.set_allocator = get, put
+
+    def memory(self) -> CallMemory:
+        """This thread's allocator for CuPy."""
+        m = getattr(self._tls, "m", None)
+        if m is None:
+            m = self._tls.m = CallMemory(self.cp)
+        return m
 
     def report(self) -> None:
         """Raise the first failure any op's block holds (synchronizing the device first when one
@@ -82,6 +73,23 @@ class Cuda:
         if self.errors.dirty():
             torch.cuda.synchronize()
             self.errors.raise_failures()
+
+
+def _allocator_via_context(cp):
+    ctx: list = []
+
+    def get():
+        return None
+
+    def put(allocator):
+        if allocator is not None:
+            cm = cp.cuda.using_allocator(allocator)
+            cm.__enter__()
+            ctx.append(cm)
+        else:
+            ctx.pop().__exit__(None, None, None)
+
+    return get, put
 
 
 _CUDA: list = []
@@ -107,6 +115,55 @@ def _span(ptr: int, shape, strides, itemsize: int) -> tuple[int, int]:
     return ptr, ptr + (last + 1) * itemsize
 
 
+class InputView:
+    """How one input of a signature becomes a CuPy array: dtype (bfloat16 as uint16 bits, bool as
+    bytes), shape, byte strides and the bytes it spans; the last view made is kept for its pointer."""
+
+    __slots__ = ("cp", "dtype", "shape", "strides", "nbytes", "device", "last")
+
+    def __init__(self, cp, t: torch.Tensor, where: str):
+        self.cp = cp
+        self.dtype = cp_dtype(segfuse_dtype(t, where))
+        size = t.element_size()
+        self.shape, self.strides = tuple(t.shape), tuple(s * size for s in t.stride())
+        self.nbytes = _span(0, self.shape, tuple(t.stride()), size)[1]
+        self.device = t.get_device()
+        self.last = (None, None)  # (pointer, view), replaced as one (threads share signatures)
+
+    def __call__(self, t: torch.Tensor):
+        ptr = t.data_ptr()
+        last = self.last
+        if last[0] == ptr:
+            return last[1]
+        cuda = self.cp.cuda
+        # no owner: a view is used only during a call, while the caller holds `t`
+        mem = cuda.MemoryPointer(cuda.UnownedMemory(ptr, self.nbytes, None, self.device), 0)
+        v = self.cp.ndarray(self.shape, self.dtype, mem, self.strides)
+        self.last = (ptr, v)
+        return v
+
+
+def to_cupy(sig, tensors) -> dict:
+    """The inputs of a call as CuPy views, by input name."""
+    return {n: make(t) for n, make, t in zip(sig.names, sig.views, tensors)}
+
+
+class Signature:
+    """One input signature of an op: its prepared plan, how its inputs become CuPy arrays, and
+    its allocation plan (memory.py) once a call recorded one."""
+
+    __slots__ = ("prep", "names", "views", "device", "plan", "records", "host_steps")
+
+    def __init__(self, c: Cuda, prep, names, tensors):
+        self.prep = prep
+        self.names = tuple(names)
+        self.views = tuple(InputView(c.cp, t, f"inputs.{n}") for n, t in zip(names, tensors))
+        self.device = tensors[0].device
+        self.plan = None
+        self.records = 0
+        self.host_steps = ext.host_steps(prep)
+
+
 class CudaRunner:
     """One op's CUDA path: its prepared signatures and its error block."""
 
@@ -114,25 +171,28 @@ class CudaRunner:
         self.owner = owner  # (the error block names owner.fusion)
         self.fusion = owner.fusion
         self.err_ptr = None
-        self.preps: dict = {}
+        self.sigs: dict = {}
         self.alias_pos = {o.alias_of: self.fusion.input_names.index(o.alias_of)
                           for o in self.fusion.outputs if o.alias_of is not None}
+        self.staged_pos = tuple(self.alias_pos.values())
         self.dtypes = {o.name: torch_dtype(self.fusion.types[o.name].dtype) for o in self.fusion.outputs}
+        # the returned outputs, in the graph's order: (name, torch dtype)
+        self.returned = tuple((o.name, self.dtypes[o.name]) for o in self.fusion.outputs if o.alias_of is None)
 
-    def _prepare(self, c: Cuda, key, tensors):
+    def _signature(self, c: Cuda, key, tensors) -> Signature:
         names = self.fusion.input_names
         shapes = {n: tuple(t.shape) for n, t in zip(names, tensors)}
         dtypes = {n: segfuse_dtype(t, f"inputs.{n}") for n, t in zip(names, tensors)}
         strides = {n: tuple(t.stride()) for n, t in zip(names, tensors)}
         prep = c.rt.prepare(self.fusion, shapes, dtypes, strides)
-        self.preps[key] = prep
-        return prep
+        sig = self.sigs[key] = Signature(c, prep, names, tensors)
+        return sig
 
-    def run(self, tensors: list) -> list:
+    def run(self, tensors) -> list:
         """The graph's outputs that are not `alias_of` an input, as fresh tensors, in the graph's
         order; `alias_of` inputs are updated in place. Launched on the current stream."""
-        capturing = torch.cuda.is_current_stream_capturing()
-        c = cuda(capturing)
+        capturing = is_capturing()
+        c = _CUDA[0] if _CUDA else cuda(capturing)
         if not capturing:
             c.report()  # an earlier call's failure, once visible (no synchronization otherwise)
         if self.err_ptr is None:
@@ -140,75 +200,106 @@ class CudaRunner:
                 raise RuntimeError(f"segfuse.torch: '{self.fusion.name}' runs for the first time inside a CUDA "
                                    "graph capture; run it (or op.warmup) once before capturing")
             self.err_ptr = c.errors.claim(self.owner)
-        staged = {}
-        for i in self.alias_pos.values():
+        staged = None
+        for i in self.staged_pos:
             if not tensors[i].is_contiguous():
+                staged = staged or {}
                 staged[i] = tensors[i]
         if staged:
             tensors = [t.contiguous() if i in staged else t for i, t in enumerate(tensors)]
         key = tuple((t.shape, t.stride(), t.dtype) for t in tensors)
-        prep = self.preps.get(key)
-        if prep is None:
+        sig = self.sigs.get(key)
+        if sig is None:
             if capturing:
                 raise RuntimeError(f"segfuse.torch: '{self.fusion.name}' was not run at input shapes "
                                    f"{[list(t.shape) for t in tensors]} before this CUDA graph capture: "
                                    "run it (or op.warmup) once at these shapes first")
-            prep = self._prepare(c, key, tensors)
-        if capturing and ext.host_steps(prep):
+            sig = self._signature(c, key, tensors)
+        if capturing and sig.host_steps:
             raise RuntimeError(f"segfuse.torch: '{self.fusion.name}' has steps that run on the host "
-                               f"({'; '.join(ext.host_steps(prep))}); they cannot be captured in a CUDA graph")
-        device = tensors[0].device.index
-        st = c.states.get(current_stream_ptr(device))
+                               f"({'; '.join(sig.host_steps)}); they cannot be captured in a CUDA graph")
+        device = sig.device
+        st = c.states.get(current_stream_ptr(device.index))
         if not capturing:
             c.states.refill()
-        cp = c.cp
-        with st.stream, c.using_allocator(c.memory.malloc):
-            env = {n: to_cupy(cp, t) for n, t in zip(self.fusion.input_names, tensors)}
-            ext.launch(c.rt, prep, env, st, self.err_ptr)
-            return self._commit(c, env, tensors, staged)
+        mem = c.memory()
+        plan = sig.plan
+        mem.begin(device, plan, plan is None and sig.records < RECORDS)
+        prev = c.get_allocator()
+        c.set_allocator(mem.malloc)
+        try:
+            with st.stream:
+                env = to_cupy(sig, tensors)
+                ext.launch(c.rt, sig.prep, env, st, self.err_ptr)
+                outs, followed = self._commit(mem, env, tensors, staged)
+                env.clear()  # (every buffer of the call is freed now, but the outputs' memory)
+        finally:
+            c.set_allocator(prev)
+            rec = mem.rec
+            mem.end()
+        if rec is not None:
+            sig.records += 1
+            sig.plan = rec.plan(len(self.returned))
+        elif plan is not None and not followed:
+            sig.plan = None  # the call left its plan: the next one records again (RECORDS at most)
+        return outs
 
-    def _commit(self, c, env, tensors, staged) -> list:
+    def _commit(self, mem: CallMemory, env, tensors, staged) -> tuple[list, bool]:
+        """(the returned outputs, whether the call followed its allocation plan). alias_of
+        inputs are written (where the plan did not write them in place) first."""
+        for name, i in self.alias_pos.items():
+            dst = tensors[i]
+            v = env[name]
+            if v.data.ptr != dst.data_ptr():
+                dst.copy_(to_torch(mem, v, self.dtypes[name]))
+            if staged and i in staged:
+                staged[i].copy_(dst)
+        pre, ptrs = mem.pre, mem.pre_ptrs
+        followed = mem.followed()
+        if followed and mem.plan.complete:
+            # every output is the tensor made for it (the plan was followed to the end)
+            for (name, _dt), p in zip(self.returned, ptrs):
+                if env[name].data.ptr != p:
+                    break
+            else:
+                return pre, True
+        return self._commit_general(mem, env, tensors, followed), followed
+
+    def _commit_general(self, mem: CallMemory, env, tensors, followed: bool) -> list:
+        """Each returned output as a tensor on its memory (cloned where it overlaps an input's or
+        an earlier output's): the tensor made for it where it is that whole tensor. While
+        recording, which buffer each whole one is (`Recording.outputs`)."""
         taken = [_span(t.data_ptr(), t.shape, t.stride(), t.element_size()) for t in tensors]
+        rec = mem.rec
+        pre, ptrs = mem.pre, mem.pre_ptrs
         outs = []
-        for o in self.fusion.outputs:
-            v = env[o.name]
-            dt = self.dtypes[o.name]
-            if o.alias_of is not None:
-                i = self.alias_pos[o.alias_of]
-                dst = tensors[i]
-                if v.data.ptr != dst.data_ptr():
-                    dst.copy_(to_torch(c, v, dt))
-                if i in staged:
-                    staged[i].copy_(dst)
-                continue
+        for k, (name, dt) in enumerate(self.returned):
+            v = env[name]
             span = _span(v.data.ptr, v.shape, tuple(s // max(v.itemsize, 1) for s in v.strides), v.itemsize)
-            t = to_torch(c, v, dt)
+            t = pre[k] if k < len(pre) else None
+            if t is None or v.data.ptr != ptrs[k] or not (followed or (
+                    v.flags.c_contiguous and tuple(v.shape) == tuple(t.shape) and v.nbytes == t.nbytes)):
+                t = to_torch(mem, v, dt)
             if span[0] != span[1] and any(a < span[1] and span[0] < b for a, b in taken):
                 t = t.clone()  # an input's (or an earlier output's) memory: outputs are fresh
                 span = _span(t.data_ptr(), t.shape, t.stride(), t.element_size())
+            elif rec is not None and v.nbytes and v.data.ptr == v.data.mem.ptr and v.flags.c_contiguous:
+                i = rec.at.get(v.data.ptr)
+                if i is not None and rec.rows[i][0] == v.nbytes:
+                    rec.outputs[i] = (k, tuple(v.shape), dt)
             taken.append(span)
             outs.append(t)
         return outs
 
 
-def to_cupy(cp, t: torch.Tensor):
-    """A CuPy view of a CUDA tensor (DLPack; bfloat16 as uint16 bits, bool as bytes)."""
-    t = t.detach()
-    if t.dtype is torch.bfloat16:
-        return cp.from_dlpack(t.view(torch.int16)).view(cp.uint16)
-    if t.dtype is torch.bool:
-        return cp.from_dlpack(t.view(torch.uint8)).view(cp.bool_)
-    return cp.from_dlpack(t)
-
-
-def to_torch(c: Cuda, a, dtype: torch.dtype) -> torch.Tensor:
+def to_torch(mem: CallMemory, a, dtype: torch.dtype) -> torch.Tensor:
     """A torch tensor of `dtype` on CuPy array `a`'s memory: the storage torch allocated for it, else
     (memory from elsewhere) through DLPack. bfloat16 arrays are uint16 bits, bool ones bytes."""
-    t = c.memory.tensor(a, dtype)
+    t = mem.tensor(a, dtype)
     if t is not None:
         return t
     if dtype is torch.bfloat16:
-        return torch.from_dlpack(a.view(c.cp.int16)).view(torch.bfloat16)
+        return torch.from_dlpack(a.view("int16")).view(torch.bfloat16)
     if dtype is torch.bool:
-        return torch.from_dlpack(a.view(c.cp.uint8)).view(torch.bool)
+        return torch.from_dlpack(a.view("uint8")).view(torch.bool)
     return torch.from_dlpack(a)

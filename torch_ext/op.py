@@ -6,6 +6,12 @@ mutated, and returns the other outputs. Its implementation runs CPU tensors on t
 and CUDA tensors on the CUDA path (torch_ext/cuda_path.py); its fake implementation gives shapes
 and dtypes from the compiler's shape rules (torch_ext/fake.py), so `torch.compile(fullgraph=True)`
 traces through it.
+
+An eager call (`TorchFusion.__call__` on plain tensors, outside any tracing, mode, transform or
+profiler, with no input needing a gradient) skips the dispatcher and runs the implementation
+directly, bumping the version counters of the inputs it updates in place as the custom op would;
+every other call goes through the op, so dynamo, fake tensors, `opcheck`, autograd and the profiler
+see it as before.
 """
 
 from __future__ import annotations
@@ -20,6 +26,31 @@ from .fake import output_specs
 
 _LOCK = threading.Lock()
 _BY_ID: dict = {}  # fusion id -> TorchFusion (an op is registered once per process)
+
+_Tensor = torch.Tensor
+_is_compiling = torch.compiler.is_compiling
+_dispatch_modes = torch._C._len_torch_dispatch_stack
+_function_modes = torch._C._is_torch_function_mode_enabled
+_transforms = torch._C._functorch.peek_interpreter_stack
+_profiling = torch._C._autograd._profiler_enabled
+_jit_tracing = torch._C._get_tracing_state
+_grad_enabled = torch.is_grad_enabled
+_bump = torch.autograd.graph.increment_version
+
+
+def _eager(tensors) -> bool:
+    """Whether a call on `tensors` may run the implementation without the dispatcher: nothing
+    would see the op (no dynamo, no dispatch or torch-function mode, no functorch transform, no
+    JIT tracing, no profiler), the inputs are plain tensors and none needs a gradient (the op
+    has no autograd formula, and the dispatcher is what says so)."""
+    if _is_compiling() or _dispatch_modes() or _function_modes() or _transforms() is not None \
+            or _profiling() or _jit_tracing() is not None:
+        return False
+    grad = _grad_enabled()
+    for t in tensors:
+        if type(t) is not _Tensor or (grad and t.requires_grad):
+            return False
+    return True
 
 
 def _schema(fusion) -> tuple[str, list[str]]:
@@ -46,6 +77,12 @@ class TorchFusion:
         self.output_names = [o.name for o in fusion.outputs]
         self._alias = {o.name: self.input_names.index(o.alias_of) for o in fusion.outputs if o.alias_of is not None}
         self._returned = [o.name for o in fusion.outputs if o.alias_of is None]
+        self._mutated = tuple(sorted(set(self._alias.values())))
+        # each output of a call: (True, input position) for alias_of ones, else (False, position
+        # among the returned outputs)
+        self._assemble = tuple((True, self._alias[n]) if n in self._alias else (False, self._returned.index(n))
+                               for n in self.output_names)
+        self._n_in = len(self.input_names)
         self._engine = Engine("numpy")
         self._cuda = None
         schema, mutated = _schema(fusion)
@@ -59,16 +96,27 @@ class TorchFusion:
 
     # ---- the op's implementations ---------------------------------------------------------
     def _impl(self, *tensors):
-        kinds = {t.device.type for t in tensors}
-        if len(kinds) > 1 or (kinds and kinds != {"cpu"} and kinds != {"cuda"}) or \
-                len({t.device for t in tensors}) > 1:
-            where = ", ".join(f"{n}: {t.device}" for n, t in zip(self.input_names, tensors))
-            raise ValueError(f"segfuse.torch: '{self.fusion.name}' needs its inputs on one device, CPU or CUDA ({where})")
-        if kinds == {"cuda"}:
-            outs = self._cuda_runner().run(list(tensors))
-        else:
-            outs = self._run_cpu(tensors)
-        return _ret(outs)
+        return _ret(self._run(tensors))
+
+    def _run(self, tensors) -> list:
+        """The returned (not alias_of) outputs of a run on `tensors`, in the graph's order."""
+        if tensors and tensors[0].is_cuda:
+            index = tensors[0].get_device()
+            for t in tensors:
+                if not t.is_cuda or t.get_device() != index:
+                    self._mixed(tensors)
+            cuda = self._cuda
+            if cuda is None:
+                cuda = self._cuda_runner()
+            return cuda.run(tensors)
+        for t in tensors:
+            if not t.is_cpu:
+                self._mixed(tensors)
+        return self._run_cpu(tensors)
+
+    def _mixed(self, tensors):
+        where = ", ".join(f"{n}: {t.device}" for n, t in zip(self.input_names, tensors))
+        raise ValueError(f"segfuse.torch: '{self.fusion.name}' needs its inputs on one device, CPU or CUDA ({where})")
 
     def _run_cpu(self, tensors) -> list:
         res = self._engine.run(self.fusion, {n: to_numpy(t) for n, t in zip(self.input_names, tensors)}).outputs
@@ -89,7 +137,13 @@ class TorchFusion:
         return self._cuda
 
     # ---- the callable ----------------------------------------------------------------------
-    def _inputs(self, args, kwargs) -> list:
+    def _inputs(self, args, kwargs):
+        if not kwargs and len(args) == self._n_in:
+            for t in args:
+                if not isinstance(t, _Tensor):
+                    break
+            else:
+                return args
         if len(args) > len(self.input_names):
             raise TypeError(f"'{self.fusion.name}' takes {len(self.input_names)} inputs "
                             f"({', '.join(self.input_names)}), {len(args)} were given")
@@ -114,10 +168,14 @@ class TorchFusion:
         in place. `out`: tensors to write the results into (a tensor, a sequence in output order
         with None for fresh ones, or a dict by output name); those are returned instead."""
         tensors = self._inputs(args, kwargs)
-        res = self.op(*tensors)
-        fresh = list(res) if isinstance(res, (tuple, list)) else [] if res is None else [res]
-        by_name = dict(zip(self._returned, fresh))
-        outs = [tensors[self._alias[n]] if n in self._alias else by_name[n] for n in self.output_names]
+        if _eager(tensors):
+            fresh = self._run(tensors)
+            for i in self._mutated:
+                _bump(tensors[i])
+        else:
+            res = self.op(*tensors)
+            fresh = list(res) if isinstance(res, (tuple, list)) else [] if res is None else [res]
+        outs = [tensors[i] if alias else fresh[i] for alias, i in self._assemble]
         if out is not None:
             outs = self._write_out(outs, out)
         return outs[0] if len(outs) == 1 else tuple(outs)
@@ -161,7 +219,10 @@ class TorchFusion:
         alias = set(self._alias.values())
         copies = [torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device).copy_(t)
                   if i in alias else t for i, t in enumerate(tensors)]
-        self.op(*copies)
+        if _eager(copies):
+            self._run(copies)
+        else:
+            self.op(*copies)
         torch.cuda.synchronize()
         c.errors.failures()  # (dropped: see above; blocks of other ops hold none after report())
 

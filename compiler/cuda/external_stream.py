@@ -147,6 +147,8 @@ class StreamStates:
 
     def refill(self) -> None:
         """Make states ahead until STATES_AHEAD are in stock (outside a capture: it synchronizes)."""
+        if len(self._stock) >= STATES_AHEAD:
+            return
         with self._lock:
             if len(self._stock) >= STATES_AHEAD:
                 return

@@ -1,5 +1,6 @@
-"""segfuse.torch on CUDA tensors: results equal to torch's own ops; DLPack in and out without
-copies (the same data pointers) and buffers from torch's caching allocator; launches on torch's
+"""segfuse.torch on CUDA tensors: results equal to torch's own ops; inputs read without copies (the
+same data pointers) and outputs and buffers from torch's caching allocator, each output on a
+storage of its own; eager calls queued back to back on two streams; launches on torch's
 current stream (ordered after a side stream's work, no host synchronization); capture in
 `torch.cuda.graph` and replay on new input contents; a bad index inside a replay reported
 afterwards with the context still usable; `torch.compile` with the op on CUDA tensors."""
@@ -66,36 +67,33 @@ def test_elementwise_and_bfloat16_match_torch():
     assert torch.equal(pos, (x * y) > 0)
 
 
-def test_dlpack_without_copies_and_torch_allocator(monkeypatch):
+def test_no_copies_and_outputs_from_torch_allocator(monkeypatch):
     op = sft.fusion(prologue_graph())
     ids = _ids(4096)
-    op(ids)  # prepared
-    seen_in, seen_out = [], []
-    to_cupy, to_torch = cuda_path.to_cupy, cuda_path.to_torch
+    op(ids)  # prepared, its allocations recorded
+    seen_in = []
+    to_cupy = cuda_path.to_cupy
 
-    def spy_in(cp_, t):
-        a = to_cupy(cp_, t)
-        seen_in.append((t.data_ptr(), a.data.ptr))
-        return a
-
-    def spy_out(c, a, dtype):
-        t = to_torch(c, a, dtype)
-        seen_out.append((a.data.ptr, t.data_ptr()))
-        return t
+    def spy_in(sig, tensors):
+        env = to_cupy(sig, tensors)
+        seen_in.append([(t.data_ptr(), env[n].data.ptr) for n, t in zip(sig.names, tensors)])
+        return env
 
     monkeypatch.setattr(cuda_path, "to_cupy", spy_in)
-    monkeypatch.setattr(cuda_path, "to_torch", spy_out)
     pool = cp.get_default_memory_pool()
     torch.cuda.synchronize()
-    used, before = pool.used_bytes(), torch.cuda.memory_allocated()
-    outs = op(ids)
-    assert seen_in == [(ids.data_ptr(), ids.data_ptr())]
-    assert [p for p, _ in seen_out] == [p for _, p in seen_out] == [o.data_ptr() for o in outs]
-    assert pool.used_bytes() == used  # nothing of the call from CuPy's own pool
-    assert torch.cuda.memory_allocated() - before >= sum(o.numel() * o.element_size() for o in outs)
-    for o in outs:  # each on a storage of the caching allocator's own, no DLPack capsule in between
-        assert o.untyped_storage().data_ptr() == o.data_ptr() and o.is_contiguous()
-    _equal(outs, torch_prologue(ids))
+    for call in range(3):  # calls that follow the recorded allocations (the outputs made first)
+        x = ids.clone() if call == 1 else ids  # (a tensor at another address: a new view of it)
+        outs = None  # (the last call's outputs freed before measuring)
+        used, before = pool.used_bytes(), torch.cuda.memory_allocated()
+        outs = op(x)
+        assert seen_in[-1] == [(x.data_ptr(), x.data_ptr())]  # the kernels read the tensor itself
+        assert pool.used_bytes() == used  # nothing of the call from CuPy's own pool
+        assert torch.cuda.memory_allocated() - before >= sum(o.numel() * o.element_size() for o in outs)
+        for o in outs:  # each on a storage of the caching allocator's own, at its start
+            assert o.untyped_storage().data_ptr() == o.data_ptr() and o.is_contiguous()
+        assert len({o.untyped_storage().data_ptr() for o in outs} | {x.data_ptr()}) == len(outs) + 1
+        _equal(outs, torch_prologue(x))
     # an alias_of input is updated in place, through the same pointer
     upd = sft.fusion(SCATTER_ADD)
     dst = torch.zeros(300, device=DEV)
@@ -121,6 +119,28 @@ def test_launches_on_the_current_stream_after_side_stream_work():
         want = torch_prologue(new)
     side.synchronize()
     _equal(outs, want)
+
+
+def test_eager_calls_queued_back_to_back_on_two_streams():
+    """Calls queued behind a busy GPU, alternating between two streams, each on new ids: every
+    result right (a stream's kept arena is reused only in that stream's order), and the op
+    through the dispatcher (`op.op`) gives the same."""
+    op = sft.fusion(prologue_graph())
+    for T in (128, 4096):
+        op(_ids(T))
+    streams = [torch.cuda.current_stream(), torch.cuda.Stream()]
+    streams[1].wait_stream(streams[0])
+    pending = []
+    for i in range(24):
+        s = streams[i % 2]
+        with torch.cuda.stream(s):
+            if i < 2:
+                torch.cuda._sleep(SLEEP_CYCLES // 4)
+            ids = _ids(128 if i % 3 else 4096, seed=50 + i)
+            pending.append((ids, op(ids) if i % 4 else op.op(ids)))
+    torch.cuda.synchronize()
+    for ids, outs in pending:
+        _equal(outs, torch_prologue(ids))
 
 
 def test_no_host_synchronization_on_the_call_path():

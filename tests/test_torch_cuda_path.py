@@ -1,0 +1,231 @@
+"""segfuse.torch's CUDA path on CPU tensors, on a CuPy stand-in: the allocation plans of
+torch_ext/memory.py (a call records its buffers, later calls make the outputs before the launch and
+take the rest from one arena of the call's), a call that leaves its plan, and outputs that stay
+fresh (a storage each, shared with no input), with results against torch.
+
+The CUDA path only hands pointers around, so with CPU tensors (host memory) and a stand-in whose
+arrays are NumPy views of that memory, its allocations run for real: the "kernels" below compute
+the prologue with NumPy on the buffers CuPy's allocator handed out."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import threading
+import types
+
+import numpy as np
+import pytest
+import segfuse.torch as sft
+import torch
+from cupy_standin import fake_cupy
+from torch_graphs import E, K, prologue_graph, torch_prologue
+
+
+class _Mem:
+    def __init__(self, ptr, size, free=None):
+        self.ptr, self.size, self._free = ptr, size, free
+
+    def __del__(self):
+        if self._free is not None and self.ptr:
+            self._free(self.ptr, 0)
+
+
+class _MemPtr:
+    def __init__(self, mem, offset):
+        self.mem, self.ptr = mem, mem.ptr + offset
+
+
+class _Array:
+    def __init__(self, shape, dtype, memptr, strides=None):
+        self.dtype = np.dtype(dtype)
+        self.shape, self.itemsize = tuple(shape), self.dtype.itemsize
+        contiguous = tuple(int(np.prod(self.shape[i + 1:])) * self.itemsize for i in range(len(self.shape)))
+        self.strides = tuple(strides) if strides is not None else contiguous
+        self.size = int(np.prod(self.shape))
+        self.nbytes = self.size * self.itemsize
+        self.data = memptr
+        self.flags = types.SimpleNamespace(c_contiguous=self.strides == contiguous)
+
+    def host(self) -> np.ndarray:
+        if self.size == 0:
+            return np.empty(self.shape, self.dtype)
+        extent = sum((n - 1) * s for n, s in zip(self.shape, self.strides)) + self.itemsize
+        flat = np.frombuffer((ctypes.c_char * extent).from_address(self.data.ptr), np.uint8)
+        return np.lib.stride_tricks.as_strided(flat.view(self.dtype) if self.flags.c_contiguous else flat,
+                                               self.shape, self.strides)
+
+
+def _cupy_standin():
+    tls = threading.local()
+    fake = fake_cupy(object)
+
+    class Allocator:
+        def __init__(self, malloc, free):
+            self._m, self._f = malloc, free
+
+        def malloc(self, size):
+            return _MemPtr(_Mem(self._m(size, 0), size, self._f), 0)
+
+    def empty(shape, dtype):
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        mem = tls.allocator(nbytes) if nbytes else _MemPtr(_Mem(0, 0), 0)
+        return _Array(shape, dtype, mem)
+
+    memory = types.SimpleNamespace(PythonFunctionAllocator=Allocator,
+                                   _get_thread_local_allocator=lambda: getattr(tls, "allocator", None),
+                                   _set_thread_local_allocator=lambda a: setattr(tls, "allocator", a))
+    fake.cuda.memory = memory
+    fake.cuda.UnownedMemory = lambda ptr, size, owner, device: _Mem(ptr, size)
+    fake.cuda.MemoryPointer = _MemPtr
+    fake.ndarray = _Array
+    fake.empty = empty
+    return fake
+
+
+def _prologue_steps(cp, T, idt, extra):
+    """The prologue as three "kernels" allocating like the real plan: a scratch buffer and an
+    intermediate freed within the call, four outputs. `extra(ids)`: whether a call allocates one
+    more buffer first (a data-dependent allocation: the call leaves its plan)."""
+    def counts(env, ctx):
+        ids = env["topk_ids"].host()
+        if extra(ids):
+            cp.empty(3, np.uint8)
+        scratch = cp.empty(100, np.uint8)
+        scratch.host()[:] = 7
+        c = env["counts"] = cp.empty(E, idt)
+        c.host()[:] = np.bincount(ids.ravel(), minlength=E)
+
+    def offsets(env, ctx):
+        o = env["offsets"] = cp.empty(E + 1, np.int64)  # (a cumsum of int32 is int64, as in torch)
+        o.host()[0] = 0
+        o.host()[1:] = np.cumsum(env["counts"].host())
+
+    def perms(env, ctx):
+        order = cp.empty(T * K, np.int64)
+        order.host()[:] = np.argsort(env["topk_ids"].host().ravel(), kind="stable")
+        ip = env["input_perm"] = cp.empty(T * K, np.int64)
+        ip.host()[:] = order.host() // K
+        op = env["output_perm"] = cp.empty(T * K, np.int64)
+        op.host()[order.host()] = np.arange(T * K)
+
+    return [types.SimpleNamespace(run=f) for f in (counts, offsets, perms)]
+
+
+class _State:
+    def __init__(self):
+        self.stream = contextlib.nullcontext()
+        self.stream.ptr = 0
+        self.ctxs, self.params, self.err_ptr = {}, {}, 0
+
+
+@pytest.fixture
+def standin_cuda(monkeypatch):
+    """A CUDA path (cuda_path.Cuda) on the CuPy stand-in: (Cuda, set of calls that allocate an
+    extra buffer, capturing flag)."""
+    from segfuse.compiler.cuda.external_stream import ErrorBlocks
+    from segfuse.torch import cuda_path
+
+    cp = _cupy_standin()
+    extra, capturing = [lambda ids: False], [False]
+
+    def prepare(fusion, shapes, dtypes, strides):
+        T = shapes["topk_ids"][0]
+        return types.SimpleNamespace(steps=_prologue_steps(cp, T, dtypes["topk_ids"].np, lambda ids: extra[0](ids)),
+                                     fallbacks=[])
+
+    c = cuda_path.Cuda.__new__(cuda_path.Cuda)
+    state = _State()
+    c.rt, c.cp, c.errors = types.SimpleNamespace(prepare=prepare), cp, ErrorBlocks(cp)
+    c.states = types.SimpleNamespace(get=lambda ptr: state, refill=lambda: None)
+    c._tls = threading.local()
+    c.get_allocator, c.set_allocator = cp.cuda.memory._get_thread_local_allocator, cp.cuda.memory._set_thread_local_allocator
+    monkeypatch.setattr(cuda_path, "_CUDA", [c])
+    monkeypatch.setattr(cuda_path, "is_capturing", lambda: capturing[0])
+    monkeypatch.setattr(cuda_path, "current_stream_ptr", lambda device: 0)
+    return types.SimpleNamespace(c=c, extra=extra, capturing=capturing, state=state)
+
+
+def _counting_empty(monkeypatch):
+    from segfuse.torch import memory
+
+    made = []
+    real = memory._empty
+
+    def empty(*a, **kw):
+        t = real(*a, **kw)
+        made.append(t.nbytes)
+        return t
+
+    monkeypatch.setattr(memory, "_empty", empty)
+    return made
+
+
+def _fresh(outs, ins):
+    """Each output on a storage of its own, at its start, shared with no input or other output."""
+    storages = [o.untyped_storage().data_ptr() for o in outs]
+    assert len(set(storages)) == len(outs)
+    assert all(o.untyped_storage().data_ptr() == o.data_ptr() for o in outs)
+    assert not set(storages) & {x.untyped_storage().data_ptr() for x in ins}
+
+
+@pytest.mark.parametrize("idt", ["int64", "int32"])
+def test_cuda_path_plans_allocations_on_a_standin(standin_cuda, monkeypatch, idt):
+    from segfuse.torch.cuda_path import CudaRunner
+    from segfuse.torch.memory import ALIGN, ARENA_SLOT
+
+    op = sft.fusion(prologue_graph(idt))
+    runner = CudaRunner(op)
+    made = _counting_empty(monkeypatch)
+    gen = torch.Generator().manual_seed(5)
+    counts_per_call = []
+    for _ in range(5):
+        ids = torch.randint(0, E, (9, K), dtype=getattr(torch, idt), generator=gen)
+        before = len(made)
+        outs = runner.run((ids,))
+        counts_per_call.append(len(made) - before)
+        _equal(outs, torch_prologue(ids))
+        _fresh(outs, [ids])
+    (sig,) = runner.sigs.values()
+    plan = sig.plan
+    # the record: scratch and order in the arena (distinct, aligned slices), the outputs planned
+    assert [s for s in plan.slots] == [ARENA_SLOT, 0, 1, ARENA_SLOT, 2, 3]
+    arena = [o for o, s in zip(plan.offsets, plan.slots) if s == ARENA_SLOT]
+    assert arena == [0, ALIGN] and plan.arena_bytes == ALIGN + -(-9 * K * 8 // ALIGN) * ALIGN
+    # recording: a tensor per buffer and one per output on it; then the outputs and the arena
+    assert counts_per_call == [6 + 4, 5, 5, 5, 5]
+    standin_cuda.capturing[0] = True  # (the same under a capture: from the graph's pool)
+    before = len(made)
+    outs = runner.run((ids,))
+    assert len(made) - before == 5
+    _equal(outs, torch_prologue(ids))
+
+
+def test_cuda_path_call_leaving_its_plan_on_a_standin(standin_cuda, monkeypatch):
+    from segfuse.torch.cuda_path import CudaRunner
+
+    op = sft.fusion(prologue_graph())
+    runner = CudaRunner(op)
+    gen = torch.Generator().manual_seed(6)
+    flags = [False, False, True, False, False, True, True, True, True, True]
+    for call, flag in enumerate(flags):
+        ids = torch.randint(1, E, (4, K), generator=gen)
+        if flag:
+            ids[0, 0] = 0  # this call allocates a buffer more than the plan has
+        standin_cuda.extra[0] = lambda h: h[0, 0] == 0
+        outs = runner.run((ids,))
+        _equal(outs, torch_prologue(ids))
+        _fresh(outs, [ids])
+        (sig,) = runner.sigs.values()
+        if call == 2:  # left the plan: the next call records again
+            assert sig.plan is None and sig.records == 1
+    assert sig.records == 3  # recorded at calls 0, 3 and 6 (later calls follow the plan of call 6)
+    assert sig.plan is not None and sig.plan.n == 7
+
+
+def _equal(got, want):
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, g.shape, w.dtype, w.shape)
+        assert torch.equal(g, w), (g, w)
