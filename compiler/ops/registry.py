@@ -194,12 +194,12 @@ class OpDef:
     library: str = ""  # what a library segment of the op runs on the GPU (plan hints.routine)
     library_sort: LibrarySort | None = None  # the library sort routine that runs it (sort ops)
     py_operator: tuple[str, ...] = ()  # builder Tensor operators: (method, reflected method)
-    # A composite op: decompose(expansion, inputs (tensor names and number literals, as in the graph),
-    # operand types, attrs) writes the primitive ops it
-    # stands for into `expansion` (see Expansion), or returns False where these attributes need none
-    # (scatter with a reduce other than "mean"). The IR expands it when it validates the graph, so
-    # the plan, the backends and the codegen see only primitive nodes; `ref` states the op's
-    # semantics directly (the oracle its expansion is tested against).
+    # A composite op: decompose(expansion, inputs, operand types, attrs) writes the primitive ops it
+    # stands for into `expansion` (see Expansion; inputs are tensor names and number literals, as in
+    # the graph), or returns False where these attributes need none (scatter with a reduce other
+    # than "mean"). The IR expands it when it validates the graph, so the plan, the backends and the
+    # codegen see only primitive nodes; `ref` states the op's semantics directly (the oracle its
+    # expansion is tested against).
     decompose: Callable[..., bool | None] | None = None
 
     @property
