@@ -198,12 +198,12 @@ class OpDef:
     # (numpy or cupy) without moving data; the NumPy reference is the same function with numpy,
     # and the CUDA runtime runs a plan's view segments with it (no kernel)
     view: Callable[[Any, Any, Any, TensorType], Any] | None = None
-    # A composite op: decompose(expansion, inputs (tensor names and number literals, as in the graph),
-    # operand types, attrs) writes the primitive ops it
-    # stands for into `expansion` (see Expansion), or returns False where these attributes need none
-    # (scatter with a reduce other than "mean"). The IR expands it when it validates the graph, so
-    # the plan, the backends and the codegen see only primitive nodes; `ref` states the op's
-    # semantics directly (the oracle its expansion is tested against).
+    # A composite op: decompose(expansion, inputs, operand types, attrs) writes the primitive ops it
+    # stands for into `expansion` (see Expansion; inputs are tensor names and number literals, as in
+    # the graph), or returns False where these attributes need none (scatter with a reduce other
+    # than "mean"). The IR expands it when it validates the graph, so the plan, the backends and the
+    # codegen see only primitive nodes; `ref` states the op's semantics directly (the oracle its
+    # expansion is tested against).
     decompose: Callable[..., bool | None] | None = None
 
     @property
