@@ -150,6 +150,11 @@ class Plan:
     # sizes of the class; not plan data: kept off the JSON and out of comparisons.
     checks: object = field(default=None, repr=False, compare=False)
 
+    def output_commits(self, fusion) -> list[Commit]:
+        """The commit of each graph output: the plan's, or (a plan made without them, such as an
+        older plan's JSON) derived from `fusion`'s outputs and the plan's views."""
+        return self.commits or commits_for(fusion.outputs, fusion.input_names, self.views)
+
     def root_of(self, tensor: str) -> str:
         """The tensor whose storage `tensor` views (itself when it is not a view)."""
         while tensor in self.views:

@@ -18,7 +18,7 @@ import numpy as np
 from .commit import commit
 from .errors import Issue, OpError, RunError
 from .ir import Fusion
-from .plan import Plan, commits_for
+from .plan import Plan
 
 POISON = 0xA5  # freed buffers are filled with this byte so reads after free show up
 
@@ -162,7 +162,7 @@ def run_plan(plan: Plan, fusion: Fusion, bound_types: dict, inputs: dict[str, np
         np.copyto(dst, v)
         return dst
 
-    commits = plan.commits or commits_for(fusion.outputs, fusion.input_names, plan.views)
+    commits = plan.output_commits(fusion)
     res = commit(commits, values, lambda v: np.array(v, copy=True), write)
     # C-contiguous and writeable (np.require keeps 0-d; a no-op for the plan's own buffers)
     return {name: np.require(v, requirements=["C", "W"]) for name, v in res.items()}

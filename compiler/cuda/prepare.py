@@ -17,7 +17,7 @@ from ..codegen.lazy import Unsupported
 from ..codegen.segment import NOMINAL_SM_COUNT, generate
 from ..dtypes import DType
 from ..numpy_backend import eval_node
-from ..plan import AliasMode, Segment, SegmentKind, commits_for
+from ..plan import AliasMode, Segment, SegmentKind
 from ..segmenter.reference import split_nodes
 from ..segmenter.sort_epilogue import ROUTINE
 from .arrays import contiguous_strides, host_view
@@ -74,7 +74,7 @@ def prepare_plan(rt, fusion, plan, bound, strides: dict) -> Prepared:
         for c in getattr(seg, "copies", []) or []:
             types.setdefault(c.dst, types[c.src])
     t0 = time.perf_counter()
-    commits = plan.commits or commits_for(fusion.outputs, fusion.input_names, plan.views)
+    commits = plan.output_commits(fusion)
     prep = Prepared(plan, types, [], staged=[o.alias_of for o in fusion.outputs if o.alias_of is not None],
                     outputs=tuple(commits), made=set(fusion.input_names), fusion=fusion, in_strides=strides)
     c0 = rt.cache.stats.compile_s
