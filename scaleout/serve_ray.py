@@ -45,6 +45,9 @@ INGRESS_ARGS = {"shards", "ingress_cpus"}
 # them from start(); a cluster of its own needs them in its environment (docker/rayservice.yaml).
 HAPROXY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
 PROXIES = ("haproxy", "ray")
+# A local cluster's controller gives its proxy this long to say it is ready (Ray's 5 s): on a busy
+# small machine HAProxy's start took longer, and Ray then kills the proxy and serve.start fails.
+LOCAL_ENV = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "45"}
 _local: dict = {}  # what start() made for a local cluster, for stop(): {"haproxy_dir": ...}
 
 
@@ -224,7 +227,7 @@ def start(shards: int = 2, backend: str = "numpy", host: str = "127.0.0.1", port
     cfg = config(shards, backend, host, port, **args)
     apps = applications(cfg)
     if not ray.is_initialized():
-        env = _local_haproxy_env() if proxy == "haproxy" and address is None else {}
+        env = {} if address is not None else {**LOCAL_ENV, **(_local_haproxy_env() if proxy == "haproxy" else {})}
         with _environment(env):
             ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
     if blocking:
