@@ -40,13 +40,14 @@ from segfuse.scaleout import shard_for
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def start_serve_ray(shards: int, proxy: str, backend: str = "numpy") -> tuple[subprocess.Popen, str]:
+def start_serve_ray(shards: int, proxy: str, backend: str = "numpy",
+                    shard_gpus: float = 1) -> tuple[subprocess.Popen, str]:
     """`segfuse serve-ray` as a user starts it, on a free port; (process, URL) once ready."""
     port = load.free_port()
     env = dict(os.environ, SEGFUSE_LOG_LEVEL="warning")
     cmd = [sys.executable, "-c", "import sys; from segfuse.cli import main; sys.exit(main())", "serve-ray",
            "--shards", str(shards), "--port", str(port), "--proxy", proxy, "--backend", backend,
-           "--max-queued-runs", "4096"]
+           "--max-queued-runs", "4096", "--shard-gpus", str(shard_gpus)]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
     url = f"http://127.0.0.1:{port}"
@@ -141,7 +142,7 @@ def bench(args) -> dict:
     result = {**load.environment(), "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
               "tokens": args.tokens, "topk": args.topk, "experts": args.experts, "duration_s": args.duration,
               "connections": args.connections, "wrk_version": load_wrk.wrk_version(args.wrk), "backend": args.backend,
-              "rows": []}
+              "shard_gpus": args.shard_gpus, "rows": []}
     py_spy = find_py_spy(None) if args.profile else None
 
     proc, url = load.start_server(args.backend, None)
@@ -155,7 +156,7 @@ def bench(args) -> dict:
         proc.wait(30)
     for proxy in args.proxies:
         for n in args.shards:
-            proc, url = start_serve_ray(n, proxy, args.backend)
+            proc, url = start_serve_ray(n, proxy, args.backend, args.shard_gpus)
             try:
                 spaces = namespaces(n)
                 fids = [load.setup(url, {"Segfuse-Namespace": ns}, args)[1] for ns in spaces]
@@ -185,7 +186,8 @@ def _line(row: dict) -> str:
 
 def table(result: dict) -> str:
     m = result["machine"]
-    lines = [f"## segfuse serve-ray on loopback: {result['backend']} shards, {m['cpus']} CPUs ({m['cpu_model']}), "
+    gpus = f" ({result['shard_gpus']:g} GPU each)" if result["backend"] == "cupy" else ""
+    lines = [f"## segfuse serve-ray on loopback: {result['backend']} shards{gpus}, {m['cpus']} CPUs ({m['cpu_model']}), "
              f"{result['time']}",
              f"moe_problem_sizes T={result['tokens']} K={result['topk']} E={result['experts']} on a resident buffer, "
              f"wrk {result['wrk_version']}, {result['duration_s']:g} s per level, commit {result['commit']}", "",
@@ -215,6 +217,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--backend", default="numpy", choices=["numpy", "cupy"],
                    help="of the shards and the direct server (cupy: a GPU per shard, so N shards need N GPUs)")
+    p.add_argument("--shard-gpus", type=float, default=1,
+                   help="GPUs per CuPy shard (0.5: two shards on one GPU, as on a one-GPU machine)")
     p.add_argument("--shards", default="1,2", help="comma-separated shard counts (default 1,2)")
     p.add_argument("--proxies", default="haproxy,ray", help="comma-separated: haproxy, ray (default both)")
     p.add_argument("--connections", type=int, default=8, help="wrk connections of the second level, in all")

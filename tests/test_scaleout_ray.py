@@ -25,6 +25,8 @@ pytest.importorskip("ray.serve", reason="segfuse serve-ray needs the ray extra")
 pytestmark = pytest.mark.timeout(420)
 
 SHARDS = ["shard-0", "shard-1"]
+# httpx's 5 s default: a busy 2-core machine took longer to aggregate every shard's /metrics.
+_http = httpx.Client(timeout=60)
 
 
 def _namespace_on(shard: str, prefix: str) -> str:
@@ -73,26 +75,26 @@ def test_namespaces_land_on_distinct_shards_and_stay(ingress):
             b.get("only_in_a")
         assert e.value.status == 404
     for ns, shard in ((NS0, "shard-0"), (NS1, "shard-1")):
-        r = httpx.get(ingress + "/v2/buffers", headers={"Segfuse-Namespace": ns})
+        r = _http.get(ingress + "/v2/buffers", headers={"Segfuse-Namespace": ns})
         assert r.headers["Segfuse-Shard"] == shard
         assert ("only_in_a" in {b["name"] for b in r.json()["buffers"]}) == (ns == NS0)
 
 
 def test_no_header_is_the_default_namespace(ingress):
-    r = httpx.get(ingress + "/v2")
+    r = _http.get(ingress + "/v2")
     assert r.status_code == 200 and r.headers["Segfuse-Shard"] == shard_for("default", SHARDS)
 
 
 def test_bad_namespace_is_400_naming_the_header(ingress):
-    r = httpx.get(ingress + "/v2/buffers", headers={"Segfuse-Namespace": "no spaces"})
+    r = _http.get(ingress + "/v2/buffers", headers={"Segfuse-Namespace": "no spaces"})
     assert r.status_code == 400
     assert r.json()["details"][0]["loc"] == ["header", "Segfuse-Namespace"]
     assert "Segfuse-Namespace" in r.json()["error"]
 
 
 def test_health(ingress):
-    assert httpx.get(ingress + "/v2/health/live").json() == {"live": True}
-    assert httpx.get(ingress + "/v2/health/ready").json() == {"ready": True}
+    assert _http.get(ingress + "/v2/health/live").json() == {"live": True}
+    assert _http.get(ingress + "/v2/health/ready").json() == {"ready": True}
 
 
 def test_registration_reaches_every_shard_and_runs_match_numpy(ingress, registered):
@@ -116,7 +118,7 @@ def test_responses_match_a_direct_server(ingress, registered):
     own = {"date", "server", "x-request-id", "segfuse-shard"}
     data = np.arange(24, dtype=np.float32).tobytes()
     try:
-        httpx.post(direct.url + "/v2/fusions", json=MOE_PROBLEM_SIZES).raise_for_status()
+        _http.post(direct.url + "/v2/fusions", json=MOE_PROBLEM_SIZES).raise_for_status()
         calls = [("PUT", "/v2/buffers/raw?dtype=FP32&shape=4,6", {"Content-Type": "application/octet-stream"}, data),
                  ("GET", "/v2/buffers/raw", {"Accept": "application/octet-stream"}, b""),
                  ("GET", "/v2/buffers/raw", {"Accept": "application/json", "Accept-Encoding": "gzip"}, b""),
@@ -151,13 +153,13 @@ def test_direct_mode_reaches_the_shard_and_buffers_the_ingress_does(ingress, reg
         ids = rng.integers(0, 16, (16, 4))
         with Client(shards=urls, namespace=ns) as direct, Client(ingress, namespace=ns) as via:
             direct.put("x", ids)
-            r = httpx.get(ingress + "/v2/buffers/x", headers={"Segfuse-Namespace": ns, "Accept": "application/json"})
+            r = _http.get(ingress + "/v2/buffers/x", headers={"Segfuse-Namespace": ns, "Accept": "application/json"})
             assert r.status_code == 200 and r.headers["Segfuse-Shard"] == direct.shard
             np.testing.assert_array_equal(via.get("x"), ids)
             res = direct.run(registered, inputs={"topk_ids": Buffer("x")})
             np.testing.assert_array_equal(res["counts"], np.bincount(ids.ravel(), minlength=16))
             other = urls[1 - SHARDS.index(direct.shard)]
-            assert httpx.get(other + "/v2/buffers/x", headers={"Segfuse-Namespace": ns}).status_code == 404
+            assert _http.get(other + "/v2/buffers/x", headers={"Segfuse-Namespace": ns}).status_code == 404
 
 
 def test_direct_registration_reaches_every_shard(ingress):
@@ -197,7 +199,7 @@ def test_metrics_are_every_shards_and_namespaces(ingress, registered):
         with Client(ingress, namespace=ns) as c:
             for _ in range(n):
                 c.run(registered, inputs={"topk_ids": ids})
-    r = httpx.get(ingress + "/metrics")
+    r = _http.get(ingress + "/metrics")
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
     families = list(text_string_to_metric_families(r.text))
     assert len({f.name for f in families}) == len(families)  # each family once, its samples together
@@ -206,7 +208,7 @@ def test_metrics_are_every_shards_and_namespaces(ingress, registered):
     for ns, n in runs.items():
         assert ok[(shard_for(ns, SHARDS), ns)] == n
     assert {shard for shard, _ in ok} == set(SHARDS) and ("shard-0", "default") in ok
-    own = list(text_string_to_metric_families(httpx.get(_shard_urls(ingress)[1] + "/metrics").text))
+    own = list(text_string_to_metric_families(_http.get(_shard_urls(ingress)[1] + "/metrics").text))
     assert {s.labels["shard"] for f in own for s in f.samples} == {"shard-1"}  # a shard's route: its own
 
 
@@ -236,11 +238,12 @@ def _kill_replica(shard: str) -> None:
 
 def test_a_restarted_shard_says_so_and_works(ingress, registered):
     ids = np.arange(8).reshape(4, 2)
-    with Client(ingress, namespace=NS1, retries=0) as b, Client(ingress, namespace=NS0) as a:
+    # A request meanwhile waits for the new replica; on a busy 2-core machine that took over 60 s.
+    with Client(ingress, namespace=NS1, retries=0, timeout=150) as b, Client(ingress, namespace=NS0) as a:
         b.put("lost", ids)
         a.put("kept", ids)
         _kill_replica("shard-1")
-        deadline, seen = time.monotonic() + 90, []
+        deadline, seen = time.monotonic() + 150, []
         while True:  # Ray notices the death and starts a new replica: a request waits meanwhile
             try:
                 b.get("lost")
