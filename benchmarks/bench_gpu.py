@@ -20,6 +20,7 @@ import time
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))  # the test corpus (tests/corpus/)
 
@@ -329,7 +330,7 @@ def bench_compile_and_overhead(rows):
 
 
 def table(rows) -> str:
-    keys = ["bench", "impl", "us", "TB/s", "torch eager us", "speedup", "p50 us", "torch eager p50 us", "p50 speedup",
+    keys = ["bench", "impl", "us", "pipelined us", "gpu us", "copy limit us", "vs copy limit", "TB/s", "torch eager us", "speedup", "p50 us", "torch eager p50 us", "p50 speedup",
             "launches", "kernel us", "host overhead us", "plan", "fallbacks"]
     used = [k for k in keys if any(k in r for r in rows)]
     out = ["| " + " | ".join(used) + " |", "|" + " --- |" * len(used)]
@@ -344,8 +345,11 @@ def table(rows) -> str:
 
 
 def main():
+    import bench_norms  # (benchmarks/: row normalizations, --only norm)
+
     ap = argparse.ArgumentParser()
-    ap.add_argument("--only", default="chain,scatter,moe,compile")
+    ap.add_argument("--only", default="chain,scatter,moe,compile",
+                    help="comma-separated: chain, scatter, moe, compile, norm (row normalizations, bench_norms.py)")
     args = ap.parse_args()
     import cupy as cp
     import torch
@@ -353,7 +357,8 @@ def main():
     rows, summary = [], {}
     which = args.only.split(",")
     steps = [("compile", bench_compile_and_overhead), ("chain", bench_chain),
-             ("scatter", lambda r: {**bench_scatter(r, 256), **bench_scatter(r, 2**24)}), ("moe", bench_moe)]
+             ("scatter", lambda r: {**bench_scatter(r, 256), **bench_scatter(r, 2**24)}), ("moe", bench_moe),
+             ("norm", lambda r: bench_norms.run(r, samples))]
     for name, fn in steps:
         if name not in which:
             continue

@@ -15,6 +15,27 @@ INDEX32_MAX = 2**31 - 2**25 - 1
 # stays for static shared memory and the runtime's headroom).
 SMEM_PER_BLOCK = 200 * 1024
 
+# The SM count kernels are sized for when the device is not known (an H200's)
+NOMINAL_SM_COUNT = 132
+
+# Row-persistent reductions (segmenter/row_fusion.py, codegen/row_reduction.py): rows of at most
+# ROW_WARP_MAX elements run a warp per row, longer rows a block per row; a block caches its rows'
+# inputs in shared memory while they need at most ROW_CACHE_BYTES (else it re-reads them).
+ROW_WARP_MAX = 512
+ROW_CACHE_BYTES = 96 * 1024
+
+
+def row_threads(length: int, rows: int, sm_count: int) -> int:
+    """Threads working on one row: a warp for short rows; else about 8 elements per thread (4 when
+    the rows do not fill the SMs), 128 to 1024."""
+    if length <= ROW_WARP_MAX:
+        return 32
+    per = 4 if rows <= sm_count else 8
+    t = 128
+    while t < 1024 and t * per < length:
+        t *= 2
+    return t
+
 
 def index_bits(extent: int) -> int:
     """The index width for a kernel whose largest element count or stride extent is `extent`."""

@@ -16,6 +16,7 @@ from typing import TypedDict
 class SegmentKind(str, Enum):
     pointwise = "pointwise"  # elementwise ops, creation, views and movement fused into one grid
     reduction = "reduction"
+    row_reduction = "row_reduction"  # reductions over the same innermost dims + pointwise work: a block per row
     scan = "scan"
     sort = "sort"
     gather = "gather"
@@ -73,6 +74,7 @@ class SegmentHints(TypedDict, total=False):
     elements: int | str
     anchor: dict  # the heavy op's geometry (rows, row length, axis) in grid segments
     launches: int  # 2: a grid anchor's kernel, then one for the segment's other outputs (default 1)
+    row: dict  # row_reduction segments: the reductions' nodes, reduced dims, rows and row length
 
 
 @dataclass

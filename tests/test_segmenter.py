@@ -231,7 +231,9 @@ def test_epilogue_at_own_position_fuses_into_reduction():
         fd.add_output(fd.ops.mul(s, 2.0), "y")
     f = fd.fusion()
     plan = plan_of(f, {"x": (BIG, 4)})
-    assert structure(plan) == [("reduction", [0, 1], [])]
+    # (a block per row reads the sum and writes y: one launch, where a grid reduction kernel takes two)
+    assert structure(plan) == [("row_reduction", [0, 1], [])]
+    assert "row-persistent reduction: sum 't0' over dim 1" in plan.segments[0].reason
 
 
 # ---- rule 4: single block ---------------------------------------------------------------

@@ -34,9 +34,10 @@ class PointwiseKernels:
     LOWERINGS = frozenset(RENDERERS)  # the lazy ops, rendered as lambdas (lazy.py)
 
     # ---- lambdas -----------------------------------------------------------------------
-    def _lambdas(self, flat_leaf=None, only=None) -> tuple[str, dict]:
+    def _lambdas(self, flat_leaf=None, only=None, leaf=None) -> tuple[str, dict]:
         """Definitions of one lambda per tensor. flat_leaf(name) gives leaf bodies in flat mode;
-        `only` restricts the definitions to those tensors (flat mode defines just the outputs' cone)."""
+        `only` restricts the definitions to those tensors (flat mode defines just the outputs' cone);
+        leaf(name) may give a materialized tensor's body in coordinate mode (None: read its location)."""
         names, lines = {}, []
         ctx = LambdaCtx(self.types, self.I, names, flat=flat_leaf is not None)
         counter = 0
@@ -57,6 +58,8 @@ class PointwiseKernels:
                 return
             if flat_leaf is not None:
                 body = flat_leaf(n)
+            elif leaf is not None and leaf(n) is not None:
+                body = leaf(n)
             else:
                 off = " + ".join(f"({self.I})c{k} * {s}" for k, s in enumerate(loc.strides) if s != 0 and t.shape[k] != 1) or "0"
                 body = f"return {ct.cvt(f'{loc.ref}[{off}]', ct.value(t.dtype))};"

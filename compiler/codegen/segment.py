@@ -15,7 +15,7 @@ appear in the source.
 
 This module is the driver (placement, phases, the grid and single-block dispatch, the module
 text); each kernel family is a mixin in its own module: pointwise.py (lambdas, materialize),
-reduction.py (reductions, scans), sorting.py, scatter_kernels.py (scatter family, grid mode) and
+reduction.py (reductions, scans), row_reduction.py (row-persistent reductions), sorting.py, scatter_kernels.py (scatter family, grid mode) and
 scatter_block.py (scatters in one block). The tunables the benchmark sets (VEC_BLOCKS_PER_SM,
 RADIX_MIN) stay here, where the dispatch reads them.
 """
@@ -27,7 +27,7 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 
-from ..limits import SMEM_PER_BLOCK, index_bits
+from ..limits import NOMINAL_SM_COUNT, SMEM_PER_BLOCK, index_bits
 from ..ops.registry import LAZY_KINDS, OpKind
 from ..plan import AliasMode
 from . import ctypes_ as ct
@@ -38,6 +38,7 @@ from .lazy import Unsupported
 from .pointwise import PointwiseKernels
 from .prelude import PRELUDE
 from .reduction import ReductionKernels
+from .row_reduction import RowReductionKernels
 from .scatter_block import BlockScatterKernels
 from .scatter_kernels import ScatterKernels
 from .sorting import SortKernels
@@ -51,10 +52,6 @@ VEC_BLOCKS_PER_SM = 1 << 20
 # shorter ones the shared-memory bitonic sort. H200, MoE argsort fusion, kernel only: 8 keys
 # bitonic 4.1 us / radix 5.5 us; 128 keys 10.1 / 5.5; 1024 keys 26.9 / 5.9.
 RADIX_MIN = 64
-
-
-# The SM count the generator sizes grids for when the device is not known (an H200's)
-NOMINAL_SM_COUNT = 132
 
 
 @dataclass
@@ -93,7 +90,8 @@ class Loc:
     offset: int = 0
 
 
-class SegmentCodegen(PointwiseKernels, ReductionKernels, SortKernels, ScatterKernels, BlockScatterKernels):
+class SegmentCodegen(PointwiseKernels, ReductionKernels, RowReductionKernels, SortKernels, ScatterKernels,
+                     BlockScatterKernels):
     """One segment's module: `build()` renders every phase with its family's methods."""
 
     @classmethod
@@ -198,7 +196,9 @@ class SegmentCodegen(PointwiseKernels, ReductionKernels, SortKernels, ScatterKer
     def build(self) -> Module:
         body_fns = []  # (name_suffix, body, grid, block, smem, vector_of)
         phases = self.phases()
-        if self.block_mode:
+        if getattr(self.seg.kind, "value", self.seg.kind) == "row_reduction":
+            body_fns.extend(self._row_kernels())  # one kernel (and its vector variant)
+        elif self.block_mode:
             body_fns.append(self._block_kernel(phases))
         else:
             groups = [what for kind, what in phases if kind == "materialize"]

@@ -28,6 +28,7 @@ from __future__ import annotations
 import sympy
 
 from ..ir import Bound, Fusion
+from ..limits import NOMINAL_SM_COUNT, row_threads
 from ..ops.registry import LAZY_KINDS, OpKind
 from ..plan import Alias, AliasMode, Copy, Plan, Segment, SegmentKind, commits_for
 from . import place as P
@@ -38,9 +39,11 @@ from .capability import (
     SINGLE_BLOCK,
     Capability,
     can_generate,
+    can_schedule_rows,
     scatter_reduce_of,
 )
 from .graph import COPY, OTHER, WorkGraph, access, build
+from .row_fusion import fuse_plan as fuse_rows
 from .shapes import Checks, base_key, class_types, evaluate, fmt, nbytes, numel
 from .sort_epilogue import ROUTINE, fuse_plan
 
@@ -249,7 +252,7 @@ class _Segmenter:
             seg.steps = sorted(steps, key=lambda s: s.key)
             seg.smem = smem
             segs.insert(0, seg)
-        segs = self.merge_small(g, segs, must_follow)
+        segs = self.merge_small(g, self.rows(g, segs), must_follow)
         if self.cap.fuse_sort_epilogues:  # a library argsort with its producers/consumers: one launch
             segs = fuse_plan(self.fusion, g, segs, self.checks)
         return self.build_plan(g, segs, decisions)
@@ -260,9 +263,16 @@ class _Segmenter:
         placed = self.place(g, {p: d for p, d in decisions.items() if d[0] != ORDERED}, nodes)
         if placed is None:
             return 2
-        segs = placed[0]
+        segs = self.rows(g, placed[0])
         return sum(1 for s in segs if not all(x.kind is OpKind.view and x.outputs[0] in g.view_base
                                                for x in s.steps)) + sum(1 for s in segs if s.library)
+
+    def rows(self, g: WorkGraph, segs: list) -> list:
+        """Row-persistent reductions: runs of segments whose reductions share their innermost dims
+        become one kernel where the capability table says so (row_fusion.py)."""
+        if not self.cap.row_reductions:
+            return segs
+        return fuse_rows(self.fusion, g, segs, lambda region, fusion: can_schedule_rows(region, fusion, self.cap, self.checks))
 
     def trial_cost(self, decisions, later, grid_set):
         g = self.graph(decisions, default_copy={q for q in later if q not in decisions})
@@ -367,7 +377,7 @@ class _Segmenter:
                     aliases.append(Alias(tensor=s.outputs[0], buffer=s.operands[0], why=why, mode=mode))
             kind = self.kind_of(g, seg, steps)
             hints = self.hints(g, seg, steps, kind, index_bits)
-            if seg.heavy is not None and hints.get("single_block") is False and any(
+            if seg.heavy is not None and seg.row is None and hints.get("single_block") is False and any(
                     s.kind in LAZY_KINDS or s.kind == COPY for s in steps if set(s.outputs) & set(outputs)):
                 # the codegen's rule: a grid anchor's kernel writes the anchor's results; the
                 # segment's other outputs (pointwise, views, copies) are one more launch after it
@@ -403,6 +413,8 @@ class _Segmenter:
             return SegmentKind.view
         if all(s.kind == COPY for s in steps):
             return SegmentKind.copy
+        if seg.row is not None:
+            return SegmentKind.row_reduction
         h = seg.heavy
         return SegmentKind(h.kind.value) if h is not None else SegmentKind.pointwise
 
@@ -430,7 +442,15 @@ class _Segmenter:
         blocks = -(-elems // t) if isinstance(elems, int) else sympy.ceiling(elems / t)
         out = {"launch": True, "single_block": False, "threads": t, "blocks": fmt(blocks),
                "elements": fmt(elems), "index_bits": index_bits}
-        if seg.heavy is not None:
+        if seg.row is not None:
+            rg = seg.row
+            rows, length = numel(tuple(rg.kept)), numel(tuple(rg.row))
+            lanes = row_threads(length, rows if isinstance(rows, int) else 1 << 30, NOMINAL_SM_COUNT) \
+                if isinstance(length, int) else 1024  # (the code generator's choice at these sizes)
+            out.update(blocks=fmt(rows), threads=lanes, anchor=self.anchor_hint(g, seg.heavy),
+                       row={"reductions": list(rg.reductions), "dims": list(rg.dims), "rows": fmt(rows),
+                            "row_length": fmt(length), "cached_inputs": list(rg.cacheable)})
+        elif seg.heavy is not None:
             out["anchor"] = self.anchor_hint(g, seg.heavy)
             if seg.heavy.kind in (OpKind.scan, OpKind.sort):
                 out["blocks"] = out["anchor"]["rows"]  # codegen runs one block per row

@@ -30,6 +30,7 @@ class Seg:
     made: dict = field(default_factory=dict)  # tensor -> Step making it here
     late: dict = field(default_factory=dict)  # tensor -> SCATTERED | COMPLETE_OWN (absent: recomputable)
     fused_sort: bool = False  # the sort epilogue pass merged it: a sort with its consumers in its last pass
+    row: object = None  # the row-persistent pass merged it: its row_fusion.RowRegion
 
     @property
     def library(self) -> bool:

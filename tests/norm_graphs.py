@@ -1,0 +1,76 @@
+"""Row normalizations written as graphs (issue 20), and their PyTorch oracles: softmax,
+log_softmax, RMSNorm and LayerNorm over dim 1 of [R, D], in float32 or bfloat16 (computed in
+float32, rounded at the output). `composite=True` uses the registry's softmax / log_softmax ops
+instead (they decompose into the same primitives, with a -inf pad for a symbolic row length).
+Shared by tests/test_row_reduction.py, tests/gpu/test_row_reduction_gpu.py and benchmarks/bench_gpu.py."""
+
+from __future__ import annotations
+
+from segfuse.compiler.builder import FusionDefinition
+
+EPS = 1e-6
+NORMS = ("softmax", "log_softmax", "rmsnorm", "layernorm")
+
+
+def norm_graph(kind: str, dtype: str = "float32", composite: bool = False, shape=("R", "D")):
+    with FusionDefinition(f"{kind}_{dtype}{'_op' if composite else ''}") as fd:
+        x = fd.define_tensor("x", shape=list(shape), dtype=dtype)
+        xf = x if dtype == "float32" else fd.ops.cast(x, "float32")
+        if kind in ("softmax", "log_softmax") and composite:
+            y = getattr(fd.ops, kind)(x, 1, "float32")
+        elif kind in ("softmax", "log_softmax"):
+            z = xf - fd.ops.amax(xf, [1], True)
+            s = fd.ops.sum(fd.ops.exp(z), [1], True)
+            y = z - fd.ops.log(s) if kind == "log_softmax" else fd.ops.exp(z) / s
+        else:
+            w = fd.define_tensor("w", shape=[shape[1]], dtype=dtype)
+            wf = w if dtype == "float32" else fd.ops.cast(w, "float32")
+            if kind == "rmsnorm":
+                y = xf * fd.ops.rsqrt(fd.ops.mean(xf * xf, [1], True) + EPS) * wf
+            else:
+                b = fd.define_tensor("b", shape=[shape[1]], dtype=dtype)
+                bf = b if dtype == "float32" else fd.ops.cast(b, "float32")
+                d = xf - fd.ops.mean(xf, [1], True)
+                var = fd.ops.mean(d * d, [1], True)
+                y = d * fd.ops.rsqrt(var + EPS) * wf + bf
+        fd.add_output(y if dtype == "float32" else fd.ops.cast(y, dtype), "y")
+    return fd.fusion()
+
+
+def torch_norm(kind: str, inputs: dict):
+    """PyTorch's result (float32 math, rounded to the input's dtype), from torch tensors."""
+    import torch
+
+    x = inputs["x"]
+    xf = x.float()
+    if kind == "softmax":
+        y = torch.softmax(xf, 1)
+    elif kind == "log_softmax":
+        y = torch.log_softmax(xf, 1)
+    elif kind == "rmsnorm":
+        y = xf * torch.rsqrt((xf * xf).mean(1, keepdim=True) + EPS) * inputs["w"].float()
+    else:
+        y = torch.nn.functional.layer_norm(xf, (x.shape[1],), inputs["w"].float(), inputs["b"].float(), EPS)
+    return y.to(x.dtype)
+
+
+def norm_inputs(kind: str, R: int, D: int, dtype: str = "float32", seed: int = 0, special: bool = False):
+    """NumPy inputs; `special`: row 0 all -inf (softmax family only), row 1 with a +inf... kept
+    finite for the norms (their oracle is NaN there as well), large magnitudes in the last row."""
+    import ml_dtypes
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    np_dt = np.float32 if dtype == "float32" else ml_dtypes.bfloat16
+    x = (rng.standard_normal((R, D)) * 3).astype(np.float32)
+    if special and R >= 3 and D:
+        if kind in ("softmax", "log_softmax"):
+            x[0] = -np.inf
+            x[1, D // 2] = -np.inf
+        x[R - 1] *= 1e4
+    out = {"x": x.astype(np_dt)}
+    if kind in ("rmsnorm", "layernorm"):
+        out["w"] = rng.standard_normal(D).astype(np_dt)
+    if kind == "layernorm":
+        out["b"] = rng.standard_normal(D).astype(np_dt)
+    return out
