@@ -9,7 +9,7 @@ dtype). Out-of-range indices raise an error naming the op; nothing is written.
 
 from __future__ import annotations
 
-from typing import Literal
+from enum import StrEnum
 
 import numpy as np
 
@@ -181,7 +181,18 @@ register(OpDef("index_select", OpKind.gather, ("x", "index"), _isel_infer, _isel
 
 
 # ---- scatter family ---------------------------------------------------------------------
-Reduce = Literal["none", "add", "mul", "amax", "amin", "mean"]
+class Reduce(StrEnum):
+    """How a scatter-family op combines values into self (a string on the wire: the members are
+    their values, and compare and hash as them)."""
+
+    none = "none"  # the last write wins (torch.scatter)
+    add = "add"
+    mul = "mul"
+    amax = "amax"
+    amin = "amin"
+    mean = "mean"  # composite: add, then divide by the count (expand_mean)
+
+
 # PyTorch's reduce names (scatter_reduce, index_reduce, scatter_) for segfuse's
 TORCH_REDUCE_NAMES = {"sum": "add", "prod": "mul", "multiply": "mul", "max": "amax", "min": "amin"}
 _UFUNC = {"add": np.add, "mul": np.multiply, "amax": np.fmax, "amin": np.fmin}
@@ -341,7 +352,7 @@ class IndexAddAttrs(Attrs):
     alpha: bool | int | float = 1
 
     # the scatter family's accumulation traits (ScatterAttrs has them as fields)
-    reduce = property(lambda self: "add")
+    reduce = property(lambda self: Reduce.add)
     include_self = property(lambda self: True)
 
 
@@ -411,7 +422,7 @@ class IndexPutAttrs(Attrs):
     accumulate: bool = False
 
     # the scatter family's accumulation traits (ScatterAttrs has them as fields)
-    reduce = property(lambda self: "add" if self.accumulate else "none")
+    reduce = property(lambda self: Reduce.add if self.accumulate else Reduce.none)
     include_self = property(lambda self: True)
 
 

@@ -22,6 +22,7 @@ from segfuse.compiler import Engine, Fusion, RunError, run_graph  # noqa: E402
 from segfuse.compiler.cuda import buffers  # noqa: E402
 from segfuse.compiler.cuda.runtime import CupyRuntime  # noqa: E402
 from segfuse.compiler.dtypes import from_numpy  # noqa: E402
+from test_cuda_buffers import _chain  # noqa: E402  (the scan chain whose plan reuses a buffer)
 from test_plan_executor import BIG_N, graphs, make_inputs  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -45,18 +46,6 @@ def _close(got, want, what, loose=False):
                                    equal_nan=True, err_msg=what)
     else:
         np.testing.assert_array_equal(g, want, err_msg=what)
-
-
-def _chain(n=BIG_N):
-    """Four scans in a row: `c` reuses `a`'s buffer, `b` lives to the end."""
-    g = {"format": "segfuse.fusion/1", "name": "chain", "inputs": [{"name": "x", "dtype": "float32", "shape": ["N"]}],
-         "ops": [{"op": "cumsum", "out": "a", "inputs": ["x"], "dim": 0},
-                 {"op": "cumsum", "out": "b", "inputs": ["a"], "dim": 0},
-                 {"op": "cumsum", "out": "c", "inputs": ["b"], "dim": 0},
-                 {"op": "cumsum", "out": "d", "inputs": ["c"], "dim": 0},
-                 {"op": "add", "out": "e", "inputs": ["d", "b"]}],
-         "outputs": ["e", "d"]}
-    return Fusion.from_json(g), {"x": (np.arange(n) % 5).astype(np.float32)}
 
 
 def _run_seen(rt, f, ins, plan, monkeypatch):
