@@ -10,8 +10,10 @@ dtype). Out-of-range indices raise an error naming the op; nothing is written.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Annotated
 
 import numpy as np
+from pydantic import WithJsonSchema
 
 from ..dtypes import DType, from_numpy
 from ..errors import OpError
@@ -211,9 +213,14 @@ def _identity(reduce: str, dt: np.dtype):
     return info.min if reduce == "amax" else info.max
 
 
+# in the graph format's JSON Schema the values inline, as a Literal of the strings would be
+_REDUCE_FIELD = Annotated[Reduce, WithJsonSchema({"enum": [m.value for m in Reduce], "title": "Reduce",
+                                                  "type": "string"})]
+
+
 class ScatterAttrs(Attrs):
     dim: int
-    reduce: Reduce = "none"
+    reduce: _REDUCE_FIELD = Reduce.none
     include_self: bool = True
 
     synonyms = {**Attrs.synonyms, "reduce": TORCH_REDUCE_NAMES}
