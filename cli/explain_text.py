@@ -67,7 +67,7 @@ def _launch(h: dict, env: dict) -> str:
     if "routine" in h:
         return h["routine"]
     if h.get("single_block"):
-        return f"1 block x {h['threads']} threads, shared memory {size(h['smem_bytes'], env)} B"
+        return f"1 block x {h['threads']} threads, intermediates in shared memory {size(h['intermediate_smem_bytes'], env)} B"
     blocks = h.get("blocks")
     return f"{size(blocks, env)} block{'' if blocks == 1 else 's'} x {h.get('threads')} threads"
 

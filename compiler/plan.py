@@ -70,7 +70,11 @@ class SegmentHints(TypedDict, total=False):
     single_block: bool
     blocks: int | str  # an int when static, else an expression in the size symbols
     threads: int
-    smem_bytes: int | str  # single-block: the planner's shared-memory budget test for intermediates
+    # single-block: the bytes of intermediates the planner counts against the shared-memory budget
+    # (Capability.smem_budget_bytes). Not the kernel's shared memory: that is the code generator's
+    # (each launch's `smem` plus its static arrays), which may also stage scatter targets and sort
+    # keys; the plan layer runs no codegen, so the name says what the planner knows.
+    intermediate_smem_bytes: int | str
     elements: int | str
     anchor: dict  # the heavy op's geometry (rows, row length, axis) in grid segments
     launches: int  # 2: a grid anchor's kernel, then one for the segment's other outputs (default 1)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import enum
 import io
 import json
 import os
@@ -54,6 +55,8 @@ def fmt_type(ann) -> str:
     args = typing.get_args(ann)
     if origin is typing.Literal:
         return " \\| ".join(json.dumps(a) for a in args)
+    if isinstance(ann, type) and issubclass(ann, enum.Enum):  # strings on the wire: the values
+        return " \\| ".join(json.dumps(m.value) for m in ann)
     if origin in (typing.Union, types.UnionType):
         return " \\| ".join(fmt_type(a) for a in args)
     if origin is list:

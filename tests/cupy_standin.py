@@ -16,6 +16,18 @@ class Array(np.ndarray):
         return types.SimpleNamespace(ptr=self.ctypes.data)
 
 
+class Graph:
+    """A captured "CUDA graph": replaying it runs the work recorded while capturing."""
+
+    def __init__(self, work):
+        self.work, self.launches = work, 0
+
+    def launch(self, stream=None):
+        self.launches += 1
+        for w in self.work:
+            w()
+
+
 def fake_cupy(stream_cls):
     keep = []
 

@@ -170,7 +170,7 @@ def test_explain_cites_a_real_shared_memory_limit():
         gpu = False
     if not gpu:
         assert "227 KiB per block opt-in, 48 KiB by default on H200 (sm_90)" in " ".join(out.split()), out
-    assert "shared memory 32*T = 131072 B" in out
+    assert "intermediates in shared memory 32*T = 131072 B" in out
 
 
 # argparse ignores write errors of --help and --version itself (exit 0); a command's output that

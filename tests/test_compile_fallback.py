@@ -18,6 +18,7 @@ from segfuse.compiler.cuda.arrays import contiguous_strides
 from segfuse.compiler.cuda.nvrtc import CompileError
 from segfuse.compiler.engine import Engine
 from segfuse.compiler.ir import Fusion
+from standin_kernels import Stream
 from torch_oracle import check_same, to_torch
 
 
@@ -107,7 +108,7 @@ def test_no_kernel_compiles_so_every_piece_runs_on_the_host_and_agrees_with_torc
     x = rng.integers(-3, 4, (128, cols)).astype(np.float32)  # ties: the stable order decides
     d = rng.standard_normal((128, cols)).astype(np.float32)
     env = {"x": x, "d": d.copy()}
-    ctx = types.SimpleNamespace(stream=types.SimpleNamespace(synchronize=lambda: None), state=None)
+    ctx = types.SimpleNamespace(stream=Stream(), state=types.SimpleNamespace(buffers={}))
     for step in prep.steps:
         step.run(env, ctx)
     want_o, want_v = torch_result(to_torch(x), to_torch(d))

@@ -15,7 +15,7 @@ import weakref
 
 import numpy as np
 import pytest
-from cupy_standin import Array, fake_cupy
+from cupy_standin import Array, Graph, fake_cupy
 from segfuse.compiler.cuda import arrays, graphs
 from segfuse.compiler.cuda import runtime as rtmod
 from segfuse.compiler.cuda import thread_state as ts
@@ -63,17 +63,7 @@ class _Stream:
         work, self.recording = self.recording, None
         if self.fail_capture:
             raise RuntimeError("cudaErrorStreamCaptureInvalidated")
-        return _Graph(work)
-
-
-class _Graph:
-    def __init__(self, work):
-        self.work, self.launches = work, 0
-
-    def launch(self, stream=None):
-        self.launches += 1
-        for w in self.work:
-            w()
+        return Graph(work)
 
 
 def _fake_cupy():

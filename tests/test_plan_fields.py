@@ -79,7 +79,7 @@ def test_kernels_use_the_index_width_the_plan_says_and_fit_shared_memory(planned
     """For contiguous inputs (the plan's assumption; a strided input's stride extent may widen a
     kernel's indices at run time, compiler/limits.py) every module indexes with the plan's
     `index_bits`; and no kernel of a plan asks for more shared memory than limits.SMEM_PER_BLOCK.
-    (A single-block segment's `smem_bytes` hint is the planner's budget test for intermediates;
+    (A single-block segment's `intermediate_smem_bytes` hint is the planner's budget test for intermediates;
     the kernel may stage more, e.g. scatter targets and sort keys, within the same limit.)"""
     off = []
     for name, _, plan, prep in planned:
@@ -91,3 +91,24 @@ def test_kernels_use_the_index_width_the_plan_says_and_fit_shared_memory(planned
             if max(ln.smem for ln in mod.launches) > SMEM_PER_BLOCK:
                 off.append((name, sid, "smem", max(ln.smem for ln in mod.launches)))
     assert not off, off
+
+
+def test_single_block_hints_name_the_planners_count_not_the_kernels_smem(planned):
+    """A single-block segment's shared-memory hint is `intermediate_smem_bytes`: the planner's
+    count of its shared-memory intermediates against the budget (Capability.smem_budget_bytes);
+    the kernel's shared memory is the code generator's (each launch's `smem`)."""
+    blocks = [(name, s) for name, _, plan, _ in planned for s in plan.segments if s.hints.get("single_block")]
+    assert blocks
+    for name, s in blocks:
+        assert "smem_bytes" not in s.hints and "intermediate_smem_bytes" in s.hints, (name, s.id)
+        if not s.intermediates:
+            assert s.hints["intermediate_smem_bytes"] == 0, (name, s.id)
+
+
+def test_a_scan_read_by_a_reduction_counts_its_bytes_in_shared_memory():
+    g = {"format": "segfuse.fusion/1", "inputs": [{"name": "x", "dtype": "float32", "shape": ["N"]}],
+         "ops": [{"op": "cumsum", "out": "y", "inputs": ["x"], "dim": 0}, {"op": "sum", "out": "s", "inputs": ["y"]},
+                 {"op": "add", "out": "z", "inputs": ["y", "s"]}], "outputs": ["z"]}
+    f = Fusion.from_json(g)
+    (seg,) = Engine("numpy").plan(f, {"x": (1000,)}).segments
+    assert seg.hints["single_block"] and seg.hints["intermediate_smem_bytes"] == "4*N + 4"  # y and s: float32

@@ -99,7 +99,7 @@ class ErrorBlocks:
 
 
 class _NoReuse(dict):
-    """`buffers` of a StreamState: nothing is kept, so each run allocates its outputs afresh (a
+    """`buffers` of a StreamState: nothing is kept, so each run allocates its plan buffers afresh (a
     buffer reused across calls would be written by an earlier call's captured graph too)."""
 
     def __setitem__(self, key, value):

@@ -18,6 +18,7 @@ from ..ops.registry import LibrarySort
 from ..segmenter.sort_epilogue import match
 from . import radix_sort
 from .arrays import cp_dtype, is_small, output_buffer
+from .buffers import store
 
 
 def sort_epilogue_run(rt, fusion, seg, types):
@@ -51,8 +52,10 @@ def sort_epilogue_run(rt, fusion, seg, types):
         x = env[key]
         if x.ndim != 1:
             x = x.reshape(-1)  # a view of a contiguous input (CuPy copies a strided one)
-        outs = [output_buffer(ctx, (token, i), shape, dt, small, empty)
-                for i, (_, shape, dt, small) in enumerate(specs)]
+        # into the outputs' plan buffers (compiler/cuda/buffers.py); else per-thread buffers
+        outs = [env.get(name) for name, _, _, _ in specs]
+        outs = [a if a is not None else output_buffer(ctx, (token, i), shape, dt, small, empty)
+                for i, (a, (_, shape, dt, small)) in enumerate(zip(outs, specs))]
         radix_sort.argsort(cp, x, 0, desc, ctx.state, epilogue=epi, outputs=outs)
         for (name, _, _, _), a in zip(specs, outs):
             env[name] = a
@@ -81,7 +84,7 @@ def library_run(rt, fusion, seg, types):
             out_name, desc = nd.outputs[0], bool(nd.attrs.descending)
 
             def run_radix(env, ctx):
-                env[out_name] = radix_sort.argsort(cp, env[x0], axis, desc, ctx.state)
+                store(env, out_name, radix_sort.argsort(cp, env[x0], axis, desc, ctx.state))
 
             return run_radix
 
@@ -93,7 +96,7 @@ def library_run(rt, fusion, seg, types):
         else:
             outs = fn(cp, args, nd.attrs, [types[o] for o in nd.outputs], ctx.state)
         for o, v in zip(nd.outputs, outs):
-            env[o] = cp.ascontiguousarray(v) if v.ndim else v  # (ascontiguousarray makes 0-d 1-d)
+            store(env, o, cp.ascontiguousarray(v) if v.ndim else v)  # (ascontiguousarray makes 0-d 1-d)
 
     return run
 

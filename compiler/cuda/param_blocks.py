@@ -47,12 +47,12 @@ def kernel_step(rt, mod, kernels, types, alias_buf):
         vals = rec[0]
         aligned = True
         for i, p, src, key, shape, dt, is_small_ in slots:
-            a = env.get(p)
+            # an in-place result is its self's array; else its plan buffer's view (put in the
+            # env by compiler/cuda/buffers.py), or (a tensor the plan gives no buffer) allocated
+            a = env[src] if src is not None else env.get(p)
             if a is None:
-                if src is not None:
-                    a = env[src]
-                else:
-                    a = output_buffer(ctx, key, shape, dt, is_small_, empty)
+                a = env[p] = output_buffer(ctx, key, shape, dt, is_small_, empty)
+            elif src is not None:
                 env[p] = a
             ptr = a.data.ptr
             vals[i] = ptr

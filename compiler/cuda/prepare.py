@@ -21,6 +21,7 @@ from ..plan import AliasMode, Segment, SegmentKind
 from ..segmenter.reference import split_nodes
 from ..segmenter.sort_epilogue import ROUTINE
 from .arrays import contiguous_strides, host_view
+from .buffers import DeviceBuffers, store
 from .library_sorts import library_run, sort_epilogue_run
 from .nvrtc import CompileError
 from .param_blocks import kernel_step
@@ -64,6 +65,7 @@ class Prepared:
     # what a fallback from a kernel that does not compile needs: the graph, the run's input strides
     fusion: object = None
     in_strides: dict = field(default_factory=dict)
+    buffers: DeviceBuffers | None = None  # the plan's buffers at these sizes (compiler/cuda/buffers.py)
 
 
 def prepare_plan(rt, fusion, plan, bound, strides: dict) -> Prepared:
@@ -87,6 +89,9 @@ def prepare_plan(rt, fusion, plan, bound, strides: dict) -> Prepared:
             step.run = _then_free(step.run, drop)
         prep.steps.append(step)
         prep.made.update(seg.outputs)
+    prep.buffers = DeviceBuffers(plan, types, rt.cp)
+    if prep.buffers and prep.steps and prep.steps[0].run is not None:
+        prep.steps[0].run = _after_fill(prep.steps[0].run, prep.buffers.fill)
     prep.compile_s = rt.cache.stats.compile_s - c0
     prep.plan_s = time.perf_counter() - t0
     return prep
@@ -166,10 +171,31 @@ def segment_step(rt, fusion, seg, types, in_strides, prep) -> Step:
     return step
 
 
+def _after_fill(run, fill):
+    """The first step's run, after the plan's buffers are put into the run's env (every run path
+    runs or binds the steps in order, so each run finds its tensors in their buffers)."""
+    bind0 = getattr(run, "bind", None)
+
+    def run_fill(env, ctx):
+        fill(env, ctx)
+        run(env, ctx)
+
+    if bind0 is not None:
+        def bind(env, ctx):
+            fill(env, ctx)
+            return bind0(env, ctx)
+    else:
+        bind = None
+    run_fill.bind, run_fill.fire = bind, getattr(run, "fire", None)
+    return run_fill
+
+
 def _then_free(run, drop):
     """A step's run, then the plan's frees: the tensors whose last use this segment is leave the
     run's env, so CuPy's pool can hand their memory to later steps of the same run (stream
-    ordered). The CUDA-graph path binds every step before it launches and keeps them all."""
+    ordered): a buffer allocated for this run (compiler/cuda/buffers.py) goes back once the plan
+    freed every tensor in it. The CUDA-graph path binds every step before it launches and keeps
+    them all."""
     def run_free(env, ctx):
         run(env, ctx)
         for t in drop:
@@ -413,7 +439,11 @@ def _split_step(rt, fusion, seg, types, strides, prep, why) -> Step:
 def _copy_pairs(pairs):
     def run(env, ctx):
         for i, o in pairs:
-            env[o] = env[i].copy()
+            dst = env.get(o)
+            if dst is not None and dst.shape == env[i].shape and dst.dtype == env[i].dtype:
+                dst[...] = env[i]  # into its plan buffer
+            else:
+                env[o] = env[i].copy()
 
     return run
 
@@ -445,6 +475,6 @@ def _host_step(rt, fusion, seg, types):
             h = np.require(values[o], requirements="C")  # keeps 0-d (ascontiguousarray makes 1-d)
             if types[o].dtype is DType.bfloat16:
                 h = h.view(np.uint16)
-            env[o] = cp.asarray(h)
+            store(env, o, cp.asarray(h))
 
     return run

@@ -1,8 +1,8 @@
 """The CuPy backend: executes a Plan on the GPU.
 
 Per (fusion, input shapes/dtypes/strides) the runtime prepares once: plan, generated modules,
-loaded kernels, launch geometry (compiler/cuda/prepare.py). A run then only allocates buffers from
-CuPy's pool, launches the kernels on the calling thread's own stream (compiler/cuda/thread_state.py),
+loaded kernels, launch geometry (compiler/cuda/prepare.py). A run then puts the plan's buffers in
+its env (one device allocation per plan buffer, compiler/cuda/buffers.py), launches the kernels on the calling thread's own stream (compiler/cuda/thread_state.py),
 checks the device error word once at the end and commits outputs (and in-place `alias_of` updates)
 only if the whole run succeeded. `prepared_call` is the per-signature fast path
 (compiler/cuda/fast_path.py, CUDA graphs in compiler/cuda/graphs.py).

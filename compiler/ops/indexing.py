@@ -9,9 +9,11 @@ dtype). Out-of-range indices raise an error naming the op; nothing is written.
 
 from __future__ import annotations
 
-from typing import Literal
+from enum import StrEnum
+from typing import Annotated
 
 import numpy as np
+from pydantic import WithJsonSchema
 
 from ..dtypes import DType, from_numpy
 from ..errors import OpError
@@ -181,7 +183,18 @@ register(OpDef("index_select", OpKind.gather, ("x", "index"), _isel_infer, _isel
 
 
 # ---- scatter family ---------------------------------------------------------------------
-Reduce = Literal["none", "add", "mul", "amax", "amin", "mean"]
+class Reduce(StrEnum):
+    """How a scatter-family op combines values into self (a string on the wire: the members are
+    their values, and compare and hash as them)."""
+
+    none = "none"  # the last write wins (torch.scatter)
+    add = "add"
+    mul = "mul"
+    amax = "amax"
+    amin = "amin"
+    mean = "mean"  # composite: add, then divide by the count (expand_mean)
+
+
 # PyTorch's reduce names (scatter_reduce, index_reduce, scatter_) for segfuse's
 TORCH_REDUCE_NAMES = {"sum": "add", "prod": "mul", "multiply": "mul", "max": "amax", "min": "amin"}
 _UFUNC = {"add": np.add, "mul": np.multiply, "amax": np.fmax, "amin": np.fmin}
@@ -200,9 +213,14 @@ def _identity(reduce: str, dt: np.dtype):
     return info.min if reduce == "amax" else info.max
 
 
+# in the graph format's JSON Schema the values inline, as a Literal of the strings would be
+_REDUCE_FIELD = Annotated[Reduce, WithJsonSchema({"enum": [m.value for m in Reduce], "title": "Reduce",
+                                                  "type": "string"})]
+
+
 class ScatterAttrs(Attrs):
     dim: int
-    reduce: Reduce = "none"
+    reduce: _REDUCE_FIELD = Reduce.none
     include_self: bool = True
 
     synonyms = {**Attrs.synonyms, "reduce": TORCH_REDUCE_NAMES}
@@ -341,7 +359,7 @@ class IndexAddAttrs(Attrs):
     alpha: bool | int | float = 1
 
     # the scatter family's accumulation traits (ScatterAttrs has them as fields)
-    reduce = property(lambda self: "add")
+    reduce = property(lambda self: Reduce.add)
     include_self = property(lambda self: True)
 
 
@@ -411,7 +429,7 @@ class IndexPutAttrs(Attrs):
     accumulate: bool = False
 
     # the scatter family's accumulation traits (ScatterAttrs has them as fields)
-    reduce = property(lambda self: "add" if self.accumulate else "none")
+    reduce = property(lambda self: Reduce.add if self.accumulate else Reduce.none)
     include_self = property(lambda self: True)
 
 

@@ -437,7 +437,7 @@ class _Segmenter:
             if isinstance(elems, int):
                 threads = max(32, min(threads, -(-elems // 32) * 32))
             return {"launch": True, "single_block": True, "blocks": 1, "threads": threads,
-                    "smem_bytes": fmt(seg.smem), "elements": fmt(elems), "index_bits": index_bits}
+                    "intermediate_smem_bytes": fmt(seg.smem), "elements": fmt(elems), "index_bits": index_bits}
         t = self.cap.grid_threads
         blocks = -(-elems // t) if isinstance(elems, int) else sympy.ceiling(elems / t)
         out = {"launch": True, "single_block": False, "threads": t, "blocks": fmt(blocks),
