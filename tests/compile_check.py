@@ -11,13 +11,19 @@ and input types. At the session's end, for each distinct (graph, input types, pl
   without a GPU), and
 - the modules of the lowering a compile failure falls back to (each segment split per anchor,
   `prepare._split_step`),
+- the same preparation for inputs that are views (the kernels a run compiles when its inputs are
+  not contiguous: every input of rank >= 2 transposed, of rank 1 every other element), and
+- the library radix sorts the preparation hands segments to (compiler/cuda/radix_sort.py): the
+  plain multi-block sort of each key dtype a library argsort takes, and the fused sort-epilogue
+  variant of each sort-epilogue segment (compiler/codegen/sort_epilogue.py),
 
 are generated and every distinct source is compiled with NVRTC (cuda.bindings) for sm_90, in
 batches of one prelude each, skipping sources that compiled before (a disk cache of markers keyed
 by the kernel cache's sha256 key: source, options, architecture, NVRTC's version).
 
 Under pytest-xdist each worker checks the plans of its own tests and reports to the controller.
-The terminal summary says how many plans, modules and kernels were checked; a module that does not
+The terminal summary says how many plans, modules and kernels were checked, and how many
+modules of each kind (plan, fallback, strided, radix sort, sort epilogue); a module that does not
 compile (or a plan the preparation cannot lower) fails the session with the graph, its input
 types, the test that planned it and NVRTC's error.
 
@@ -31,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import json
+import math
 import os
 import time
 import traceback
@@ -123,11 +130,13 @@ class CompileCheck:
         if not self.reports:
             return
         kernels = {k: v for r in self.reports for k, v in r["kernels"].items()}  # (workers may share modules)
+        kinds = {k: v for r in self.reports for k, v in r.get("kinds", {}).items()}
         fails = [f for r in self.reports for f in r["failures"]]
         n = {k: sum(r.get(k, 0) for r in self.reports) for k in (
             "plans", "compiled", "cached", "generate_s", "generate_cpu_s", "compile_s", "compile_cpu_s")}
-        line = (f"compile check: {len(kernels)} distinct modules ({sum(kernels.values())} kernels) of {n['plans']} plans "
-                f"compiled for sm_90 with NVRTC: {n['compiled']} compiled, {n['cached']} cached; "
+        per_kind = ", ".join(f"{sum(1 for v in kinds.values() if v == kind)} {kind}" for kind in KINDS)
+        line = (f"compile check: {len(kernels)} distinct modules ({sum(kernels.values())} kernels; {per_kind}) "
+                f"of {n['plans']} plans compiled for sm_90 with NVRTC: {n['compiled']} compiled, {n['cached']} cached; "
                 f"generating {n['generate_s']:.1f} s ({n['generate_cpu_s']:.1f} s CPU), compiling "
                 f"{n['compile_s']:.1f} s ({n['compile_cpu_s']:.1f} s CPU in the test processes)")
         if not fails:
@@ -161,13 +170,122 @@ def _jobs(config) -> int:
 
 
 # ---- sources of a plan ----------------------------------------------------------------------
+# What a module is, in the summary: the preparation's own (contiguous inputs), the split lowering a
+# compile failure falls back to, the preparation for view inputs, a library radix sort, a fused
+# sort-epilogue radix sort. A source counts as the first kind that produced it.
+KINDS = ("plan", "fallback", "strided", "radix sort", "sort epilogue")
+
+
+def plan_sources(fusion, bound, plan) -> list:
+    """(kind, segment id, source, kernels) for every module a CUDA preparation of `plan` may
+    compile: `plan_modules`, the preparation for view inputs (`view_strides`), and the library
+    radix sorts it hands segments to."""
+    from segfuse.compiler.cuda import prepare
+
+    out = []
+    with _recording_library_sorts() as sorts:
+        for kind, mods in (("plan", prepare.modules_without_device(fusion, plan, bound)),
+                           ("fallback", fallback_modules(fusion, bound, plan))):
+            out += [(kind, sid, m.source, len(m.launches)) for sid, m in mods]
+        strides = view_strides(fusion, bound)
+        if strides:
+            for sid, m in prepare.prepare_plan(prepare.SourcesOnly(), fusion, plan, bound, strides).modules:
+                out.append(("strided", sid, m.source, len(m.launches)))
+    for kind, sid, src in _radix_sources(fusion, sorts):
+        out.append((kind, sid, src, 1))
+    return out
+
+
+def view_strides(fusion, bound) -> dict:
+    """Element strides of inputs that are views: rank >= 2 transposed (column-major), rank 1 every
+    other element; {} when no input has two or more elements (nothing would differ)."""
+    from segfuse.compiler.cuda.arrays import contiguous_strides
+
+    strides, views = {}, False
+    for n in fusion.input_names:
+        shape = tuple(bound.types[n].shape)
+        if len(shape) >= 2:
+            strides[n] = tuple(reversed(contiguous_strides(tuple(reversed(shape)))))
+        elif len(shape) == 1:
+            strides[n] = (2,)
+        else:
+            strides[n] = ()
+        views = views or (len(shape) >= 1 and math.prod(int(d) for d in shape) > 1)
+    return strides if views else {}
+
+
+class _recording_library_sorts:
+    """Records the segments a preparation hands to the library sorts (prepare.library_run and
+    prepare.sort_epilogue_run, which compile their radix kernels only with CuPy present): a list of
+    ("library" | "fused", segment, types)."""
+
+    def __enter__(self):
+        from segfuse.compiler.cuda import prepare
+
+        self.prepare, self.saved, self.sorts = prepare, (prepare.library_run, prepare.sort_epilogue_run), []
+        lib, fused = self.saved
+
+        def library_run(rt, fusion, seg, types):
+            self.sorts.append(("library", seg, dict(types)))
+            return lib(rt, fusion, seg, types)
+
+        def sort_epilogue_run(rt, fusion, seg, types):
+            got = fused(rt, fusion, seg, types)
+            if got is not None:
+                self.sorts.append(("fused", seg, dict(types)))
+            return got
+
+        prepare.library_run, prepare.sort_epilogue_run = library_run, sort_epilogue_run
+        return self.sorts
+
+    def __exit__(self, *exc):
+        self.prepare.library_run, self.prepare.sort_epilogue_run = self.saved
+        return False
+
+
+def _radix_sources(fusion, sorts) -> list:
+    """(kind, segment id, source) of the radix kernels the recorded library segments launch: the
+    decisions of compiler/cuda/library_sorts.py (a one-node argsort whose row the sort takes; a
+    sort-epilogue segment that still matches), the text of compiler/codegen/radix_sort.py."""
+    import numpy as np
+    from segfuse.compiler.codegen.radix_sort import source, takes
+    from segfuse.compiler.codegen.sort_epilogue import render
+    from segfuse.compiler.cuda.arrays import cp_dtype
+    from segfuse.compiler.ops.registry import LibrarySort
+    from segfuse.compiler.segmenter.sort_epilogue import match
+
+    out = []
+    for how, seg, types in sorts:
+        if how == "fused":
+            m = match(fusion, seg.nodes, seg.inputs, seg.outputs, types, copies=getattr(seg, "copies", ()))
+            epi, _ = render(fusion, m, types)
+            out.append(("sort epilogue", seg.id, source(np.dtype(cp_dtype(types[m.key].dtype)), epi)[0]))
+            continue
+        nodes = [fusion.nodes[p] for p in seg.nodes]
+        nd = nodes[0] if len(nodes) == 1 else None
+        if nd is None or nd.op.library_sort is not LibrarySort.indices or not isinstance(nd.inputs[0], str):
+            continue
+        t = types[nd.inputs[0]]
+        if t.rank >= 1 and t.dtype.value != "bfloat16" and takes(t.shape, cp_dtype(t.dtype), nd.attrs.dim % t.rank):
+            out.append(("radix sort", seg.id, source(np.dtype(cp_dtype(t.dtype)))[0]))
+    return out
+
+
 def plan_modules(fusion, bound, plan) -> list:
     """(segment id, Module) for every module a CUDA preparation of `plan` compiles, then for every
     module of its fallback lowering (each segment split per anchor)."""
     from segfuse.compiler.cuda import prepare
+
+    return list(prepare.modules_without_device(fusion, plan, bound)) + fallback_modules(fusion, bound, plan)
+
+
+def fallback_modules(fusion, bound, plan) -> list:
+    """(segment id, Module) of the lowering a compile failure falls back to: each segment split
+    per anchor (`prepare._split_step`), for contiguous inputs."""
+    from segfuse.compiler.cuda import prepare
     from segfuse.compiler.cuda.arrays import contiguous_strides
 
-    mods = list(prepare.modules_without_device(fusion, plan, bound))
+    mods = []
     rt = prepare.SourcesOnly()
     types = dict(bound.types)
     for seg in plan.segments:
@@ -191,23 +309,23 @@ def check(plans: dict, jobs: int = 1) -> dict:
     opts, compiler = default_options("sm_90"), version()
     sources: dict[str, str] = {}  # key -> source
     where: dict[str, tuple] = {}  # key -> (fusion, bound, segment id, test)
-    failures, kernels = [], {}  # key -> launches of the module
+    failures, kernels, kinds = [], {}, {}  # key -> launches of the module, its kind
     for fusion, bound, plan, test in plans.values():
         if fusion is None:  # recording itself failed
             failures.append(_failure("recording the plan failed", None, None, "-", test, plan))
             continue
         try:
-            mods = plan_modules(fusion, bound, plan)
+            srcs = plan_sources(fusion, bound, plan)
         except Exception:
             failures.append(_failure("preparing the plan for CUDA raised", fusion, bound, "-", test,
                                      traceback.format_exc(limit=8)))
             continue
-        for sid, m in mods:
-            k = cache_key(m.source, opts, "sm_90", compiler)
+        for kind, sid, src, n_kernels in srcs:
+            k = cache_key(src, opts, "sm_90", compiler)
             if k not in sources:
-                sources[k] = m.source
+                sources[k] = src
                 where[k] = (fusion, bound, sid, test)
-                kernels[k] = len(m.launches)
+                kernels[k], kinds[k] = n_kernels, kind
     cache_dir = _cache_dir()
     todo = []
     for k in sources:
@@ -224,7 +342,7 @@ def check(plans: dict, jobs: int = 1) -> dict:
         else:
             _touch(os.path.join(cache_dir, k))
     _prune(cache_dir)
-    return {"plans": len(plans), "kernels": kernels, "compiled": len(todo),
+    return {"plans": len(plans), "kernels": kernels, "kinds": kinds, "compiled": len(todo),
             "cached": len(sources) - len(todo), "seconds": time.perf_counter() - t0, "failures": failures,
             "generate_s": t1 - t0, "generate_cpu_s": c1 - c0, "compile_s": time.perf_counter() - t1,
             "compile_cpu_s": time.process_time() - c1}

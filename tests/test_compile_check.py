@@ -64,3 +64,30 @@ def test_the_fallback_lowering_is_checked_too():
     primary = {m.source for _, m in prepare.modules_without_device(f, plan, bound)}
     every = {m.source for _, m in compile_check.plan_modules(f, bound, plan)}
     assert primary < every
+
+
+def test_library_radix_sorts_sort_epilogues_and_view_inputs_are_checked_too():
+    """A row too long for one block goes to the library radix sort, the MoE argsort with its
+    consumers to the fused sort-epilogue kernel, and inputs that are views get kernels of their own
+    strides: the check compiles each, and says which kind each module is."""
+    from corpus import moe_graphs
+
+    long_sort = {"format": "segfuse.fusion/1", "name": "long_sort",
+                 "inputs": [{"name": "x", "dtype": "float32", "shape": [1 << 17]}],
+                 "ops": [{"op": "argsort", "out": "i", "inputs": ["x"], "dim": 0}], "outputs": ["i"]}
+    moe, _ = moe_graphs(idt="int64")[-1]
+
+    def planned(graph, shapes):
+        f = Fusion.from_json(graph)
+        return f, f.bind(shapes), Engine().plan(f, shapes), "test_x"
+
+    plans = {"long": planned(long_sort, {"x": (1 << 17,)}), "moe": planned(moe, {"topk_ids": (4096, 8)}),
+             "topk": plans_of(topk_scatter(1024))["k"]}
+    kinds = {}
+    for f, bound, plan, _ in plans.values():
+        for kind, _sid, src, _n in compile_check.plan_sources(f, bound, plan):
+            kinds.setdefault(kind, set()).add(src)
+    assert set(kinds) == set(compile_check.KINDS)
+    assert kinds["strided"] - kinds["plan"]  # kernels that read the view inputs differ from the contiguous ones
+    report = compile_check.check({k: plans[k] for k in ("long", "moe")}, jobs=1)
+    assert not report["failures"] and {"radix sort", "sort epilogue"} <= set(report["kinds"].values())

@@ -104,8 +104,6 @@ template <typename T> __device__ __forceinline__ T sf_mul(T a, T b) { return (T)
 __device__ __forceinline__ bool sf_mul(bool a, bool b) { return a && b; }
 template <typename T> __device__ __forceinline__ T sf_floordiv(T a, T b) {
   T q = (T)(a / b); if ((a % b != 0) && ((a < 0) != (b < 0))) q = (T)(q - 1); return q; }
-__device__ __forceinline__ float sf_floordiv(float a, float b) { return floorf(a / b); }
-__device__ __forceinline__ double sf_floordiv(double a, double b) { return floor(a / b); }
 template <typename T> __device__ __forceinline__ T sf_remainder(T a, T b) {
   T r = (T)(a % b); if (r != 0 && ((r < 0) != (b < 0))) r = (T)(r + b); return r; }
 __device__ __forceinline__ float sf_remainder(float a, float b) { float r = fmodf(a, b); if (r != 0.f && ((r < 0.f) != (b < 0.f))) r += b; return r; }
@@ -113,6 +111,18 @@ __device__ __forceinline__ double sf_remainder(double a, double b) { double r = 
 template <typename T> __device__ __forceinline__ T sf_fmod(T a, T b) { return (T)(a % b); }
 __device__ __forceinline__ float sf_fmod(float a, float b) { return fmodf(a, b); }
 __device__ __forceinline__ double sf_fmod(double a, double b) { return fmod(a, b); }
+// floats: Python's floor division, as PyTorch's c10::div_floor_floating ((a - fmod(a, b)) / b, then
+// the fix-ups), not floor(a / b), which rounds e.g. 1 // 0.1 up to 10; float16/bfloat16 come here as float
+__device__ __forceinline__ float sf_copysign(float a, float b) { return copysignf(a, b); }
+__device__ __forceinline__ double sf_copysign(double a, double b) { return copysign(a, b); }
+template <typename F> __device__ __forceinline__ F sf_floordiv_float(F a, F b) {
+  if (b == (F)0) return a / b;
+  F m = sf_fmod(a, b), d = (a - m) / b;
+  if (m != (F)0 && ((b < (F)0) != (m < (F)0))) d -= (F)1;
+  if (d == (F)0) return sf_copysign((F)0, a / b);
+  F q = sf_floor(d); return d - q > (F)0.5 ? q + (F)1 : q; }
+__device__ __forceinline__ float sf_floordiv(float a, float b) { return sf_floordiv_float(a, b); }
+__device__ __forceinline__ double sf_floordiv(double a, double b) { return sf_floordiv_float(a, b); }
 template <typename T> __device__ __forceinline__ T sf_ceildiv(T a, T b) { return (T)(sf_floordiv(a, b) + (sf_remainder(a, b) != 0)); }
 __device__ __forceinline__ float sf_ceildiv(float a, float b) { return ceilf(a / b); }
 __device__ __forceinline__ double sf_ceildiv(double a, double b) { return ceil(a / b); }

@@ -181,12 +181,16 @@ def _make_scan(name, np_fn, combiner: Combiner):
     def ref(args, attrs, out_types):
         x = np.asarray(args[0])
         t = out_types[0]
-        # PyTorch's CPU scans accumulate float32 in float64 (its CPU acc_type), float16/bfloat16 in float32
+        # float16/bfloat16 accumulate in float32 (opmath, as the CUDA block scan and torch's CPU scan; torch's
+        # CUDA scan carries them in their own dtype), each output rounded once; float32 in float64 as
+        # torch's CPU scan (its CPU acc_type; the CUDA kernel and torch's CUDA scan carry float32)
         work = np.dtype(np.float64) if t.dtype is DType.float32 else opmath(t.dtype).np
         if x.ndim == 0:
             return [x.astype(t.dtype.np)]
         with np.errstate(all="ignore"):
             r = np_fn(x.astype(t.dtype.np).astype(work), axis=attrs.dim % x.ndim)
+            if combiner is Combiner.add:  # from the identity, as torch and the CUDA scan: -0.0 + 0.0 is +0.0
+                r = r + np.zeros((), work)
         return [r.astype(t.dtype.np)]
 
     register(OpDef(name, OpKind.scan, ("x",), infer, ref, attrs=ScanAttrs, lowering=Lowering.scan, combiner=combiner,

@@ -87,3 +87,50 @@ def test_random_graphs_agree_with_torch_on_the_gpu(name):
     run()
     print(f"{name}: {len(ran)} random graphs agree with PyTorch on the GPU")
     assert ran
+
+
+# ---- reduced-precision arithmetic (tests/test_reduced_precision.py's cases on the GPU) ----------
+import test_reduced_precision as rp  # noqa: E402
+
+
+def _on_gpu(engine: Engine, want_dtype):
+    def run(fusion, inputs):
+        out = engine.run(fusion, inputs).outputs
+        h = cp.asnumpy(out["y"])
+        return {"y": h.view(ml_dtypes.bfloat16) if want_dtype == torch.bfloat16 and h.dtype == np.uint16 else h}
+
+    return run
+
+
+@pytest.mark.parametrize("name", sorted(rp.CASES))
+def test_reduced_precision_cases_on_the_gpu(name):
+    # float16/bfloat16 floor_divide in float32 rounded once, scans near overflow, bit for bit
+    before = prepare.compile_fallbacks()
+    rp.check(name, _on_gpu(Engine("cupy"), rp.CASES[name][3].dtype))
+    assert prepare.compile_fallbacks() == before
+
+
+@pytest.mark.parametrize("dt", ["bfloat16", "float16"])
+def test_floor_divide_of_16_bit_tensors_agrees_with_torch_cuda(dt):
+    """torch's CUDA floor_divide of two 16-bit tensors (BinaryDivFloorKernel.cu) runs its formula's
+    fmod, subtraction and division in float and holds only the floor in the 16-bit type: for
+    bfloat16 that is segfuse's float32-rounded-once rule on every pair; float16 may differ by one
+    ulp where |a / b| > 2048 (the rounded floor meets the +1 fix-up). Random finite bit patterns."""
+    tdt = rp.HALF[dt]
+    r = np.random.default_rng(15)
+    bits = r.integers(0, 1 << 16, (2, 1 << 20)).astype(np.uint16)
+    a, b = (bits[k].view(ml_dtypes.bfloat16 if dt == "bfloat16" else np.float16) for k in range(2))
+    keep = np.isfinite(a.astype(np.float32)) & np.isfinite(b.astype(np.float32)) & (b.astype(np.float32) != 0)
+    a, b = a[keep], b[keep]
+    f = Fusion.from_json(rp._graph("floor_divide", ["a", "b"], {"a": a, "b": b}))
+    got = pg.to_torch(_on_gpu(Engine("cupy"), tdt)(f, {"a": a, "b": b})["y"]).double()
+    theirs = torch.floor_divide(pg.to_torch(a).cuda(), pg.to_torch(b).cuda()).cpu().double()
+    same = (got == theirs) | (torch.isnan(got) & torch.isnan(theirs))
+    q = (pg.to_torch(a).double() / pg.to_torch(b).double()).abs()
+    if dt == "bfloat16":
+        assert bool(same.all()), f"{int((~same).sum())} of {same.numel()} differ from torch's CUDA floor_divide"
+    else:
+        bad = ~same
+        ulp = torch.exp2(torch.floor(torch.log2(theirs.abs().clamp(min=1))) - 10)
+        assert bool((q[bad] > 2048).all()) and bool(((got - theirs).abs()[bad] <= ulp[bad]).all())
+    print(f"{dt}: {int((~same).sum())} of {same.numel()} pairs differ from torch's CUDA floor_divide")
