@@ -26,16 +26,18 @@ from test_plan_executor import BIG_N, graphs, make_inputs
 PLANS = Engine("numpy")
 
 
-def _chain(n=BIG_N):
-    """Four cumsums in a row (four segments): `c` reuses `a`'s buffer, `b` lives to the end."""
-    g = {"format": "segfuse.fusion/1", "name": "chain", "inputs": [{"name": "x", "dtype": "float32", "shape": ["N"]}],
+def _chain(n=BIG_N, dtype="float32"):
+    """Four cumsums in a row (four segments): `c` reuses `a`'s buffer, `b` lives to the end. The GPU
+    test takes int64, whose sums are exact in any order (x's periods sum to 0: no overflow)."""
+    g = {"format": "segfuse.fusion/1", "name": "chain", "inputs": [{"name": "x", "dtype": dtype, "shape": ["N"]}],
          "ops": [{"op": "cumsum", "out": "a", "inputs": ["x"], "dim": 0},
                  {"op": "cumsum", "out": "b", "inputs": ["a"], "dim": 0},
                  {"op": "cumsum", "out": "c", "inputs": ["b"], "dim": 0},
                  {"op": "cumsum", "out": "d", "inputs": ["c"], "dim": 0},
                  {"op": "add", "out": "e", "inputs": ["d", "b"]}],
          "outputs": ["e", "d"]}
-    return Fusion.from_json(g), {"x": (np.arange(n) % 5).astype(np.float32)}
+    x = np.arange(n) % 5 if dtype == "float32" else np.arange(n) % 5 - 2
+    return Fusion.from_json(g), {"x": x.astype(dtype)}
 
 
 @pytest.fixture

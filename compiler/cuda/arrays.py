@@ -45,14 +45,13 @@ def _ndarray_type():
 
 
 def dtype_of(fusion, name, np_dtype):
+    # bfloat16 travels as uint16 bits on the GPU (uint16 is no segfuse dtype: checked first)
+    if np.dtype(np_dtype) == np.uint16 and any(n == name and t.dtype is DType.bfloat16 for n, t in fusion.inputs):
+        return DType.bfloat16
     try:
-        dt = from_numpy(np_dtype)
+        return from_numpy(np_dtype)
     except ValueError:
         return None
-    for n, t in fusion.inputs:
-        if n == name and t.dtype is DType.bfloat16 and np.dtype(np_dtype) == np.uint16:
-            return DType.bfloat16  # bfloat16 travels as uint16 bits on the GPU
-    return dt
 
 
 def contiguous_strides(shape):

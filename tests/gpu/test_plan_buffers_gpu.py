@@ -48,21 +48,26 @@ def _close(got, want, what, loose=False):
         np.testing.assert_array_equal(g, want, err_msg=what)
 
 
+_REAL_FILL = buffers.DeviceBuffers.fill
+_SEEN: dict = {}  # the env of the last fill (module-level: a prepared entry keeps the fill it was
+                  # prepared with, so a later run of a cached entry calls an earlier patch's fill)
+
+
+def _recording_fill(self, env, ctx):
+    _REAL_FILL(self, env, ctx)
+    _SEEN.clear()
+    _SEEN.update(env)
+
+
 def _run_seen(rt, f, ins, plan, monkeypatch):
     """One run: its outputs, and its env right after the plan's buffers were put in it."""
-    seen = {}
-    real = buffers.DeviceBuffers.fill
-
-    def fill(self, env, ctx):
-        real(self, env, ctx)
-        seen.update(env)
-
-    monkeypatch.setattr(buffers.DeviceBuffers, "fill", fill)
+    _SEEN.clear()
+    monkeypatch.setattr(buffers.DeviceBuffers, "fill", _recording_fill)
     try:
         outs, _ = rt.run(f, dict(ins), plan)
     finally:
-        monkeypatch.setattr(buffers.DeviceBuffers, "fill", real)
-    return outs, seen
+        monkeypatch.setattr(buffers.DeviceBuffers, "fill", _REAL_FILL)
+    return outs, dict(_SEEN)
 
 
 def _check_run(rt, f, ins, monkeypatch, what, loose=False):
@@ -107,7 +112,7 @@ def test_corpus_runs_in_the_plans_buffers(case, monkeypatch):
 @pytest.mark.parametrize("n", [BIG_N, 1 << 20])
 def test_reused_buffers_on_the_gpu(monkeypatch, reuse_bytes, n):
     monkeypatch.setattr(buffers, "_REUSE_BYTES", reuse_bytes)  # 0: every buffer per run (the pool's)
-    f, ins = _chain(n)
+    f, ins = _chain(n, "int64")
     rt = CupyRuntime()
     plan, first = _check_run(rt, f, ins, monkeypatch, "chain", loose=True)
     tb = plan.tensor_buffer
@@ -120,7 +125,7 @@ def test_reused_buffers_on_the_gpu(monkeypatch, reuse_bytes, n):
 
 @pytest.mark.parametrize("deferred", [False, True])
 def test_fast_path_and_graph_replays_on_reused_buffers(deferred):
-    f, ins = _chain()
+    f, ins = _chain(dtype="int64")
     rt = CupyRuntime()
     plan = PLANS.plan(f, {"x": (BIG_N,)})
     dev = {"x": cp.asarray(ins["x"])}
@@ -128,7 +133,7 @@ def test_fast_path_and_graph_replays_on_reused_buffers(deferred):
     rng = np.random.default_rng(3)
     held = []
     for k in range(8):
-        x = rng.integers(-3, 4, BIG_N).astype(np.float32)
+        x = rng.integers(-3, 4, BIG_N).astype(np.int64)
         dev["x"][...] = cp.asarray(x)  # the same input buffer, new data
         want = run_graph(f, {"x": x})
         got = call(dev)
@@ -150,6 +155,8 @@ def test_fast_path_and_graph_replays_on_reused_buffers(deferred):
 @given(graphs(), st.integers(0, 2**16))
 def test_random_plans_with_reuse_on_the_gpu(monkeypatch, case, seed):
     graph, n, m = case
+    if any(_unspecified(op) for op in graph["ops"]):
+        return
     try:
         f = Fusion.from_json(graph)
     except Exception:
@@ -165,3 +172,10 @@ def test_random_plans_with_reuse_on_the_gpu(monkeypatch, case, seed):
 
 
 _RT: dict = {}
+
+
+def _unspecified(op: dict) -> bool:
+    """A write whose result with duplicate indices is unspecified (one of the duplicates wins, as
+    in PyTorch; docs/graph-format.md): the GPU may pick another than the NumPy interpreter."""
+    return (op["op"] == "scatter" and op.get("reduce", "none") == "none") or \
+        (op["op"] == "index_put" and not op.get("accumulate", False))
