@@ -11,6 +11,8 @@ import os
 
 import numpy as np
 
+from .gpu_info import describe as describe_gpu
+
 log = logging.getLogger("segfuse.server")
 
 QUEUED_COPY_BYTES = 1 << 20  # results up to this size are copied to the host inside the batch
@@ -35,6 +37,10 @@ class ArrayBackend:
 
     def activate(self) -> None:
         """Called in each worker thread before it touches arrays (selects the GPU for CuPy)."""
+
+    def gpu_info(self) -> dict | None:
+        """The GPU buffers live on (server/gpu_info.py), or None: the NumPy backend has none."""
+        return None
 
     def from_host(self, a: np.ndarray):
         # A private, writeable, contiguous copy: stored buffers never share memory with request bodies.
@@ -89,6 +95,9 @@ class CupyBackend(ArrayBackend):
 
     def activate(self) -> None:
         self.cp.cuda.Device(self.device_index).use()
+
+    def gpu_info(self) -> dict | None:
+        return describe_gpu(self.cp, self.device_index)
 
     def from_host(self, a: np.ndarray):
         self.activate()

@@ -36,6 +36,10 @@ class Metrics:
         self.fusions = Gauge("segfuse_fusions", "Registered fusions", registry=r)
         self.region_bytes = Gauge("segfuse_region_bytes", "Bytes of registered shared-memory regions", ["kind"], registry=r)
         self.regions = Gauge("segfuse_regions", "Registered shared-memory regions", ["kind"], registry=r)
+        # Prometheus's "info" convention: value 1, the facts in labels (one sample once the backend
+        # started on a GPU, none on NumPy). `shard` is "" outside a segfuse.scaleout shard.
+        self.gpu_info = Gauge("segfuse_gpu_info", "The GPU this runtime runs on (value 1)",
+                              ["shard", "gpu_uuid", "pci_bus_id", "name", "visible_devices"], registry=r)
         r.register(_CompileFallbacks())
 
         self._request_counters: dict = {}
@@ -50,6 +54,12 @@ class Metrics:
         if c is None:
             c = self._request_counters[key] = self.requests.labels(endpoint, method, str(status))
         c.inc()
+
+    def gpu_identified(self, shard: str | None, gpu: dict | None) -> None:
+        """Set segfuse_gpu_info once the backend started (`gpu`: server/gpu_info.py's, or None)."""
+        if gpu is not None:
+            values = (shard, gpu["uuid"], gpu["pci_bus_id"], gpu["name"], gpu["visible_devices"])
+            self.gpu_info.labels(*("" if v is None else v for v in values)).set(1)
 
     def buffers_changed(self, store) -> None:
         self.buffer_bytes.set(store.used_bytes)

@@ -22,12 +22,28 @@ class ErrorBody(BaseModel):
 
 
 # ---- health and metadata ---------------------------------------------------------------
+class GpuInfo(BaseModel):
+    """The GPU a server runs on, read once at start (server/gpu_info.py); a field the CUDA driver
+    or CuPy does not report is null."""
+
+    index: int = Field(description="the CUDA ordinal inside the server's process (0 in a Ray shard)")
+    visible_devices: str | None = Field(description="CUDA_VISIBLE_DEVICES as the process saw it, or null when unset")
+    uuid: str | None = Field(description="the GPU's UUID, as nvidia-smi prints it: GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx")
+    pci_bus_id: str | None = Field(description="domain:bus:device.function, e.g. 0000:19:00.0")
+    name: str | None = Field(description="the device name, e.g. NVIDIA H200")
+    total_memory_bytes: int | None = Field(description="the device's global memory")
+
+
 class ServerMetadata(BaseModel):
     name: str
     version: str
     extensions: list[str]
     backend: str = Field(description="cupy or numpy")
     device: str = Field(description="cuda:N or cpu")
+    shard: str | None = Field(description="the shard id (shard-<i>) when the server runs as a segfuse serve-ray shard, "
+                                          "else null")
+    gpu: GpuInfo | None = Field(description="the GPU that serves this server's requests; null on the NumPy "
+                                            "backend (and while the backend starts)")
 
 
 # ---- buffers ----------------------------------------------------------------------------

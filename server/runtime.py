@@ -107,6 +107,8 @@ class Runtime:
         self.init_error: str | None = None
         self.started = time.time()
         self.freeze_gc = False  # `segfuse serve` sets it: the process is the server's alone
+        self.shard: str | None = None  # the shard id, set by a segfuse.scaleout shard before start
+        self.gpu: dict | None = None  # the GPU (server/gpu_info.py), read at start; None on NumPy
 
     @property
     def backend_name(self) -> str:
@@ -128,10 +130,12 @@ class Runtime:
             self.engine, self.arrays = await asyncio.to_thread(resolve, s.backend, s.device, s.cache_dir)
             await asyncio.to_thread(self.arrays.activate)
             self.arrays.activate()  # warm runs may run on the event loop's thread (server/runs.py)
+            self.gpu = await asyncio.to_thread(self.arrays.gpu_info)
         except Exception as e:  # stays not ready (503) with the reason
             self.init_error = str(e) if isinstance(e, BackendUnavailable) else f"{type(e).__name__}: {e}"
             log.error("backend not available: %s", self.init_error)
             return
+        self.metrics.gpu_identified(self.shard, self.gpu)
         self.store = BufferStore(s.max_buffer_bytes, s.max_total_bytes, self.arrays.device,
                                  on_change=self.metrics.buffers_changed)
         workers = RunWorkers(s.run_workers, s.max_batch, lambda batch: execute_batch(self, batch),
@@ -153,7 +157,9 @@ class Runtime:
             gc.collect()
             gc.freeze()
         self.ready = True
-        log.info("segfuse ready: backend %s on %s", self.arrays.name, self.arrays.device)
+        g = self.gpu
+        log.info("segfuse ready: backend %s on %s%s", self.arrays.name, self.arrays.device,
+                 f" ({g['name']}, {g['uuid']}, PCI {g['pci_bus_id']})" if g else "")
 
     async def stop(self) -> None:
         self.ready = False

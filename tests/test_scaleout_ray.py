@@ -78,11 +78,16 @@ def test_namespaces_land_on_distinct_shards_and_stay(ingress):
         r = _http.get(ingress + "/v2/buffers", headers={"Segfuse-Namespace": ns})
         assert r.headers["Segfuse-Shard"] == shard
         assert ("only_in_a" in {b["name"] for b in r.json()["buffers"]}) == (ns == NS0)
+        # GET /v2 is the namespace's shard's metadata: it names the shard (NumPy shards: no GPU)
+        meta = _http.get(ingress + "/v2", headers={"Segfuse-Namespace": ns})
+        assert meta.headers["Segfuse-Shard"] == shard
+        assert (meta.json()["shard"], meta.json()["gpu"], meta.json()["backend"]) == (shard, None, "numpy")
 
 
 def test_no_header_is_the_default_namespace(ingress):
     r = _http.get(ingress + "/v2")
     assert r.status_code == 200 and r.headers["Segfuse-Shard"] == shard_for("default", SHARDS)
+    assert r.json()["shard"] == r.headers["Segfuse-Shard"]
 
 
 def test_bad_namespace_is_400_naming_the_header(ingress):
@@ -98,6 +103,9 @@ def test_health(ingress):
 
 
 def test_registration_reaches_every_shard_and_runs_match_numpy(ingress, registered):
+    # a registration goes to every shard; its answer is the namespace's shard's, and says so
+    again = _http.post(ingress + "/v2/fusions", json=MOE_PROBLEM_SIZES, headers={"Segfuse-Namespace": NS1})
+    assert again.status_code in (200, 201) and again.headers["Segfuse-Shard"] == "shard-1"
     rng = np.random.default_rng(18)
     for ns in (NS0, NS1):
         with Client(ingress, namespace=ns) as c:
@@ -208,6 +216,9 @@ def test_metrics_are_every_shards_and_namespaces(ingress, registered):
     for ns, n in runs.items():
         assert ok[(shard_for(ns, SHARDS), ns)] == n
     assert {shard for shard, _ in ok} == set(SHARDS) and ("shard-0", "default") in ok
+    # segfuse_gpu_info: through the ingress too, with no sample on NumPy shards (no GPU)
+    assert "segfuse_gpu_info" in {f.name for f in families}
+    assert not [s for f in families for s in f.samples if s.name == "segfuse_gpu_info"]
     own = list(text_string_to_metric_families(_http.get(_shard_urls(ingress)[1] + "/metrics").text))
     assert {s.labels["shard"] for f in own for s in f.samples} == {"shard-1"}  # a shard's route: its own
 

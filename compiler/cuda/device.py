@@ -25,6 +25,7 @@ class Device:
     def __init__(self):
         cp = self.cp = cupy_module()
         dev = cp.cuda.Device()
+        self.index = dev.id  # the device current when the process's Device was made (the server's)
         self.sm_count = dev.attributes["MultiProcessorCount"]
         self.arch = f"sm_{dev.compute_capability}"
         self.cache = self.kernel_cache()

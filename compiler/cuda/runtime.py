@@ -33,12 +33,18 @@ PREPARED_ENTRIES = 1024
 
 
 class CupyRuntime:
+    # The GPU its streams, buffers and kernels are on: made current on each thread the first time it
+    # runs work there, before its stream and buffers are made (CuPy's memory pool is per device: the
+    # current device's serves). None: the thread's current device (stand-ins built without __init__).
+    device_index: int | None = None
+
     def __init__(self, cache_dir: str | None = None, planner=None, cache=None):
         """`planner(fusion, types) -> Plan`: how runs handed no plan are planned (default: the
         process's plan cache, as an Engine plans). `cache`: a kernel cache to share (the default
         runtime shares the device's), else one of its own in `cache_dir`."""
         device = get_device()
         self.cp = device.cp
+        self.device_index = device.index
         self.sm_count, self.arch = device.sm_count, device.arch
         self.cache = cache if cache is not None else device.kernel_cache(cache_dir)
         self.planner = planner
@@ -54,6 +60,8 @@ class CupyRuntime:
     def _thread_state(self):
         st = getattr(self._tls, "st", None)
         if st is None:
+            if self.device_index is not None:
+                self.cp.cuda.Device(self.device_index).use()
             st = self._tls.st = ThreadState(self.cp)
         return st
 

@@ -51,6 +51,5 @@ async def ready(rt: AnyRuntime) -> Response:
 
 @router.get("/v2", response_model=ServerMetadata, summary="Server metadata", responses=errors(401))
 async def server_metadata(rt: AnyRuntime) -> ServerMetadata:
-
     return ServerMetadata(name="segfuse", version=__version__, extensions=EXTENSIONS,
-                          backend=rt.backend_name, device=rt.device)
+                          backend=rt.backend_name, device=rt.device, shard=rt.shard, gpu=rt.gpu)
