@@ -8,6 +8,7 @@ for a run on the CUDA runtime's stand-in."""
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import uuid
@@ -114,25 +115,28 @@ async def test_cupy_backend_says_which_gpu_and_pins_it_on_every_thread(asgi_serv
         assert {await rt.on_device(devices.current) for _ in range(4)} == {1}
 
 
-@pytest.mark.anyio
-async def test_a_shard_names_itself_in_v2_and_its_gpu_metric(standin_gpus):
+@pytest.fixture
+async def gpu_shard(standin_gpus):
+    """Shard shard-3 (scaleout/shard.py, without Ray) on the stand-in GPUs."""
     from segfuse.scaleout.shard import Shard
 
     shard = Shard.__new__(Shard)
     await shard.__init__("shard-3", {"backend": "numpy"}, registry_name=None)
-    try:
-        headers = [(b"segfuse-namespace", b"team-a")]
-        status, _, body = await shard.forward("GET", b"/v2", b"", headers, b"")
-        meta = __import__("json").loads(body)
-        assert status == 200 and meta["shard"] == "shard-3" and meta["gpu"] == _expected(0, "6,7")
-        status, _, text = await shard.forward("GET", b"/metrics", b"", [], b"")
-        samples = _gpu_info_samples(text.decode())
-        # one per namespace's runtime, the shard label once (the shard's own), the namespace added
-        assert sorted(s.labels["namespace"] for s in samples) == ["default", "team-a"]
-        assert all(s.labels["shard"] == "shard-3" and s.labels["gpu_uuid"] == nvidia_uuid(UUIDS[0]) for s in samples)
-        assert all(ln.count(b"shard=") == 1 for ln in text.splitlines() if ln.startswith(b"segfuse_gpu_info{"))
-    finally:
-        await shard.__del__()
+    yield shard
+    await shard.__del__()
+
+
+@pytest.mark.anyio
+async def test_a_shard_names_itself_in_v2_and_its_gpu_metric(gpu_shard):
+    status, _, body = await gpu_shard.forward("GET", b"/v2", b"", [(b"segfuse-namespace", b"team-a")], b"")
+    meta = json.loads(body)
+    assert status == 200 and meta["shard"] == "shard-3" and meta["gpu"] == _expected(0, "6,7")
+    status, _, text = await gpu_shard.forward("GET", b"/metrics", b"", [], b"")
+    samples = _gpu_info_samples(text.decode())
+    # one per namespace's runtime, the shard label once (the shard's own), the namespace added
+    assert sorted(s.labels["namespace"] for s in samples) == ["default", "team-a"]
+    assert all(s.labels["shard"] == "shard-3" and s.labels["gpu_uuid"] == nvidia_uuid(UUIDS[0]) for s in samples)
+    assert all(ln.count(b"shard=") == 1 for ln in text.splitlines() if ln.startswith(b"segfuse_gpu_info{"))
 
 
 def test_merge_adds_only_labels_a_sample_lacks():
