@@ -170,9 +170,16 @@ def test_direct_mode_reaches_the_shard_and_buffers_the_ingress_does(ingress, reg
             assert _http.get(other + "/v2/buffers/x", headers={"Segfuse-Namespace": ns}).status_code == 404
 
 
-def test_direct_registration_reaches_every_shard(ingress):
+@pytest.fixture(scope="module")
+def direct_registered(ingress):
+    """DIRECT_GRAPH registered through a shard's own route (a fixture: under xdist the tests that
+    need it may run in another worker, with a cluster of its own, than the one that registers it)."""
     with Client(shards=_shard_urls(ingress), namespace=NS0) as direct:
-        ref = direct.register(DIRECT_GRAPH, replace=True)
+        return direct.register(DIRECT_GRAPH, replace=True)
+
+
+def test_direct_registration_reaches_every_shard(ingress, direct_registered):
+    ref = direct_registered
     ids = np.array([[1, 2], [2, 15]])
     for ns in (NS0, NS1):  # through the ingress, on both shards
         with Client(ingress, namespace=ns) as c:
@@ -247,7 +254,7 @@ def _kill_replica(shard: str) -> None:
     os.kill(pid, signal.SIGKILL)
 
 
-def test_a_restarted_shard_says_so_and_works(ingress, registered):
+def test_a_restarted_shard_says_so_and_works(ingress, registered, direct_registered):
     ids = np.arange(8).reshape(4, 2)
     # A request meanwhile waits for the new replica; on a busy 2-core machine that took over 60 s.
     with Client(ingress, namespace=NS1, retries=0, timeout=150) as b, Client(ingress, namespace=NS0) as a:
