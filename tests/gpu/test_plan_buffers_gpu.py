@@ -18,12 +18,12 @@ cp = pytest.importorskip("cupy")
 from corpus import all_cases, case_inputs  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
-from segfuse.compiler import Engine, Fusion, RunError, run_graph  # noqa: E402
+from segfuse.compiler import Engine, Fusion, run_graph  # noqa: E402
 from segfuse.compiler.cuda import buffers  # noqa: E402
 from segfuse.compiler.cuda.runtime import CupyRuntime  # noqa: E402
 from segfuse.compiler.dtypes import from_numpy  # noqa: E402
-from test_cuda_buffers import _chain  # noqa: E402  (the scan chain whose plan reuses a buffer)
-from test_plan_executor import BIG_N, graphs, make_inputs  # noqa: E402
+from test_cuda_buffers import _chain, runnable  # noqa: E402  (the scan chain whose plan reuses a buffer)
+from test_plan_executor import BIG_N, graphs  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -154,18 +154,10 @@ def test_fast_path_and_graph_replays_on_reused_buffers(deferred):
                                                                   HealthCheck.function_scoped_fixture])
 @given(graphs(), st.integers(0, 2**16))
 def test_random_plans_with_reuse_on_the_gpu(monkeypatch, case, seed):
-    graph, n, m = case
-    if any(_unspecified(op) for op in graph["ops"]):
+    found = None if any(_unspecified(op) for op in case[0]["ops"]) else runnable(case, seed)
+    if found is None:
         return
-    try:
-        f = Fusion.from_json(graph)
-    except Exception:
-        return
-    ins = make_inputs(n, m, seed)
-    try:
-        run_graph(f, copy.deepcopy(ins))
-    except RunError:
-        return
+    f, ins, _ = found
     rt = _RT.setdefault("rt", CupyRuntime())
     for _ in range(2):  # the second run on the buffers the first left
         _check_run(rt, f, ins, monkeypatch, "random")
