@@ -232,3 +232,56 @@ def test_random_plans_on_the_cuda_path_match_run_graph(gpu, case, seed):
         for o in f.outputs:
             if o.alias_of:
                 np.testing.assert_array_equal(np.array(dev[o.alias_of]), want[o.name])
+
+
+def _kept_keys(st) -> set:
+    """The owner tokens under which a thread state keeps something (parameter blocks, run contexts,
+    reusable buffers); the radix sort's launch state is keyed by a string and kept for good."""
+    return {k for k in st.params if not isinstance(k, str)} | {k[0] for k in st.buffers if isinstance(k, tuple)}
+
+
+def test_thread_state_keeps_nothing_of_evicted_entries_or_dropped_calls(gpu, monkeypatch):
+    """Per-thread memory is bounded: what a prepared entry's steps keep in a thread's state
+    (parameter blocks, cached intermediates, small outputs) goes once the LRU evicts the entry and
+    nobody holds it, and a fast-path call's context (its CUDA graphs) once the caller drops it."""
+    import gc
+
+    from segfuse.compiler.cuda import runtime as rtmod
+
+    monkeypatch.setattr(rtmod, "PREPARED_ENTRIES", 3)
+    f, _ = _chain(dtype="int64")
+    rt = gpu.runtime()
+    sizes = [40 + 7 * i for i in range(12)]  # 12 shape classes through a 3-entry LRU
+    calls = {}
+    for i, n in enumerate(sizes):
+        _, ins = _chain(n, "int64")
+        plan = PLANS.plan(f, {"x": (n,)})
+        want = run_graph(f, copy.deepcopy(ins))
+        got, _ = rt.run(f, _dev(ins), plan)
+        call = rt.prepared_call(f, _dev(ins), plan)
+        got2 = call(_dev(ins))
+        for name in want:
+            np.testing.assert_array_equal(np.array(got[name]), want[name])
+            np.testing.assert_array_equal(np.array(got2[name]), want[name])
+        del got, got2
+        if i >= len(sizes) - 2:
+            calls[n] = call  # the caller keeps the last two calls
+        del call
+    gc.collect()
+    st = rt._thread_state()
+    live = {t for prep in rt._prepared.values() for t in prep.tokens}
+    kept = _kept_keys(st)
+    assert kept, "the runs kept nothing per thread (the test would prove nothing)"
+    held = kept - live  # tokens of the calls the caller still holds (and of their entries)
+    assert len(rt._prepared) == 3
+    assert len(held) <= 2, f"{len(held)} owners' entries outlived them"
+    for n, call in calls.items():  # the calls held still run, on their kept state
+        _, ins = _chain(n, "int64")
+        want = run_graph(f, copy.deepcopy(ins))
+        got = call(_dev(ins))
+        for name in want:
+            np.testing.assert_array_equal(np.array(got[name]), want[name])
+    del call
+    calls.clear()
+    gc.collect()
+    assert _kept_keys(st) <= live  # dropped calls took their contexts with them

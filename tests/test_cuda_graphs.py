@@ -152,7 +152,7 @@ class _Setup:
         token = object()
 
         def new_ctx(st):
-            ctx = st.params[token] = ts.RunCtx(self.rt, st, prep)
+            ctx = st.params[token] = ts.RunCtx(self.rt, st)
             return ctx
 
         self.token = token

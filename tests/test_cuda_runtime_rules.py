@@ -63,13 +63,19 @@ GRAPH = {"format": "segfuse.fusion/1", "name": "double",
          "ops": [{"op": "mul", "out": "b", "inputs": ["a", 2.0]}], "outputs": ["b"]}
 
 
+class _Entry(types.SimpleNamespace):
+    """A prepared entry's stand-in (the runtime ties its tokens' lifetime to it: weakly referenced)."""
+
+    __slots__ = ("__weakref__",)
+
+
 def _runtime(monkeypatch, capacity: int):
     """A CupyRuntime without a device whose preparation records what it prepares."""
     made = []
 
     def prepare_plan(rt, fusion, plan, bound, strides):
         made.append((plan, dict(bound.env)))
-        return types.SimpleNamespace(plan=plan, env=dict(bound.env))
+        return _Entry(plan=plan, env=dict(bound.env), tokens=[])
 
     monkeypatch.setattr(runtime, "prepare_plan", prepare_plan)
     monkeypatch.setattr(runtime, "PREPARED_ENTRIES", capacity)

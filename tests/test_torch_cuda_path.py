@@ -132,7 +132,7 @@ def standin_cuda(monkeypatch):
 
     def prepare(fusion, shapes, dtypes, strides):
         T = shapes["topk_ids"][0]
-        return types.SimpleNamespace(steps=_prologue_steps(cp, T, dtypes["topk_ids"].np, lambda ids: extra[0](ids)),
+        return types.SimpleNamespace(ctx_token=object(), steps=_prologue_steps(cp, T, dtypes["topk_ids"].np, lambda ids: extra[0](ids)),
                                      fallbacks=[])
 
     c = cuda_path.Cuda.__new__(cuda_path.Cuda)

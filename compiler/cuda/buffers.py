@@ -34,9 +34,10 @@ class DeviceBuffers:
     """The plan's buffers of one prepared entry at its sizes: `specs` is what a run allocates, as
     (buffer id, nbytes, kind, members), members being (tensor, shape, dtype) views at offset 0."""
 
-    def __init__(self, plan, types: dict, cp):
+    def __init__(self, plan, types: dict, cp, token=None):
         self.cp = cp
-        self.token = object()  # this entry's buffers in each thread state
+        # this entry's buffers in each thread state (the prepared entry's token: purged with it)
+        self.token = token if token is not None else object()
         specs = []
         for b in plan.buffers:
             if b.kind == "input":  # the caller's arrays (or the staged copy of an alias_of input)

@@ -28,7 +28,7 @@ import numpy as np
 
 from ..errors import DeferredRunError
 from . import radix_sort
-from .thread_state import ERR_WORDS, RunCtx, device_error
+from .thread_state import ERR_WORDS, RunCtx, device_error, track
 
 BLOCKS_PER_CHUNK = 256  # error blocks per mapped pinned allocation
 STATES_AHEAD = 8  # stream states made ahead, for streams first seen during a capture
@@ -117,6 +117,8 @@ class StreamState:
         self.stream = None
         self.params: dict = {}
         self.buffers = _NoReuse()
+        self.ctxs: dict = {}
+        track(self)  # (its params and ctxs are keyed by owners' tokens: see thread_state.forget)
         self.err_ptr = 0
         with make_stream:  # zeroed now, on a stream of our own (the caller synchronizes it)
             self.ctr = cp.zeros(16, dtype=np.uint32)
@@ -127,7 +129,7 @@ class StreamState:
 
     def bind(self, stream) -> StreamState:
         self.stream = stream
-        self.ctxs: dict = {}  # prepared entry -> RunCtx on this stream
+        self.ctxs: dict = {}  # prepared entry's ctx_token -> RunCtx on this stream
         return self
 
     def scratch_for(self, nbytes: int):
@@ -207,9 +209,9 @@ def launch(rt, prep, env: dict, st: StreamState, err_ptr: int) -> None:
     """Launch a prepared plan's steps on `st`'s stream, failures to the error block `err_ptr`;
     `env` holds the inputs and receives every tensor the steps make. Allocations use the current
     CuPy allocator, on that stream (the caller has made it CuPy's current stream)."""
-    ctx = st.ctxs.get(id(prep))
-    if ctx is None or ctx.prepared is not prep:
-        ctx = st.ctxs[id(prep)] = RunCtx(rt, st, prep)
+    ctx = st.ctxs.get(prep.ctx_token)
+    if ctx is None:
+        ctx = st.ctxs[prep.ctx_token] = RunCtx(rt, st)
     st.err_ptr = err_ptr
     for step in prep.steps:
         step.run(env, ctx)

@@ -7,22 +7,28 @@ from __future__ import annotations
 
 from .arrays import commit_outputs
 from .graphs import graphed_call
-from .thread_state import RunCtx, defers
+from .thread_state import RunCtx, defers, owned_by
 
 
 def make_call(rt, fusion, prep, st0, deferred: bool):
     """The call for one prepared signature (see `CupyRuntime.prepared_call`); `st0`: the calling
-    thread's state."""
+    thread's state. Its run context in each thread's state (CUDA graphs included) goes with it."""
+    token = object()  # this call's run context in each thread's state
+    call = _call(rt, fusion, prep, st0, deferred, token)
+    owned_by(call, (token,))
+    return call
+
+
+def _call(rt, fusion, prep, st0, deferred: bool, token):
     tls, new_state = rt._tls, rt._thread_state
     outputs, device_array = prep.outputs, rt.cp.ndarray
     steps = tuple(s.run for s in prep.steps)
     staged = tuple(prep.staged)
     may_fail = prep.may_fail
     defer = may_fail and deferred and defers(fusion, st0)
-    token = object()  # this call's run context in each thread's state
 
     def new_ctx(st):
-        ctx = st.params[token] = RunCtx(rt, st, prep)
+        ctx = st.params[token] = RunCtx(rt, st)
         return ctx
 
     launches_only = all(s.launches_only for s in prep.steps)

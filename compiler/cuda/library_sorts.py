@@ -21,7 +21,7 @@ from .arrays import cp_dtype, is_small, output_buffer
 from .buffers import store
 
 
-def sort_epilogue_run(rt, fusion, seg, types):
+def sort_epilogue_run(rt, fusion, seg, types, token=None):
     """(run(env, ctx), may_fail) for a segment the sort epilogue pass made (`fused_sort`), at
     these concrete types: `run` launches the fused kernel; `may_fail` says whether it can write the
     error word (a checked divisor), so the run must synchronize to learn its outcome. None: not
@@ -45,7 +45,8 @@ def sort_epilogue_run(rt, fusion, seg, types):
     specs = tuple((p, tuple(types[p].shape), cp_dtype(types[p].dtype)) for p in params)
     specs = tuple((p, shape, dt, is_small(shape, dt)) for p, shape, dt in specs)
     key, desc = m.key, m.descending
-    token = object()  # this step's reusable outputs in each thread's state
+    # this step's reusable outputs in each thread's state (the prepared entry's: purged with it)
+    token = token if token is not None else object()
     empty = cp.empty
 
     def run(env, ctx):

@@ -8,7 +8,7 @@ import ctypes
 from .arrays import cp_dtype, is_small, output_buffer
 
 
-def kernel_step(rt, mod, kernels, types, alias_buf):
+def kernel_step(rt, mod, kernels, types, alias_buf, token=None):
     """Launches through the driver (`cuLaunchKernel` via CuPy's thin binding) with a parameter
     block prepared once per thread: a run only writes the pointers that changed (3-4 us less per
     launch than a RawKernel call, which converts every argument each time).
@@ -26,7 +26,8 @@ def kernel_step(rt, mod, kernels, types, alias_buf):
     scratch_bytes = mod.scratch_bytes
     vec_align = 32  # sf_v4<double> is 32-byte aligned; every other vector needs 16 or less
     seq = tuple((k.kernel.ptr, ln.grid, ln.block, ln.smem, ln.vector_of is not None) for k, ln in kernels)
-    token = object()  # this step's parameter block in each thread's state
+    # this step's parameter block in each thread's state (the prepared entry's: purged with it)
+    token = token if token is not None else object()
     empty = cp.empty
     spec = {p: (tuple(types[p].shape), cp_dtype(types[p].dtype)) for p in params if p in types}
     small = {p for p, (shape, dt) in spec.items() if is_small(shape, dt)}

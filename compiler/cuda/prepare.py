@@ -66,6 +66,20 @@ class Prepared:
     fusion: object = None
     in_strides: dict = field(default_factory=dict)
     buffers: DeviceBuffers | None = None  # the plan's buffers at these sizes (compiler/cuda/buffers.py)
+    # keys of what this entry's steps keep in thread and stream states (parameter blocks, reusable
+    # buffers, run contexts): purged from every state once the entry is collected (the runtime
+    # registers that with thread_state.owned_by)
+    tokens: list = field(default_factory=list)
+    ctx_token: object = None  # this entry's RunCtx in a stream state (compiler/cuda/external_stream.py)
+
+    def __post_init__(self):
+        self.ctx_token = self.token()
+
+    def token(self) -> object:
+        """A new key for something this entry's steps keep per state."""
+        t = object()
+        self.tokens.append(t)
+        return t
 
 
 def prepare_plan(rt, fusion, plan, bound, strides: dict) -> Prepared:
@@ -89,7 +103,7 @@ def prepare_plan(rt, fusion, plan, bound, strides: dict) -> Prepared:
             step.run = _then_free(step.run, drop)
         prep.steps.append(step)
         prep.made.update(seg.outputs)
-    prep.buffers = DeviceBuffers(plan, types, rt.cp)
+    prep.buffers = DeviceBuffers(plan, types, rt.cp, prep.token())
     if prep.buffers and prep.steps and prep.steps[0].run is not None:
         prep.steps[0].run = _after_fill(prep.steps[0].run, prep.buffers.fill)
     prep.compile_s = rt.cache.stats.compile_s - c0
@@ -130,7 +144,7 @@ def segment_step(rt, fusion, seg, types, in_strides, prep) -> Step:
         if step is not None:
             return step
         prep.fallbacks.append(f"segment {seg.id}: a kernel makes the view (a reshape of a non-contiguous tensor)")
-    fused = sort_epilogue_run(rt, fusion, seg, types)
+    fused = sort_epilogue_run(rt, fusion, seg, types, prep.token())
     if fused is not None:
         run, may_fail = fused
         prep.kernels += 1
@@ -315,7 +329,7 @@ def _kernel(rt, mod, types, alias_buf, prep, seg) -> Step:
     except _compile_errors(rt) as e:
         return _compile_fallback(rt, mod, types, prep, seg, e)
     _count_module(prep, mod, seg)
-    return Step("kernel", seg, kernel_step(rt, mod, kernels, types, alias_buf), mod.key)
+    return Step("kernel", seg, kernel_step(rt, mod, kernels, types, alias_buf, prep.token()), mod.key)
 
 
 def _count_module(prep, mod, seg) -> None:

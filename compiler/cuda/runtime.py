@@ -25,7 +25,7 @@ from .arrays import commit_outputs, contiguous_strides, signature, to_device
 from .device import get_device
 from .fast_path import make_call
 from .prepare import Prepared, prepare_plan
-from .thread_state import RunCtx, ThreadState, defers
+from .thread_state import RunCtx, ThreadState, defers, owned_by
 
 # Prepared entries kept (least recently used dropped first): each holds its plan's loaded kernels,
 # and a server sees a few signatures per graph; the kernel cache keeps 1024 modules too.
@@ -92,6 +92,9 @@ class CupyRuntime:
             if plan is None:
                 plan = self._plan(fusion, dict(bound.types), bound)
             prep = entries[key] = prepare_plan(self, fusion, plan, bound, strides)
+            # once evicted and unused, its entries in every thread's state go too (the bound on
+            # per-thread memory: PREPARED_ENTRIES entries' worth, plus what live callers hold)
+            owned_by(prep, prep.tokens)
             while len(entries) > PREPARED_ENTRIES:
                 entries.popitem(last=False)
             return prep
@@ -130,7 +133,7 @@ class CupyRuntime:
             # caller's array changes only after the whole run succeeded
             for name in prep.staged:
                 env[name] = arrays[name].copy()
-            outs = st.execute(fusion, [step.run for step in prep.steps], env, RunCtx(self, st, prep), prep.may_fail,
+            outs = st.execute(fusion, [step.run for step in prep.steps], env, RunCtx(self, st), prep.may_fail,
                               prep.may_fail and deferred and defers(fusion, st), bool(prep.staged),
                               lambda: commit_outputs(prep.outputs, env, inputs, st, self.cp.ndarray))
             if prep.staged:
@@ -201,7 +204,7 @@ class CupyRuntime:
         with stream:
             shapes, dtypes, strides, arrays = to_device(self.cp, fusion, inputs)
             prep = self.prepare(fusion, shapes, dtypes, strides, None)
-            ctx = RunCtx(self, st, prep)
+            ctx = RunCtx(self, st)
             envs = [dict(arrays) for _ in range(reps + warmup)]
             t0 = time.perf_counter()
             for e in envs[:warmup]:

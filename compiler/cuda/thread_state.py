@@ -5,6 +5,8 @@ deferred CUDA graphs), scratch and parameter blocks; and the errors the device r
 from __future__ import annotations
 
 import ctypes
+import threading
+import weakref
 
 import numpy as np
 
@@ -16,6 +18,45 @@ DEFERRED_SLOTS = 64
 # error blocks of replayed CUDA graphs with deferred errors, per thread (see prepared_call)
 GRAPH_BLOCKS = 64
 ZERO_RING = bytes((DEFERRED_SLOTS + GRAPH_BLOCKS) * ERR_WORDS * 8)
+
+
+# Every state whose `params` / `buffers` / `ctxs` hold entries keyed by an owner's tokens (thread
+# states, and the external-stream path's stream states): `forget` purges a dead owner's entries.
+_STATES: weakref.WeakSet = weakref.WeakSet()
+_STATES_LOCK = threading.RLock()  # (re-entrant: a finalizer may run while `track` holds it)
+
+
+def track(state) -> None:
+    """Register a state whose entries `forget` must reach."""
+    with _STATES_LOCK:
+        _STATES.add(state)
+
+
+def forget(tokens) -> None:
+    """Drop what any state keeps under one of `tokens` (`params[t]`, `ctxs[t]`, `buffers[(t, ..)]`):
+    their owner (a prepared entry, a fast-path call) is gone, so nothing can look them up again.
+    Without this, each evicted prepared entry would leave its parameter blocks, run contexts,
+    CUDA graphs and reusable buffers in every thread that ran it, and a server meeting many shape
+    classes would grow without bound. Runs from the owner's finalizer, in any thread: popping keys
+    no run can reach is safe next to the owning thread's use of the same dicts."""
+    toks = set(tokens)
+    with _STATES_LOCK:
+        states = list(_STATES)
+    for st in states:
+        for t in toks:
+            st.params.pop(t, None)
+            ctxs = getattr(st, "ctxs", None)
+            if ctxs:
+                ctxs.pop(t, None)
+        buffers = st.buffers
+        for key in [k for k in list(buffers) if type(k) is tuple and k[0] in toks]:
+            buffers.pop(key, None)
+
+
+def owned_by(owner, tokens) -> None:
+    """`forget(tokens)` once `owner` is collected (no cost to the runs in between)."""
+    fin = weakref.finalize(owner, forget, tuple(tokens))
+    fin.atexit = False  # at interpreter exit the states go anyway (and CuPy may be gone first)
 
 
 class ThreadState:
@@ -42,6 +83,7 @@ class ThreadState:
             self.ctr = cp.zeros(16, dtype=np.uint32)
         self.ctr_ptr = self.ctr.data.ptr
         self.buffers: dict = {}  # (kernel step, parameter) -> the buffer its last run allocated
+        track(self)  # (the keys are owners' tokens: `forget` drops a dead owner's entries)
         # deferred runs launched since the stream last drained without an error: their graphs,
         # in launch order; run i owns ring block i
         self.pending: list = []
@@ -241,12 +283,13 @@ class ThreadState:
 
 class RunCtx:
     """One run's context: the runtime, the prepared plan and the calling thread's state (its
-    stream, error word, scratch, parameter blocks and reusable buffers)."""
+    stream, error word, scratch, parameter blocks and reusable buffers). It does not hold the
+    prepared entry: a state keeping the context must not keep an evicted entry alive."""
 
-    __slots__ = ("rt", "stream", "sp", "prepared", "state", "graphs", "last_key")
+    __slots__ = ("rt", "stream", "sp", "state", "graphs", "last_key")
 
-    def __init__(self, rt, state, prepared):
-        self.rt, self.stream, self.prepared, self.state = rt, state.stream, prepared, state
+    def __init__(self, rt, state):
+        self.rt, self.stream, self.state = rt, state.stream, state
         self.sp = state.stream.ptr
         # the fast path's CUDA graphs of this plan on this thread: parameter bytes -> (graph,
         # error block or None); and the parameters of the last run that launched directly
