@@ -91,6 +91,57 @@ def test_moe_argsort_is_one_library_segment(idt, T):
     assert [s.kind.value for s in old.segments] == ["pointwise", "library", "scatter"]
 
 
+def _prologue(idt="int64"):
+    from torch_graphs import prologue_graph
+
+    return Fusion.from_json(prologue_graph(idt))
+
+
+@pytest.mark.parametrize("T", [4096, 16384, 65536])
+def test_whole_prologue_sort_takes_its_scatter_target_from_another_segment(T):
+    """The whole MoE prologue: the planner puts `full -> z2` (the output permutation's target) next
+    to the counts' work; the epilogue pass moves it into the sort's region, so the consumers of the
+    sort run in its final pass instead of a launch of their own (T = 4096: 4 launches -> 2)."""
+    f = _prologue()
+    p = plan(f, T)
+    (seg,) = fused(p)
+    names = {f.nodes[n].outputs[0] for n in seg.nodes}
+    assert {"order", "input_perm", "z2", "ar", "output_perm"} <= names
+    assert set(seg.outputs) == {"input_perm", "output_perm"}
+    assert seg.inputs == ["flat"]  # the keys: a view of topk_ids (no data moves)
+    assert "moved here from the segment that made it" in seg.reason
+    others = [s for s in p.segments if s is not seg]
+    assert all("z2" not in s.outputs for s in others)
+    assert not any("order" in b.tensors for b in p.buffers)  # never materialized
+    if T == 4096:
+        assert [s.kind.value for s in p.segments] == ["single_block", "library"] and p.kernel_count == 2
+    old = plan(f, T, dataclasses.replace(DEFAULT_CAPABILITY, fuse_sort_epilogues=False))
+    assert p.kernel_count < old.kernel_count
+
+
+def _independent_prologue(ids, E=256):
+    """NumPy, written apart from the code under test: bincount, cumsum, stable argsort, inverse."""
+    flat = ids.reshape(-1).astype(np.int64)
+    counts = np.bincount(flat, minlength=E).astype(ids.dtype)
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(ids.dtype)
+    order = np.argsort(flat, kind="stable")
+    inv = np.empty_like(order)
+    inv[order] = np.arange(order.size)
+    return {"counts": counts, "offsets": offsets, "input_perm": order // K, "output_perm": inv}
+
+
+@pytest.mark.parametrize("idt", ["int32", "int64"])
+@pytest.mark.parametrize("T", [1000, 4096, 16384])
+def test_whole_prologue_plan_runs_right_on_numpy(idt, T):
+    f = _prologue(idt)
+    ids = np.random.default_rng(T).integers(0, 256, (T, K)).astype(idt)
+    ids[: T // 4] = 7  # long runs of ties
+    got = Engine().run(f, {"topk_ids": ids}).outputs
+    want = _independent_prologue(ids)
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+
+
 def test_small_rows_keep_their_single_block_plan():
     p = plan(moe(), 128)
     assert [s.kind.value for s in p.segments] == ["single_block"] and not fused(p)

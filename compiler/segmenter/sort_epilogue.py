@@ -164,6 +164,31 @@ def _scatter_ok(p, nd, order, position, creations, readers, outputs, types, n, l
     return True if le(n, m, f"scatter '{nd.outputs[0]}' has room for every sorted index") else None
 
 
+def _scatter_targets_made_elsewhere(g, segs: list, run: list, steps: list) -> list:
+    """(segment, step) for each creation op outside `run` that makes the `self` of a scatter in
+    `steps`, reads no tensor (full, iota: its values depend on nothing) and is read by nothing
+    else: the region may make it itself. (The planner put `full` next to unrelated work; the
+    epilogue then could not see that the scatter's target is a creation, and the consumers of
+    the sort took a launch of their own.)"""
+    inside = {id(s) for s in steps}
+    in_run = {id(r) for r in run}
+    out = []
+    for s in steps:
+        if not s.is_scatter or not s.operands or s.operands[0] is None:
+            continue
+        t = s.operands[0]
+        if t in g.graph_outputs or any(id(c) != id(s) for c, _ in g.consumers.get(t, [])):
+            continue
+        for r in segs:
+            made = next((x for x in r.steps if t in x.outputs), None)  # (single-block segs keep no `made`)
+            if made is None or id(r) in in_run or id(made) in inside:
+                continue
+            if made.kind is OpKind.creation and made.pos is not None and not made.tensor_operands() \
+                    and len(made.outputs) == 1:
+                out.append((r, made))
+    return out
+
+
 def fuse_plan(fusion, g, segs: list, checks) -> list:
     """Merge each matching region (consecutive placed segments around a lone library argsort)
     into one library segment marked `fused_sort` (its hints' routine: ROUTINE). `g`: the segmenter's WorkGraph."""
@@ -187,6 +212,8 @@ def fuse_plan(fusion, g, segs: list, checks) -> list:
             all_steps = [s for r in run for s in r.steps]
             if any(s.pos is None for s in all_steps):
                 continue
+            taken = _scatter_targets_made_elsewhere(g, out, run, all_steps)
+            all_steps = all_steps + [s for _, s in taken]
             inside = {id(s) for s in all_steps}
             made = [o for s in all_steps for o in s.outputs]
             made_set = set(made)
@@ -196,11 +223,19 @@ def fuse_plan(fusion, g, segs: list, checks) -> list:
             m = match(fusion, [s.pos for s in all_steps], ins, outs, g.types, le=checks.le)
             if m is None:
                 continue
+            moved = "".join(f"; {st.label()} moved here from the segment that made it (it reads no tensor "
+                            "and only this scatter reads it)" for _, st in taken)
             merged = P.Seg(reason=f"{seg.reason}; its consumers run in the sort's final pass and its keys "
-                                  "are read in place: one launch", single_block=False, fused_sort=True)
+                                  f"are read in place: one launch{moved}", single_block=False, fused_sort=True)
             merged.steps = sorted(all_steps, key=lambda s: s.key)
             merged.rebuild(g)
             out[lo:hi + 1] = [merged]
+            for src, st in taken:  # (src is outside the run: its position is unchanged before lo)
+                src.steps.remove(st)
+                src.rebuild(g)
+            emptied = [k for k, r in enumerate(out) if not r.steps]
+            out = [r for r in out if r.steps]
+            lo -= sum(1 for k in emptied if k < lo)
             i = lo
             break
         i += 1

@@ -44,7 +44,7 @@ def _no_pending_errors():
 
 
 @pytest.mark.parametrize("idt", ["int64", "int32"])
-@pytest.mark.parametrize("T", [1, 128, 4096, 65536])
+@pytest.mark.parametrize("T", [1, 128, 1000, 4096, 16384, 65536])
 def test_prologue_matches_torch(T, idt):
     op = sft.fusion(prologue_graph(idt))
     for seed in range(3):  # the first call prepares, later ones find the signature
