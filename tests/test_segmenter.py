@@ -178,8 +178,11 @@ def test_chain_of_scatters_shares_one_buffer():
         fd.add_output(b, "b")
     f = fd.fusion()
     plan = plan_of(f, {"idx": (BIG,)})
-    assert kinds(plan) == ["pointwise", "scatter", "scatter"]
-    assert "scatter 'b' (ops[2])" not in plan.segments[1].reason
+    # the zeros and the first (accumulating) scatter: one block's phases, the long index read by
+    # the histogram that the grid's blocks share (spread.py); the second scatter: a grid kernel
+    assert kinds(plan) == ["single_block", "scatter"]
+    assert "histogram that the grid's blocks share" in plan.segments[0].reason
+    assert "scatter 'b' (ops[2])" not in plan.segments[0].reason
     assert plan.tensor_buffer["t0"] == plan.tensor_buffer["t1"] == plan.tensor_buffer["b"]
     assert [a.mode for s in plan.segments for a in s.aliases] == ["inplace", "inplace"]
     check_run(f, {"idx": (BIG,)}, high={"idx": 16})
@@ -244,11 +247,22 @@ def test_same_graph_below_and_above_the_single_block_threshold():
     assert small.segments[0].hints["single_block"] is True
     assert small.segments[0].reason.startswith("the whole region (4 ops) fits one thread block")
     big = plan_of(f, {"topk_ids": (BIG, 4)})
-    # the zeros must be complete before a multi-block scatter writes into them: fill, then scatter
-    assert structure(big) == [("pointwise", [1], []), ("scatter", [0, 2, 3], [])]
+    # a histogram: still one block's phases, the long ids read only by the first phase, which the
+    # grid's blocks share (spread.py; the last block to finish combines the partials)
+    assert structure(big) == [("single_block", [0, 1, 2, 3], [])]
+    assert "histogram that the grid's blocks share" in big.segments[0].reason
     assert big.shape_class != small.shape_class
     for shapes in ({"topk_ids": (32, 4)}, {"topk_ids": (BIG, 4)}):
         check_run(f, shapes, high={"topk_ids": 16})
+    # a scatter that stores (no accumulation) has no such form: the zeros must be complete before
+    # a multi-block scatter writes into them: fill, then scatter
+    with FusionDefinition("store") as fd:
+        ids = fd.define_tensor("topk_ids", ["T", "K"], "int64")
+        flat = fd.ops.reshape(ids, [-1])
+        fd.add_output(fd.ops.scatter(fd.ops.full([16], 0, "int64"), 0, flat, fd.ops.full_like(flat, 1)), "o")
+    g = fd.fusion()
+    assert structure(plan_of(g, {"topk_ids": (BIG, 4)})) == [("pointwise", [1], []), ("scatter", [0, 2, 3], [])]
+    check_run(g, {"topk_ids": (BIG, 4)}, high={"topk_ids": 16})
 
 
 # ---- rule 5: library segments -----------------------------------------------------------
@@ -439,7 +453,7 @@ def test_explain_takes_whole_input_shapes(capsys):
         pytest.skip("examples not written yet")
     assert main(["explain", str(path), "--shape", f"topk_ids={BIG}x8", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
-    assert [s["kind"] for s in plan["segments"]] == ["pointwise", "scatter"]
+    assert [s["kind"] for s in plan["segments"]] == ["single_block"]  # (a histogram: spread.py)
     assert main(["explain", str(path), "--shape", "Q=3"]) == 2
     assert "not a size symbol or input" in capsys.readouterr().err
 

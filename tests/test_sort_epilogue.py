@@ -179,13 +179,22 @@ def test_match_of_every_consumer_kind():
 @pytest.mark.parametrize("ops,outs", [
     (scatter_tail(reduce="add"), ["o"]),  # accumulation: not a permutation store
     (scatter_tail(index="q"), ["o"]),  # index is not argsort's output
-    (scatter_tail(extra=[{"op": "add", "out": "o1", "inputs": ["o", 1]}]), ["o1"]),  # reads the scatter
 ])
 def test_scatters_that_do_not_fit_stay_outside(ops, outs):
     f = graph("nofit", ops, outs)
     p = plan(f, 4096)
     (seg,) = fused(p)  # the sort still takes what it can (z is written at every position)
     assert not any(f.nodes[n].op.kind.value == "scatter" for n in seg.nodes)
+    assert len(p.segments) == 2
+    check_numpy(f, 4096)
+
+
+def test_a_scatter_read_by_a_later_op_is_stored_by_the_sort_and_read_after_it():
+    f = graph("read_after", scatter_tail(extra=[{"op": "add", "out": "o1", "inputs": ["o", 1]}]), ["o1"])
+    p = plan(f, 4096)
+    (seg,) = fused(p)  # the scatter's result is complete when the sort's launch ends
+    assert any(f.nodes[n].outputs[0] == "o" for n in seg.nodes) and "o" in seg.outputs
+    assert not any(f.nodes[n].outputs[0] == "o1" for n in seg.nodes)
     assert len(p.segments) == 2
     check_numpy(f, 4096)
 

@@ -46,6 +46,7 @@ from .graph import COPY, OTHER, WorkGraph, access, build
 from .row_fusion import fuse_plan as fuse_rows
 from .shapes import Checks, base_key, class_types, evaluate, fmt, nbytes, numel
 from .sort_epilogue import ROUTINE, fuse_plan
+from .spread import joins_previous, size_phrase, spread_tensors
 
 INPLACE, ORDERED, COPIED, INPUT = AliasMode.inplace, AliasMode.ordered, AliasMode.copy, AliasMode.input
 
@@ -150,7 +151,8 @@ class _Segmenter:
         tensors = sorted({t for s in steps for t in s.outputs + [x for _, x in s.tensor_operands()]})
         names = ", ".join(f"'{t}'" for t in tensors[:3]) + (", ..." if len(tensors) > 3 else "")
         sizes = [numel(tuple(g.types[t].shape)) for t in tensors]
-        if not self.checks.all_le(sizes, self.cap.single_block_max_elems, f"{names} fit one thread block"):
+        if not self.checks.all_le(sizes, self.cap.single_block_max_elems, f"{names} fit one thread block") and \
+                spread_tensors(g, steps, self.checks, self.cap.single_block_max_elems)[0] is None:
             return False, 0, "too large for one thread block"
         smem = 0
         inside = {id(s) for s in steps}
@@ -248,13 +250,14 @@ class _Segmenter:
             ok, smem, _ = self.fits_block(g, steps)
             for s in steps:
                 s.library = ""  # generated inside the block
-            seg = P.Seg(reason=self.block_reason(len(steps), smem, whole=True), single_block=True)
+            seg = P.Seg(reason=self.block_reason(g, steps, smem, whole=True), single_block=True)
             seg.steps = sorted(steps, key=lambda s: s.key)
             seg.smem = smem
             segs.insert(0, seg)
-        segs = self.merge_small(g, self.rows(g, segs), must_follow)
+        segs = self.rows(g, segs)
         if self.cap.fuse_sort_epilogues:  # a library argsort with its producers/consumers: one launch
             segs = fuse_plan(self.fusion, g, segs, self.checks)
+        segs = self.merge_small(g, segs, must_follow)
         return self.build_plan(g, segs, decisions)
 
     def grid_launches(self, g: WorkGraph, decisions: dict, nodes: set) -> int:
@@ -297,11 +300,11 @@ class _Segmenter:
         segs = P.compact(segs, where)
         return segs, where, must_follow
 
-    def block_reason(self, n_steps: int, smem, whole: bool) -> str:
+    def block_reason(self, g: WorkGraph, steps: list, smem, whole: bool) -> str:
         what = "the whole region" if whole else "these consecutive segments"
-        return (f"{what} ({n_steps} ops) fits one thread block: every tensor has at most "
-                f"{self.cap.single_block_max_elems} elements and the intermediates need {fmt(smem)} bytes of "
-                f"shared memory (<= {self.cap.smem_budget_bytes}); barriers between phases replace launches")
+        every = size_phrase(g, steps, self.checks, self.cap.single_block_max_elems)
+        return (f"{what} ({len(steps)} ops) fits one thread block: {every} and the intermediates need {fmt(smem)} "
+                f"bytes of shared memory (<= {self.cap.smem_budget_bytes}); barriers between phases replace launches")
 
     def merge_small(self, g: WorkGraph, segs: list, must_follow: dict) -> list:
         """Rule 4 for the rest: runs of consecutive segments that all fit one block become one."""
@@ -316,7 +319,7 @@ class _Segmenter:
             else:
                 steps = sorted([s for seg in run for s in seg.steps], key=lambda s: s.key)
                 ok, smem, _ = self.fits_block(g, steps, leaving=set())
-                merged = P.Seg(reason=self.block_reason(len(steps), smem, whole=False)
+                merged = P.Seg(reason=self.block_reason(g, steps, smem, whole=False)
                                + (f" (the first starts because {run[0].reason})" if out else ""),
                                single_block=True)
                 for s in steps:
@@ -334,6 +337,8 @@ class _Segmenter:
                 continue
             conflict = any((id(a), id(b)) in ordered_pairs for a in candidate for b in candidate)
             if not conflict and self.fits_block(g, candidate, leaving=set())[0]:
+                if not run and joins_previous(out, seg, ordered_pairs, lambda steps: self.fits_block(g, steps, set())[0]):
+                    run.append(out.pop())
                 run.append(seg)
                 continue
             close()

@@ -39,7 +39,7 @@ def graphs_on():
 @pytest.mark.parametrize("mode", ["raise", "deferred"])
 @pytest.mark.parametrize("T", [1, 128, 4096, 65536])
 def test_replays_see_new_data_in_the_same_buffers(mode, T):
-    """The histogram (checked: one kernel, or two at T = 65536) run on one input buffer whose
+    """The histogram (checked: one kernel at every T; at 65536 its first phase spread over 64 blocks) run on one input buffer whose
     contents change between runs (written on the default stream): replays read the new ids."""
     f, mk = _graph(0)
     rt = get_runtime()
