@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -346,10 +347,12 @@ def table(rows) -> str:
 
 def main():
     import bench_norms  # (benchmarks/: row normalizations, --only norm)
+    import bench_prologue  # (the whole MoE prologue in three modes, --only prologue)
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--only", default="chain,scatter,moe,compile",
-                    help="comma-separated: chain, scatter, moe, compile, norm (row normalizations, bench_norms.py)")
+                    help="comma-separated: chain, scatter, moe, compile, norm (row normalizations, bench_norms.py), "
+                         "prologue (the whole MoE prologue, bench_prologue.py)")
     args = ap.parse_args()
     import cupy as cp
     import torch
@@ -358,7 +361,7 @@ def main():
     which = args.only.split(",")
     steps = [("compile", bench_compile_and_overhead), ("chain", bench_chain),
              ("scatter", lambda r: {**bench_scatter(r, 256), **bench_scatter(r, 2**24)}), ("moe", bench_moe),
-             ("norm", lambda r: bench_norms.run(r, samples))]
+             ("norm", lambda r: bench_norms.run(r, samples)), ("prologue", lambda r: bench_prologue.run(r, samples))]
     for name, fn in steps:
         if name not in which:
             continue
@@ -380,6 +383,10 @@ def main():
     with open(os.path.join(HERE, "out", "bench_gpu.md"), "w") as fh:
         fh.write(md)
     print(md)
+    from plot_modes import plot_modes  # one plot per workload measured in the three modes
+
+    for path in plot_modes({"meta": meta, "rows": rows}, Path(HERE) / "out" / "plots"):
+        print("plot:", path)
 
 
 if __name__ == "__main__":

@@ -18,79 +18,13 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
-PIPE = 200
+from modes import env_list, graph_of, held_events_us, measure, torch_launches  # noqa: E402
+
 SHAPES = [(32768, 4096), (32768, 8192), (8, 4096), (8, 8192)]
-
-
-def _env_list(name, default):
-    v = os.environ.get(name)
-    return default if not v else v.split(",")
-
-
-def _pipelined_us(fn, calls=PIPE) -> float:
-    import torch
-
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / calls * 1e6
-
-
-def _held_events_us(fn, reps=50) -> float:
-    """GPU time of `fn` (which only enqueues work, e.g. a graph replay) with the stream held first."""
-    import torch
-
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    torch.cuda.synchronize()
-    host = time.perf_counter() - t0
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(int((host * 2 + 2e-3) * 2e9))
-    a.record()
-    for _ in range(reps):
-        fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) * 1000.0 / reps
-
-
-def _graph_of(fn):
-    import torch
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g
-
-
-def _torch_launches(fn) -> int:
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
 
 
 def bench_one(rows, kind, dtype, R, D, samples):
@@ -121,40 +55,30 @@ def bench_one(rows, kind, dtype, R, D, samples):
     in_bytes = sum(int(np.prod(v.shape)) * v.dtype.itemsize for v in ins.values())
     src = torch.empty((in_bytes + out_bytes) // 2, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    copy_us = _held_events_us(lambda: dst.copy_(src))
+    copy_us = held_events_us(lambda: dst.copy_(src))
     impls = {"segfuse": (lambda: eng.run(f, ins), lambda: deferred.run(f, ins), rt.kernel_time_us(f, ins, reps=50),
                          prep.kernels if prep else None)}
     eager = lambda: torch_norm(kind, t_ins)  # noqa: E731
-    g = _graph_of(eager)
-    impls["torch eager"] = (eager, eager, _held_events_us(g.replay), _torch_launches(eager))
-    impls["torch + CUDA graph"] = (g.replay, g.replay, _held_events_us(g.replay), None)
+    g = graph_of(eager)
+    impls["torch eager"] = (eager, eager, held_events_us(g.replay), torch_launches(eager))
+    impls["torch + CUDA graph"] = (g.replay, g.replay, held_events_us(g.replay), None)
     if os.environ.get("SEGFUSE_NORM_COMPILE", "1") != "0":
         for mode in ("default", "reduce-overhead"):
             c = torch.compile(lambda ti: torch_norm(kind, ti), mode=None if mode == "default" else mode, dynamic=False)
             fn = lambda c=c: c(t_ins)  # noqa: E731
             fn()
-            gpu = _held_events_us(_graph_of(fn).replay) if mode == "default" else float("nan")
-            impls[f"torch.compile {mode}"] = (fn, fn, gpu, _torch_launches(fn) if mode == "default" else None)
-    base = {}
-    for impl, (call, pipe, gpu_us, launches) in impls.items():
-        per_call = float(np.median(samples(call, reps=30, warm=5)))
-        row = {"bench": name, "impl": impl, "us": per_call, "pipelined us": _pipelined_us(pipe),
-               "gpu us": gpu_us, "copy limit us": copy_us, "launches": launches}
-        base[impl] = row
-        rows.append(row)
-    s = base["segfuse"]
-    for impl, row in base.items():
-        if impl != "segfuse":
-            row["speedup"] = row["gpu us"] / s["gpu us"] if s["gpu us"] else float("nan")
+            gpu = held_events_us(graph_of(fn).replay) if mode == "default" else float("nan")
+            impls[f"torch.compile {mode}"] = (fn, fn, gpu, torch_launches(fn) if mode == "default" else None)
+    s = measure(rows, name, impls, samples, 30, **{"copy limit us": copy_us})["segfuse"]
     s["vs copy limit"] = s["gpu us"] / copy_us
     return {f"{name} gpu us": s["gpu us"], f"{name} / copy limit": s["vs copy limit"]}
 
 
 def run(rows, samples):
     summary = {}
-    kinds = _env_list("SEGFUSE_NORM_KINDS", ["softmax", "log_softmax", "rmsnorm", "layernorm"])
-    dtypes = _env_list("SEGFUSE_NORM_DTYPES", ["float32", "bfloat16"])
-    shapes = [tuple(int(x) for x in s.split("x")) for s in _env_list("SEGFUSE_NORM_SHAPES", [])] or SHAPES
+    kinds = env_list("SEGFUSE_NORM_KINDS", ["softmax", "log_softmax", "rmsnorm", "layernorm"])
+    dtypes = env_list("SEGFUSE_NORM_DTYPES", ["float32", "bfloat16"])
+    shapes = [tuple(int(x) for x in s.split("x")) for s in env_list("SEGFUSE_NORM_SHAPES", [])] or SHAPES
     for kind in kinds:
         for dtype in dtypes:
             for R, D in shapes:

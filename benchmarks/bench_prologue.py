@@ -1,0 +1,102 @@
+"""The whole MoE routing prologue as ONE graph (issue 20; tests/torch_graphs.py: counts by
+scatter-add, expert offsets by cumsum and pad, the stable argsort, `order // K`, the inverse
+permutation by scattering an iota; E = 256, K = 8), for `python benchmarks/bench_gpu.py --only
+prologue`: T in {1, 128, 4096, 16384, 65536} x {int32, int64}, against torch eager, torch + CUDA
+graph, torch.compile (default and reduce-overhead), in the three modes of benchmarks/modes.py:
+
+- per call: segfuse `Engine("cupy").run` (it synchronizes: the plan checks indices), torch's
+  calls followed by a synchronize;
+- pipelined: back-to-back calls (segfuse with `errors="deferred"`, as a serving loop runs it);
+- GPU time: segfuse's kernels only (`kernel_time_us`) and the segfuse.torch op captured in the
+  caller's CUDA graph (what SGLang/vLLM decode replays), torch's CUDA-graph replays.
+
+Each row reports its launches; `speedup` is the other implementation's GPU time over segfuse's
+kernels-only time. The targets: one launch at T <= 16384 (<= 2 at 65536), GPU time >= 4x faster
+than torch + CUDA graph, pipelined >= 3x faster than torch's graph replay.
+
+Knobs: SEGFUSE_PROLOGUE_T ("1,128,4096"), SEGFUSE_PROLOGUE_IDT, SEGFUSE_PROLOGUE_COMPILE=0.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+
+from modes import env_list, graph_of, held_events_us, measure, torch_launches  # noqa: E402
+
+TOKENS = [1, 128, 4096, 16384, 65536]
+
+
+def bench_one(rows, idt, T, samples):
+    import cupy as cp
+    import torch
+    from segfuse.compiler.cuda.runtime import get_runtime
+    from segfuse.compiler.engine import Engine
+    from segfuse.compiler.ir import Fusion
+    from torch_graphs import E, K, prologue_graph, torch_prologue
+
+    f = Fusion.from_json(prologue_graph(idt))
+    ids_t = torch.randint(0, E, (T, K), device="cuda", dtype=getattr(torch, idt))
+    ids = cp.asarray(ids_t)  # (the same memory: __cuda_array_interface__)
+    ins = {"topk_ids": ids}
+    eng, deferred = Engine("cupy"), Engine("cupy", errors="deferred")
+    got = eng.run(f, ins).outputs
+    want = torch_prologue(ids_t)
+    for name, w in zip(("counts", "offsets", "input_perm", "output_perm"), want):
+        assert torch.equal(torch.as_tensor(got[name], device="cuda").long(), w.long()), f"{name} T={T} {idt}"
+    rt = get_runtime()
+    prep = rt.prepared_for(f, ins)
+    name = f"moe prologue T={T} {idt}"
+
+    def seg_call():
+        eng.run(f, ins)
+
+    def seg_pipe():
+        deferred.run(f, ins)
+
+    impls = {"segfuse": (seg_call, seg_pipe, rt.kernel_time_us(f, ins, reps=50), prep.kernels if prep else None)}
+    try:  # the segfuse.torch op inside the caller's CUDA graph
+        import segfuse.torch as sft
+
+        op = sft.fusion(prologue_graph(idt))
+        sg = graph_of(lambda: op(ids_t))
+        impls["segfuse.torch in a CUDA graph"] = (lambda: (sg.replay(), torch.cuda.synchronize()), sg.replay,
+                                                  held_events_us(sg.replay), prep.kernels if prep else None)
+    except Exception as e:  # report and go on
+        rows.append({"bench": name, "impl": "segfuse.torch in a CUDA graph", "us": float("nan"),
+                     "fallbacks": f"FAILED: {type(e).__name__}: {e}"})
+    eager = lambda: torch_prologue(ids_t)  # noqa: E731
+    g = graph_of(eager)
+    impls["torch eager"] = (lambda: (eager(), torch.cuda.synchronize()), eager, held_events_us(g.replay),
+                            torch_launches(eager))
+    impls["torch + CUDA graph"] = (lambda: (g.replay(), torch.cuda.synchronize()), g.replay, held_events_us(g.replay),
+                                   None)  # (eager's kernels, replayed)
+    if os.environ.get("SEGFUSE_PROLOGUE_COMPILE", "1") != "0":
+        for mode in ("default", "reduce-overhead"):
+            c = torch.compile(torch_prologue, mode=None if mode == "default" else mode, dynamic=False)
+            fn = lambda c=c: c(ids_t)  # noqa: E731
+            for _ in range(3):
+                fn()
+            gpu = held_events_us(graph_of(fn).replay) if mode == "default" else float("nan")
+            impls[f"torch.compile {mode}"] = (lambda fn=fn: (fn(), torch.cuda.synchronize()), fn, gpu,
+                                              torch_launches(fn) if mode == "default" else None)
+    base = measure(rows, name, impls, samples, 50)
+    s, tg = base["segfuse"], base["torch + CUDA graph"]
+    return {f"{name}: launches": float(s["launches"] or 0),
+            f"{name}: GPU time vs torch + CUDA graph": tg["gpu us"] / s["gpu us"],
+            f"{name}: pipelined (deferred) vs torch graph replay": tg["pipelined us"] / s["pipelined us"]}
+
+
+def run(rows, samples):
+    summary = {}
+    tokens = [int(t) for t in env_list("SEGFUSE_PROLOGUE_T", [])] or TOKENS
+    for idt in env_list("SEGFUSE_PROLOGUE_IDT", ["int32", "int64"]):
+        for T in tokens:
+            summary.update(bench_one(rows, idt, T, samples))
+            last = rows[-1]["bench"]
+            print(last, {r["impl"]: round(r.get("gpu us", float("nan")), 1) for r in rows if r["bench"] == last},
+                  flush=True)
+    return summary

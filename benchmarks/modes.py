@@ -1,0 +1,101 @@
+"""The three ways a serving stack calls GPU work, measured alike for segfuse and its alternatives
+(benchmarks/bench_norms.py, benchmarks/bench_prologue.py): per call (a call, then a synchronize),
+pipelined (PIPE calls back to back, one synchronize at the end, wall time per call) and GPU time
+(work that only enqueues, such as a CUDA-graph replay, timed by CUDA events with the stream held
+first, so the events see the kernels back to back, not the host's launch cost)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+PIPE = 200
+
+
+def measure(rows: list, bench: str, impls: dict, samples, reps: int, **extra) -> dict:
+    """Time each implementation in the three modes and append its row: `impls` maps a name to
+    (call, pipelined call, GPU us, launches); `samples(fn, reps, warm)` gives per-call times (host
+    work and a synchronize included). `speedup`: the row's GPU time over segfuse's. Returns the
+    rows by implementation."""
+    import numpy as np
+
+    base = {}
+    for impl, (call, pipe, gpu_us, launches) in impls.items():
+        row = {"bench": bench, "impl": impl, "us": float(np.median(samples(call, reps=reps, warm=5))),
+               "pipelined us": pipelined_us(pipe), "gpu us": gpu_us, **extra, "launches": launches}
+        base[impl] = row
+        rows.append(row)
+    s = base["segfuse"]
+    for impl, row in base.items():
+        if impl != "segfuse":
+            row["speedup"] = row["gpu us"] / s["gpu us"] if s["gpu us"] else float("nan")
+    return base
+
+
+def env_list(name, default):
+    v = os.environ.get(name)
+    return default if not v else v.split(",")
+
+
+def pipelined_us(fn, calls=PIPE) -> float:
+    """Wall time per call of `calls` calls back to back, one synchronize at the end."""
+    import torch
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) / calls * 1e6
+
+
+def held_events_us(fn, reps=50) -> float:
+    """GPU time of `fn` (which only enqueues work, e.g. a graph replay) with the stream held first."""
+    import torch
+
+    fn()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    torch.cuda.synchronize()
+    host = time.perf_counter() - t0
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(int((host * 2 + 2e-3) * 2e9))
+    a.record()
+    for _ in range(reps):
+        fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) * 1000.0 / reps
+
+
+def graph_of(fn):
+    """A torch.cuda.CUDAGraph capturing one call of `fn` (after three warm-up calls on a side stream)."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn()
+    return g
+
+
+def torch_launches(fn) -> int:
+    """Kernels (and copies) one call of `fn` runs on the GPU, counted by torch's profiler."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)

@@ -1,0 +1,65 @@
+"""The three-mode GPU benchmarks without a GPU: their modules import (benchmarks/modes.py,
+bench_norms.py, bench_prologue.py; the GPU is only touched inside their functions), the prologue
+benchmark's oracle agrees with an independent NumPy prologue on the CPU, and plot_modes draws one
+PNG per workload measured in more than one mode."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+@pytest.mark.parametrize("name", ["modes", "bench_norms", "bench_prologue", "plot_modes"])
+def test_benchmark_modules_import_without_a_gpu(name):
+    importlib.import_module(name)
+
+
+def test_env_list(monkeypatch):
+    from modes import env_list
+
+    monkeypatch.delenv("SEGFUSE_X", raising=False)
+    assert env_list("SEGFUSE_X", ["a"]) == ["a"]
+    monkeypatch.setenv("SEGFUSE_X", "1,128")
+    assert env_list("SEGFUSE_X", ["a"]) == ["1", "128"]
+
+
+def test_prologue_oracle_is_the_prologue():
+    torch = pytest.importorskip("torch")
+    from torch_graphs import torch_prologue
+
+    ids = np.random.default_rng(0).integers(0, 256, (300, 8))
+    counts, offsets, inp, outp = (t.numpy() for t in torch_prologue(torch.from_numpy(ids)))
+    flat = ids.reshape(-1)
+    order = np.argsort(flat, kind="stable")
+    inv = np.empty_like(order)
+    inv[order] = np.arange(order.size)
+    np.testing.assert_array_equal(counts, np.bincount(flat, minlength=256))
+    np.testing.assert_array_equal(offsets, np.concatenate([[0], np.cumsum(np.bincount(flat, minlength=256))]))
+    np.testing.assert_array_equal(inp, order // 8)
+    np.testing.assert_array_equal(outp, inv)
+
+
+def test_plot_modes_draws_one_png_per_workload(tmp_path):
+    pytest.importorskip("matplotlib")
+    from plot_modes import plot_modes, workloads
+
+    rows = [{"bench": "moe prologue T=4096 int64", "impl": "segfuse", "us": 30.0, "pipelined us": 12.0,
+             "gpu us": 10.0, "launches": 2},
+            {"bench": "moe prologue T=4096 int64", "impl": "torch + CUDA graph", "us": 120.0,
+             "pipelined us": 95.0, "gpu us": 91.0, "launches": None},
+            {"bench": "softmax [8, 4096] float32", "impl": "segfuse", "us": 9.0, "pipelined us": 7.0,
+             "gpu us": float("nan"), "launches": 1},
+            {"bench": "elementwise chain", "impl": "segfuse", "us": 100.0}]  # one mode only: no plot
+    results = {"meta": {"gpu": "test", "date": "today"}, "rows": rows}
+    assert set(workloads(results)) == {"moe prologue T=4096 int64", "softmax [8, 4096] float32"}
+    paths = plot_modes(results, tmp_path)
+    assert sorted(p.name for p in paths) == ["moe_prologue_T_4096_int64.png", "softmax_8_4096_float32.png"]
+    for p in paths:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
