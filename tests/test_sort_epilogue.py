@@ -16,10 +16,12 @@ from corpus import _graph, moe_graphs, sort_consumers_graph
 from segfuse.compiler.codegen import sort_epilogue as se
 from segfuse.compiler.cuda import nvrtc, radix_sort
 from segfuse.compiler.engine import Engine
+from segfuse.compiler.errors import RunError
 from segfuse.compiler.ir import Fusion
 from segfuse.compiler.numpy_backend import run_graph
 from segfuse.compiler.segmenter import segment
 from segfuse.compiler.segmenter import sort_epilogue as sep
+from segfuse.compiler.segmenter.cache import PlanCache
 from segfuse.compiler.segmenter.capability import DEFAULT_CAPABILITY
 
 K = 8
@@ -237,6 +239,82 @@ def test_fused_source_compiles_for_sm90(idt, make):
     assert sig.count(",") == 6 + len(params)  # x, n, desc, out, scratch, ctr, err, e0..
     assert "out[pos]" not in src  # the fused kernel stores only what the graph needs
     assert name != radix_sort.source(np.dtype(idt))[1]
+
+
+# ---- the keys' histogram in the sort (Capability.fuse_sort_histograms) -----------------------
+HIST = dataclasses.replace(DEFAULT_CAPABILITY, fuse_sort_histograms=True)
+
+
+@pytest.mark.parametrize("idt", ["int32", "int64"])
+@pytest.mark.parametrize("T", [4096, 16384, 65536])
+def test_whole_prologue_is_one_launch_with_histograms(idt, T):
+    f = _prologue(idt)
+    p = plan(f, T, HIST)
+    assert p.kernel_count == 1 and [s.kind.value for s in p.segments] == ["view", "library"]
+    seg = p.segments[1]
+    assert seg.fused_sort and set(seg.outputs) == {"counts", "offsets", "input_perm", "output_perm"}
+    assert "the keys' histogram 'counts' (256 bins)" in seg.reason
+    types = f.bind(shapes(f, T)).types
+    m = sep.match(f, seg.nodes, seg.inputs, seg.outputs, types)
+    assert (m.hist.counts, m.hist.csum, m.hist.offsets, m.hist.bins) == ("counts", "csum", "offsets", 256)
+    assert set(m.hist.outputs) == {"counts", "offsets"}
+    assert plan(f, T).kernel_count == 2  # off by default (until the GPU suite has run it)
+
+
+def test_histogram_outside_the_pattern_stays_out():
+    """Not the keys' histogram: a scatter-add of 2, a target of 300 bins (more than a digit), a
+    histogram of other ids, a cumsum read by a pointwise op: the sort fuses the rest only."""
+    def prologue_with(**change):
+        g = __import__("torch_graphs").prologue_graph("int64")
+        ops = [dict(o) for o in g["ops"]]
+        for o in ops:
+            if o["out"] in change:
+                o.update(change[o["out"]])
+        return Fusion.from_json({**g, "ops": ops})
+
+    for f in (prologue_with(ones={"value": 2}), prologue_with(zeros={"shape": [300]}),
+              prologue_with(counts={"inputs": ["zeros", "flat", "ones"], "reduce": "amax"})):
+        p = plan(f, 4096, HIST)
+        (seg,) = fused(p)
+        assert "counts" not in seg.outputs and p.kernel_count == 2
+        check_numpy(f, 4096)
+
+
+def _independent_with_bad(ids):
+    bad = ids.copy()
+    bad[5, 3] = 256
+    return bad
+
+
+@pytest.mark.skipif(not nvrtc.available(), reason="needs cuda-bindings (NVRTC)")
+@pytest.mark.parametrize("idt", ["int32", "int64"])
+def test_histogram_source_compiles_for_sm90(idt):
+    f = _prologue(idt)
+    p = plan(f, 4096, HIST)
+    seg = p.segments[1]
+    types = f.bind(shapes(f, 4096)).types
+    m = sep.match(f, seg.nodes, seg.inputs, seg.outputs, types)
+    epi, params = se.render(f, m, types)
+    assert set(params) == {"input_perm", "output_perm", "counts", "offsets"}
+    assert "scan256(sf_c, tmp)" in epi.hist and "sf_fail(sf_err, 1, 3, sf_v, 0, 256)" in epi.hist
+    src, name = radix_sort.source(np.dtype(idt), epi)
+    cubin, _ = nvrtc.compile_cubin(src, nvrtc.default_options("sm_90"))
+    assert cubin and name.encode() in cubin
+    # without a histogram the kernels' text is what it was (their cache keys unchanged)
+    assert "$EPI_HIST" not in radix_sort.source(np.dtype(idt))[0]
+    assert radix_sort.source(np.dtype(idt))[0].count("const unsigned g_d0 = tid < 256 ? __ldcg(&ghist[tid]) : 0u;\n") == 1
+
+
+@pytest.mark.parametrize("T", [1000, 4096, 16384])
+def test_histogram_plans_run_right_on_numpy(T):
+    f = _prologue("int64")
+    ids = np.random.default_rng(T).integers(0, 256, (T, K)).astype(np.int64)
+    got = Engine(plan_cache=PlanCache(cap=HIST)).run(f, {"topk_ids": ids}).outputs
+    want = _independent_prologue(ids)
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    with pytest.raises(RunError, match="index 256 is out of bounds for dimension 0 with size 256"):
+        Engine(plan_cache=PlanCache(cap=HIST)).run(f, {"topk_ids": _independent_with_bad(ids)})
 
 
 def test_plain_source_is_the_plain_kernel():

@@ -239,7 +239,7 @@ $EPI_INIT
     const KEY gmin = key_mask((KEY)~(KEY)__ldcg(&mm[1]));
     // digit 0's global counts and the counts of the blocks before this one, loaded together with
     // the key range (one round trip instead of three; phase 0 made them)
-    const unsigned g_d0 = tid < 256 ? __ldcg(&ghist[tid]) : 0u;
+    const unsigned g_d0 = tid < 256 ? __ldcg(&ghist[tid]) : 0u;$EPI_HIST
     unsigned pre_d0 = 0;
     {
         const int dg = tid & 255, half = tid >> 8, mid = b >> 1;
@@ -442,6 +442,10 @@ class Epilogue:
     - `scatter`: the same, run in the threads' element order (before the tile's local sort), so
       stores at `idx` coalesce when the final pass reads the input (a one-pass sort, as MoE ids
       are: an SM then writes whole lines instead of one sector per element);
+    - `hist`: statements run by every block right after the first grid barrier, before the
+      all-equal shortcut, with the global key range (`gmin`, `gmax`), `flip`, `ghist` (phase 0's
+      complete global digit-0 counts), `tmp` and `scan256` in scope (a block-uniform condition
+      may pick one block: `scan256` needs all of its threads);
     - `helpers`: definitions placed before the kernel (the codegen prelude for `sf_*` calls).
     Then the kernel stores no int64 index (`out` may be null): the epilogue writes what the
     graph needs. The text comes from the codegen's renderers, never from user strings."""
@@ -450,6 +454,7 @@ class Epilogue:
     init: str = ""
     store: str = ""
     scatter: str = ""
+    hist: str = ""
     helpers: str = ""
 
 
@@ -464,7 +469,7 @@ def source(dtype, epilogue: Epilogue | None = None) -> tuple[str, str]:
     raw, bits, kind = _DTYPES[dt.name]
     key = "unsigned long long" if bits == 64 else "unsigned int"
     if epilogue is None:
-        helpers, plist, alist, init, store, scatter = "", "", "", "", _PLAIN_STORE, ""
+        helpers, plist, alist, init, store, scatter, hist = "", "", "", "", _PLAIN_STORE, "", ""
     else:
         plist = ", long long* __restrict__ sf_err" + "".join(
             f", {c}* __restrict__ e{i}" for i, c in enumerate(epilogue.params))
@@ -474,8 +479,9 @@ def source(dtype, epilogue: Epilogue | None = None) -> tuple[str, str]:
             init = ("    {\n        const long long sf_gtid = (long long)b * NT + tid, sf_gstride = (long long)G * NT;\n"
                     f"        {epilogue.init}\n    }}")
         helpers, store, scatter = epilogue.helpers, epilogue.store, epilogue.scatter
+        hist = f"\n    {epilogue.hist}" if epilogue.hist else ""  # (none: the text of the kernels before)
     src = _TEMPLATE
-    for k, v in (("$HELPERS", helpers), ("$EPI_PARAMS", plist), ("$EPI_ARGS", alist), ("$EPI_INIT", init),
+    for k, v in (("$HELPERS", helpers), ("$EPI_PARAMS", plist), ("$EPI_ARGS", alist), ("$EPI_INIT", init), ("$EPI_HIST", hist),
                  ("$EPI_STORE", store), ("$EPI_SCATTER", scatter), ("$TRANSFORM", _transform("RAW", bits, kind)), ("$RAW", raw),
                  ("$KEY", key), ("$BITS", str(bits)), ("$THREADS", str(THREADS)), ("$WARPS", str(WARPS)),
                  ("$ITEMS", str(ITEMS)), ("$TILE", str(TILE))):

@@ -108,9 +108,43 @@ def render(fusion, m: Match, types):
             inits.append(f"for (long long sf_i = sf_gtid; sf_i < {size}LL; sf_i += sf_gstride) {{ "
                          + " ".join(ilines)
                          + f" {e}[sf_i] = {ct.cvt(f'{inames[self_t]}(sf_i)', ct.storage(dt))}; }}")
+    hist = ""
+    if m.hist is not None:
+        outs = {}
+        for t in m.hist.outputs:
+            outs[t] = f"e{len(params)}"
+            params.append(t)
+            ctypes_.append(ct.storage(types[t].dtype))
+        hist = _histogram(m, types, outs, fusion.nodes[m.hist.scatter].index)
     # stores at pos run in sorted order, stores at idx in element order (each coalesces there)
     store = "{ " + " ".join(lines + stores) + " }" if stores else ""
     scatter = "{ " + " ".join(slines + scatters) + " }" if scatters else ""
     epi = Epilogue(params=tuple(ctypes_), init="\n        ".join(inits), store=store, scatter=scatter,
-                   helpers=PRELUDE)
+                   hist=hist, helpers=PRELUDE)
     return epi, params
+
+
+def _histogram(m: Match, types, outs: dict, op: int) -> str:
+    """Block 0's statements for the keys' histogram (`Histogram`): the counts of bin e are the
+    global digit-0 count of key(e) (the sort's key of the value e, its low byte: every key lies
+    in [key(0), key(E-1)] when every value is a bin, which the key range shows); an exclusive
+    scan of them gives the cumsum and the offsets. A value outside the bins fails the run with
+    the histogram scatter's index error (block 0 finds one to name, on that path only)."""
+    h = m.hist
+    E = h.bins
+    val = ct.storage(types[m.key].dtype)  # the keys' C type: their value from the raw bits
+    lines = [f"if (b == 0) {{ const KEY sf_k0 = (KEY)(to_key((RAW)0) ^ flip), sf_k1 = (KEY)(to_key((RAW)({E} - 1)) ^ flip);",
+             "const bool sf_in = gmin >= (sf_k0 < sf_k1 ? sf_k0 : sf_k1) && gmax <= (sf_k0 < sf_k1 ? sf_k1 : sf_k0);",
+             f"const unsigned sf_c = (tid < {E} && sf_in) ? __ldcg(&ghist[(unsigned)(to_key((RAW)tid) ^ flip) & 255u]) : 0u;",
+             "const unsigned sf_x = scan256(sf_c, tmp);"]
+    stores = []
+    for t, cvalue in ((h.counts, "sf_c"), (h.csum, "sf_x + sf_c")):
+        if t in outs:
+            stores.append(f"{outs[t]}[tid] = {ct.cvt(f'(long long)({cvalue})', ct.storage(types[t].dtype))};")
+    if h.offsets in outs:
+        e, st = outs[h.offsets], ct.storage(types[h.offsets].dtype)
+        stores.append(f"{e}[tid + 1] = {ct.cvt('(long long)(sf_x + sf_c)', st)}; if (tid == 0) {e}[0] = {ct.cvt('0LL', st)};")
+    lines.append(f"if (tid < {E}) {{ {' '.join(stores)} }}")
+    lines.append(f"if (!sf_in) for (int sf_i = tid; sf_i < n; sf_i += NT) {{ const long long sf_v = (long long)({val})x[sf_i]; "
+                 f"if (sf_v < 0 || sf_v >= {E}) {{ sf_fail(sf_err, 1, {op}, sf_v, 0, {E}); break; }} }} }}")
+    return "\n    ".join(lines)

@@ -36,7 +36,7 @@ def sort_epilogue_run(rt, fusion, seg, types, token=None):
     if kt.dtype is DType.bfloat16 or not takes((int(m.n),), cp_dtype(kt.dtype), 0):
         return None
     epi, params = render(fusion, m, types)
-    may_fail = "sf_err" in epi.store + epi.scatter + epi.init
+    may_fail = "sf_err" in epi.store + epi.scatter + epi.init + epi.hist
     cp = rt.cp
     if cp is None:  # a preparation that compiles nothing (prepare.SourcesOnly): the decision only
         return None, may_fail

@@ -12,6 +12,7 @@ Modes:
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from ..dtypes import DType
@@ -64,6 +65,11 @@ class Capability:
     # sort's final pass: one launch (compiler/codegen/sort_epilogue.py). H200, MoE argsort fusion
     # at 32768 keys, kernel only: 15.2 us in one launch instead of 21.8 us in four.
     fuse_sort_epilogues: bool = True
+    # ... and the keys' histogram (counts of E <= 256 bins, its cumsum, the expert offsets), which
+    # block 0 writes from the sort's own digit-0 counts after the first grid barrier: the whole MoE
+    # prologue in one launch. Off until the GPU suite has run it (SEGFUSE_SORT_HISTOGRAMS=1 turns
+    # it on; tests/gpu/test_sort_histogram_gpu.py plans with it on either way).
+    fuse_sort_histograms: bool = os.environ.get("SEGFUSE_SORT_HISTOGRAMS", "0") == "1"
     single_block_threads: int = 1024
     grid_threads: int = 256
     # Whether a private copy of a scatter's self may ride along as an extra store in another

@@ -256,7 +256,7 @@ class _Segmenter:
             segs.insert(0, seg)
         segs = self.rows(g, segs)
         if self.cap.fuse_sort_epilogues:  # a library argsort with its producers/consumers: one launch
-            segs = fuse_plan(self.fusion, g, segs, self.checks)
+            segs = fuse_plan(self.fusion, g, segs, self.checks, self.cap.fuse_sort_histograms)
         segs = self.merge_small(g, segs, must_follow)
         return self.build_plan(g, segs, decisions)
 
@@ -337,12 +337,12 @@ class _Segmenter:
                 continue
             conflict = any((id(a), id(b)) in ordered_pairs for a in candidate for b in candidate)
             if not conflict and self.fits_block(g, candidate, leaving=set())[0]:
-                if not run and joins_previous(out, seg, ordered_pairs, lambda steps: self.fits_block(g, steps, set())[0]):
-                    run.append(out.pop())
                 run.append(seg)
                 continue
             close()
-            if self.fits_block(g, seg.steps, leaving=set())[0]:
+            if joins_previous(out, seg, ordered_pairs, lambda steps: self.fits_block(g, steps, set())[0]):
+                run.extend([out.pop(), seg])
+            elif self.fits_block(g, seg.steps, leaving=set())[0]:
                 run.append(seg)
             else:
                 out.append(seg)

@@ -11,7 +11,12 @@ The pattern, for a region of a plan:
     out    = scatter-family op without reduction: scatter(self=creation of length m >= n,
              index=order, src=a position tensor or a literal),
 
-where every segment output is a position tensor or a scatter result. `match` recognizes it (pure,
+    hist   = the keys' histogram (`Histogram`, with `histograms`): scatter(zeros of E <= 256 bins,
+             index=keys, src=1, reduce=add), and optionally its cumsum and that padded by one
+             leading 0 (expert offsets): the sort's phase 0 counts every key's low byte already,
+             so after its first grid barrier block 0 writes them from the global digit-0 counts,
+
+where every segment output is a position tensor, a scatter result or a histogram output. `match` recognizes it (pure,
 CPU; the runtime asks again at concrete types; anything else: None, and the existing path runs),
 `fuse_plan` is the segmenter's post-pass that merges the region's consecutive segments into one
 library segment marked `fused_sort` (`Segment.fused_sort`; its hints' routine names `ROUTINE`).
@@ -21,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ops.registry import LibrarySort, OpKind, Scalar
+from ..ops.registry import Combiner, LibrarySort, Lowering, OpKind, Scalar
 from ..shapes import dims_equal
 from . import place as P
 from .capability import scatter_reduce_of
@@ -36,6 +41,20 @@ def _is_anchor(op) -> bool:
 
 
 @dataclass(frozen=True)
+class Histogram:
+    """The keys' histogram the fused kernel writes (see the module doc). The keys' low byte is the
+    bin: every key in [0, bins) (checked on the GPU from the sort's key range; a key outside
+    fails the run with the scatter's index error, as the unfused scatter does)."""
+
+    scatter: int  # node position of the histogram scatter
+    counts: str
+    bins: int
+    csum: str | None = None  # cumsum(counts), inclusive
+    offsets: str | None = None  # pad(csum, [1, 0]): exclusive offsets and the total
+    outputs: tuple = ()  # which of counts, csum, offsets are segment outputs
+
+
+@dataclass(frozen=True)
 class Match:
     argsort: int  # node position of the sort
     key: str  # the segment input holding the keys, in the row's element order
@@ -45,6 +64,7 @@ class Match:
     stores: tuple  # position tensors stored at pos (segment outputs), in output order
     scatters: tuple  # (node position, target needs a phase-0 init) per scatter
     producer: dict  # tensor -> node position, for every tensor made in the region
+    hist: Histogram | None = None
 
 
 def _numel(shape):
@@ -58,10 +78,10 @@ def _same(a, b) -> bool:
     return dims_equal(a, b) is True
 
 
-def match(fusion, nodes, inputs, outputs, types, copies=(), le=None) -> Match | None:
+def match(fusion, nodes, inputs, outputs, types, copies=(), le=None, histograms=True) -> Match | None:
     """The pattern in the region `nodes` (fusion positions) with segment `inputs`/`outputs`, or
     None. `le(a, b, why)`: how to decide a size test a <= b (the segmenter's recorded `Checks`);
-    without it sizes must be concrete ints."""
+    without it sizes must be concrete ints. `histograms`: whether the keys' histogram may join."""
     if copies:
         return None
     region = sorted(nodes)
@@ -93,8 +113,9 @@ def match(fusion, nodes, inputs, outputs, types, copies=(), le=None) -> Match | 
         nxt = chain[-1] if chain else a
         # (the sort reads the source's elements in order: only views that keep it)
         if not nd.op.keeps_row_major_order or any(
-                r != nxt and nd_of[r].op.kind is not OpKind.creation for r in readers.get(x, [])):
-            return None  # (creation ops such as full_like read only the shape)
+                r != nxt and nd_of[r].op.kind is not OpKind.creation and not (histograms and _bins_of(nd_of[r], x))
+                for r in readers.get(x, [])):
+            return None  # (creation ops such as full_like read only the shape; a histogram the keys)
         if x in outputs:
             return None
         chain.append(p)
@@ -102,9 +123,11 @@ def match(fusion, nodes, inputs, outputs, types, copies=(), le=None) -> Match | 
     if x not in inputs:
         return None
     order = A.outputs[0]
+    keys = {A.inputs[0]} | {nd_of[p].inputs[0] for p in chain}  # the keys, in element order
     position = {order}
     creations = set()
     scatters = []
+    hist: dict = {}
     for p in region:
         if p == a or p in chain:
             continue
@@ -114,6 +137,8 @@ def match(fusion, nodes, inputs, outputs, types, copies=(), le=None) -> Match | 
         out = nd.outputs[0]
         t = types[out]
         kind = nd.op.kind
+        if histograms and _histogram_step(p, nd, keys, hist, nd_of, producer, readers, outputs, types, n):
+            continue
         if kind is OpKind.creation:
             creations.add(out)
             if t.rank == 1 and _same(t.shape[0], n):
@@ -132,15 +157,78 @@ def match(fusion, nodes, inputs, outputs, types, copies=(), le=None) -> Match | 
             return None
     scattered = {nd_of[p].outputs[0] for p, _ in scatters}
     selves = {nd_of[p].inputs[0] for p, _ in scatters}
+    h = _histogram(hist, outputs)
+    made_by_hist = set(h.outputs) if h else set()
+    if hist and h is None:
+        return None
     for o in outputs:
-        if o in selves or (o not in position and o not in scattered):
+        if o in selves or (o not in position and o not in scattered and o not in made_by_hist):
             return None
     if any(readers.get(o) for o in scattered):
         return None  # read inside the region: complete only when the kernel ends
     stores = tuple(o for o in outputs if o in position)
-    if not stores and not scatters:
+    if not stores and not scatters and h is None:
         return None
-    return Match(a, x, n, bool(A.attrs.descending), order, stores, tuple(scatters), producer)
+    return Match(a, x, n, bool(A.attrs.descending), order, stores, tuple(scatters), producer, h)
+
+
+def _bins_of(nd, keys) -> bool:
+    """Whether `nd` is a scatter-add whose index is `keys` (a histogram candidate, checked in full
+    by `_histogram_step`)."""
+    return nd.op.lowering is Lowering.scatter and len(nd.inputs) == 3 and nd.inputs[1] == keys \
+        and scatter_reduce_of(nd) == "add"
+
+
+def _fill_of(nd_of, producer, t):
+    """The constant a `full` / `full_like` made in the region fills `t` with, else None."""
+    p = producer.get(t)
+    if p is None or nd_of[p].op.lowering is not Lowering.fill:
+        return None
+    return getattr(nd_of[p].attrs, "value", None)
+
+
+def _histogram_step(p, nd, keys, hist, nd_of, producer, readers, outputs, types, n) -> bool:
+    """Record node `p` in `hist` when it is part of the keys' histogram: the scatter-add of 1 at
+    every key into E <= 256 zeros (integers), its cumsum along dim 0, that cumsum padded by one
+    leading 0. False: not such a node (the caller goes on with the other patterns)."""
+    out = nd.outputs[0]
+    if "counts" not in hist:
+        if len(nd.inputs) != 3 or not (_bins_of(nd, nd.inputs[1]) and nd.inputs[1] in keys):
+            return False
+        self_t, _, src = nd.inputs
+        st, it = types[self_t], types[nd.inputs[1]]
+        if not (isinstance(self_t, str) and st.rank == 1 and it.rank == 1 and isinstance(st.shape[0], int)
+                and 0 < st.shape[0] <= 256 and st.dtype.is_int and it.dtype.is_int and types[out].dtype == st.dtype
+                and getattr(nd.attrs, "include_self", True) and getattr(nd.attrs, "dim", 0) % 1 == 0):
+            return False
+        if _fill_of(nd_of, producer, self_t) != 0 or readers.get(self_t) != [p] or self_t in outputs:
+            return False
+        one = src.value if isinstance(src, Scalar) else _fill_of(nd_of, producer, src)
+        if one != 1 or (not isinstance(src, Scalar) and not _same(_numel(types[src].shape), n)):
+            return False
+        hist.update(scatter=p, counts=out, bins=st.shape[0], self=self_t, src=src)
+        return True
+    low = nd.op.lowering
+    if low is Lowering.scan and "csum" not in hist and nd.inputs[0] == hist["counts"] \
+            and nd.op.combiner is Combiner.add and nd.attrs.dim % 1 == 0:
+        hist["csum"] = out
+        return True
+    if low is Lowering.pad and "offsets" not in hist and nd.inputs[0] == hist.get("csum") \
+            and list(nd.attrs.pad) == [1, 0] and getattr(nd.attrs, "value", 0) == 0:
+        hist["offsets"] = out
+        return True
+    return False
+
+
+def _histogram(hist: dict, outputs) -> Histogram | None:
+    """The recorded histogram once its tensors are read only as the pattern says; else None."""
+    if not hist:
+        return None
+    made = [hist[k] for k in ("counts", "csum", "offsets") if k in hist]
+    if hist["src"] in outputs or not any(t in outputs for t in made):
+        return None
+    return Histogram(hist["scatter"], hist["counts"], hist["bins"], hist.get("csum"), hist.get("offsets"),
+                     tuple(t for t in made if t in outputs))
 
 
 def _scatter_ok(p, nd, order, position, creations, readers, outputs, types, n, le):
@@ -189,7 +277,7 @@ def _scatter_targets_made_elsewhere(g, segs: list, run: list, steps: list) -> li
     return out
 
 
-def fuse_plan(fusion, g, segs: list, checks) -> list:
+def fuse_plan(fusion, g, segs: list, checks, histograms: bool = False) -> list:
     """Merge each matching region (consecutive placed segments around a lone library argsort)
     into one library segment marked `fused_sort` (its hints' routine: ROUTINE). `g`: the segmenter's WorkGraph."""
     out = list(segs)
@@ -220,10 +308,14 @@ def fuse_plan(fusion, g, segs: list, checks) -> list:
             ins = list(dict.fromkeys(t for s in all_steps for _, t in s.tensor_operands() if t not in made_set))
             outs = [t for t in made if t in g.graph_outputs or any(
                 id(c) not in inside for c, _ in g.consumers.get(t, []))]
-            m = match(fusion, [s.pos for s in all_steps], ins, outs, g.types, le=checks.le)
+            m = match(fusion, [s.pos for s in all_steps], ins, outs, g.types, le=checks.le, histograms=histograms)
             if m is None:
                 continue
-            moved = "".join(f"; {st.label()} moved here from the segment that made it (it reads no tensor "
+            hist = "" if m.hist is None else (
+                f"; the keys' histogram '{m.hist.counts}' ({m.hist.bins} bins)"
+                + "".join(f" and '{t}'" for t in (m.hist.csum, m.hist.offsets) if t)
+                + " from the sort's own digit counts, by block 0 after its first grid barrier")
+            moved = hist + "".join(f"; {st.label()} moved here from the segment that made it (it reads no tensor "
                             "and only this scatter reads it)" for _, st in taken)
             merged = P.Seg(reason=f"{seg.reason}; its consumers run in the sort's final pass and its keys "
                                   f"are read in place: one launch{moved}", single_block=False, fused_sort=True)

@@ -25,8 +25,9 @@ MAX_TARGET = 2048
 
 def spread_tensors(g, steps: list, checks, limit) -> tuple[list | None, str]:
     """(the tensors over `limit` elements, "") when every one is read only by the leading
-    histogram of `steps` (see the module doc), else (None, why not). Records its size tests in
-    `checks` (the plan's shape class)."""
+    histogram of `steps` (see the module doc), else (None, why not). The structural tests come
+    first; then it records in `checks` (the plan's shape class) that the other tensors and the
+    histogram's target are small."""
     heavy = sorted((s for s in steps if s.heavy), key=lambda s: s.key)
     if not heavy or not heavy[0].is_scatter or heavy[0].node is None:
         return None, "its first phase is not a scatter"
@@ -34,35 +35,45 @@ def spread_tensors(g, steps: list, checks, limit) -> tuple[list | None, str]:
     nd = h.node
     if scatter_reduce_of(nd) == "none" or not getattr(nd.attrs, "include_self", False):
         return None, f"{h.label()} does not accumulate into its target"
-    target = h.outputs[0]
+    target, self_t = h.outputs[0], h.operands[0]
+    made = {o: s for s in steps for o in s.outputs}
+    if len(heavy) < 2 and (self_t not in made or made[self_t].kind is not OpKind.creation):
+        return None, "one launch either way"  # (a grid scatter into a target made elsewhere)
     inside = {id(s) for s in steps}
     if target not in g.graph_outputs and all(id(c) in inside for c, _ in g.consumers.get(target, [])):
         return None, f"{h.label()} does not leave the segment (its privatized form needs that)"
+    tensors = sorted({t for s in steps for t in s.outputs + [x for _, x in s.tensor_operands()]})
+    spread = [t for t in tensors if t not in (target, self_t) and _histogram_only(g, t, h, made, inside)]
+    rest = [numel(tuple(g.types[t].shape)) for t in tensors if t not in spread]
+    if not checks.all_le(rest, limit, "the tensors the histogram does not read alone fit one thread block"):
+        return None, "a tensor other than the histogram's sources is too large for one thread block"
     if not checks.le(numel(tuple(g.types[target].shape)), MAX_TARGET, f"the target of {h.label()} is small"):
         return None, f"the target of {h.label()} is too large to privatize"
-    made = {o: s for s in steps for o in s.outputs}
-    tensors = sorted({t for s in steps for t in s.outputs + [x for _, x in s.tensor_operands()]})
-    long = [t for t in tensors if not checks.le(numel(tuple(g.types[t].shape)), limit,
-                                                f"'{t}' fits one thread block")]
-    for t in long:
-        if t == target or t == h.operands[0]:
-            return None, f"'{t}' is the histogram's target"
-        p = made.get(t)
-        if p is not None and (p.kind not in LAZY_KINDS or p.kind is OpKind.gather):
-            return None, f"'{t}' is made by {p.label()}, not computed per source"
-        for c, k in g.consumers.get(t, []):
-            if id(c) not in inside:
-                if p is not None and t not in g.view_base:
-                    return None, f"'{t}' would be stored by one block"
-                continue
-            if c is h and k != 0:
-                continue
-            if c.kind in LAZY_KINDS and c.kind is not OpKind.gather and all(o in long for o in c.outputs):
-                continue
-            return None, f"'{t}' is read by {c.label()}, not only by the histogram"
-        if t in g.graph_outputs and p is not None:
-            return None, f"'{t}' is a graph output made in the segment"
+    long = [t for t in spread if not checks.le(numel(tuple(g.types[t].shape)), limit, f"'{t}' fits one thread block")]
     return long, ""
+
+
+def _histogram_only(g, t, h, made: dict, inside: set) -> bool:
+    """Whether tensor t may be longer than one block walks well: an input, a view or a lazy op
+    (computed per source, never stored by the block) that only the histogram `h` reads (as its
+    index or source), directly or through other such tensors."""
+    p = made.get(t)
+    if p is not None and (p.kind not in LAZY_KINDS or p.kind is OpKind.gather):
+        return False
+    if t in g.graph_outputs and p is not None:
+        return False
+    for c, k in g.consumers.get(t, []):
+        if id(c) not in inside:
+            if p is not None and t not in g.view_base:
+                return False  # it would be stored by one block
+            continue
+        if c is h and k != 0:
+            continue
+        if c.kind in LAZY_KINDS and c.kind is not OpKind.gather and all(
+                _histogram_only(g, o, h, made, inside) for o in c.outputs):
+            continue
+        return False
+    return True
 
 
 def size_phrase(g, steps: list, checks, limit) -> str:
