@@ -1,0 +1,282 @@
+// The CUDA device API the generated kernels use, on the host: every CUDA thread is an OS thread
+// (so threads of a warp run independently, as on Volta and later GPUs: code that skips a
+// __syncwarp shows its race here too), shared memory is per block, warp intrinsics exchange
+// through per-warp slots between two warp barriers, atomics are the compiler's __atomic builtins.
+// Included by tests/cuda_emulator.py before a kernel's source (which it rewrites a little: shared
+// declarations, the prelude's few PTX lines). Test infrastructure only: no library runs CUDA C
+// on a CPU (cuda4cpu and the like are unmaintained research code), and the GPU suite stays the
+// judge of speed and of the memory model.
+#pragma once
+#include <pthread.h>
+#include <sched.h>
+
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <type_traits>
+#include <vector>
+
+using std::isinf;
+using std::isnan;
+
+struct sfemu_dim3 { unsigned x, y, z; };
+
+namespace sfemu {
+
+struct Barrier {  // exited threads count as arrived (a returned thread never blocks the rest)
+    std::mutex m;
+    std::condition_variable cv;
+    int size = 0, arrived = 0, exited = 0;
+    long gen = 0;
+    void wait() {
+        std::unique_lock<std::mutex> l(m);
+        long g = gen;
+        if (++arrived + exited >= size) { arrived = 0; ++gen; cv.notify_all(); }
+        else cv.wait(l, [&] { return gen != g; });
+    }
+    void leave() {
+        std::unique_lock<std::mutex> l(m);
+        ++exited;
+        if (arrived > 0 && arrived + exited >= size) { arrived = 0; ++gen; cv.notify_all(); }
+    }
+};
+
+struct Warp {
+    Barrier bar;
+    unsigned long long slot[32];
+};
+
+struct Block {
+    sfemu_dim3 idx;
+    unsigned char* dyn = nullptr;
+    Barrier bar;
+    std::vector<Warp*> warps;
+    std::mutex m;
+    std::map<int, void*> statics;
+    int acc[2] = {0, 0};
+};
+
+inline thread_local sfemu_dim3 t_thread, t_block, t_bdim, t_gdim;
+inline thread_local Block* t_blk = nullptr;
+inline thread_local int t_calls = 0;
+
+inline unsigned char* dyn_smem() { return t_blk->dyn; }
+inline void* static_smem(int id, size_t size) {
+    std::lock_guard<std::mutex> l(t_blk->m);
+    void*& p = t_blk->statics[id];
+    if (!p) { p = aligned_alloc(64, (size + 63) / 64 * 64); memset(p, 0, (size + 63) / 64 * 64); }
+    return p;
+}
+inline int lane() { return (int)(t_thread.x & 31); }
+inline Warp& warp() { return *t_blk->warps[t_thread.x >> 5]; }
+
+template <typename T> inline T exchange(T v, int src, bool keep_own) {
+    Warp& w = warp();
+    unsigned long long bits = 0;
+    memcpy(&bits, &v, sizeof(T));
+    w.slot[lane()] = bits;
+    w.bar.wait();
+    T r = v;
+    if (!keep_own) memcpy(&r, &w.slot[src], sizeof(T));
+    w.bar.wait();
+    return r;
+}
+
+inline float h2f(unsigned short h) {
+    unsigned s = (h >> 15) & 1, e = (h >> 10) & 31, m = h & 1023;
+    float f = e == 0 ? std::ldexp((float)m, -24) : e == 31 ? (m ? NAN : INFINITY) : std::ldexp((float)(m | 1024), (int)e - 25);
+    return s ? -f : f;
+}
+inline unsigned short f2h(float f) {  // round to nearest even, as cvt.rn.f16.f32
+    unsigned x; memcpy(&x, &f, 4);
+    unsigned s = (x >> 16) & 0x8000u;
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (unsigned short)(s | 0x7e00u);
+    float a = std::fabs(f);
+    if (a >= 65520.f) return (unsigned short)(s | 0x7c00u);
+    if (a < 6.103515625e-05f) {  // subnormal: multiples of 2^-24
+        float q = std::nearbyint(a * 16777216.f);
+        return (unsigned short)(s | (unsigned)q);
+    }
+    int e; float m = std::frexp(a, &e);  // a = m * 2^e, m in [0.5, 1)
+    float q = std::nearbyint(m * 2048.f);  // 11 significant bits
+    if (q >= 2048.f) { q /= 2; ++e; }
+    unsigned he = (unsigned)(e + 14), hm = (unsigned)q - 1024u;
+    if (he >= 31) return (unsigned short)(s | 0x7c00u);
+    return (unsigned short)(s | (he << 10) | hm);
+}
+inline unsigned short f2b(float f) {
+    unsigned x; memcpy(&x, &f, 4);
+    if ((x & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((x >> 16) | 0x40u);
+    x += 0x7fffu + ((x >> 16) & 1u);
+    return (unsigned short)(x >> 16);
+}
+inline unsigned ld_acquire(const unsigned* p) {
+    unsigned v = __atomic_load_n(p, __ATOMIC_ACQUIRE);
+    sched_yield();  // (a spin loop: let the blocks it waits for run)
+    return v;
+}
+
+}  // namespace sfemu
+
+#define threadIdx (sfemu::t_thread)
+#define blockIdx (sfemu::t_block)
+#define blockDim (sfemu::t_bdim)
+#define gridDim (sfemu::t_gdim)
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__ __attribute__((noinline))
+#define __restrict__ __restrict
+#define __launch_bounds__(...)
+#define __align__(n) __attribute__((aligned(n)))
+
+inline void __syncthreads() { sfemu::t_blk->bar.wait(); }
+inline int __syncthreads_or(int p) {
+    int k = sfemu::t_calls++ & 1;
+    if (sfemu::t_thread.x == 0) __atomic_store_n(&sfemu::t_blk->acc[k ^ 1], 0, __ATOMIC_SEQ_CST);
+    if (p) __atomic_fetch_or(&sfemu::t_blk->acc[k], 1, __ATOMIC_SEQ_CST);
+    __syncthreads();
+    int r = __atomic_load_n(&sfemu::t_blk->acc[k], __ATOMIC_SEQ_CST);
+    __syncthreads();
+    return r;
+}
+inline void __syncwarp(unsigned = 0xffffffffu) { sfemu::warp().bar.wait(); }
+inline void __threadfence() { __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+template <typename T> inline T __shfl_sync(unsigned, T v, int src) { return sfemu::exchange(v, src & 31, false); }
+template <typename T> inline T __shfl_up_sync(unsigned, T v, unsigned d) {
+    int l = sfemu::lane(); return sfemu::exchange(v, l - (int)d, l < (int)d); }
+template <typename T> inline T __shfl_down_sync(unsigned, T v, unsigned d) {
+    int l = sfemu::lane(); return sfemu::exchange(v, l + (int)d, l + (int)d > 31); }
+template <typename T> inline T __shfl_xor_sync(unsigned, T v, int m) { return sfemu::exchange(v, (sfemu::lane() ^ m) & 31, false); }
+inline unsigned __ballot_sync(unsigned, int p) {
+    sfemu::Warp& w = sfemu::warp();
+    w.slot[sfemu::lane()] = p ? 1 : 0;
+    w.bar.wait();
+    unsigned r = 0;
+    for (int i = 0; i < 32; ++i) r |= (unsigned)(w.slot[i] & 1) << i;
+    w.bar.wait();
+    return r;
+}
+template <typename T> inline unsigned __match_any_sync(unsigned mask, T v) {
+    sfemu::Warp& w = sfemu::warp();
+    unsigned long long bits = 0; memcpy(&bits, &v, sizeof(T));
+    w.slot[sfemu::lane()] = bits;
+    w.bar.wait();
+    unsigned r = 0;
+    for (int i = 0; i < 32; ++i) if ((mask >> i & 1) && w.slot[i] == bits) r |= 1u << i;
+    w.bar.wait();
+    return r;
+}
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
+inline int __clz(int x) { return x ? __builtin_clz((unsigned)x) : 32; }
+inline int __clzll(long long x) { return x ? __builtin_clzll((unsigned long long)x) : 64; }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+inline float __int_as_float(int x) { float f; memcpy(&f, &x, 4); return f; }
+inline int __float_as_int(float f) { int x; memcpy(&x, &f, 4); return x; }
+inline unsigned __float_as_uint(float f) { unsigned x; memcpy(&x, &f, 4); return x; }
+inline float __uint_as_float(unsigned x) { float f; memcpy(&f, &x, 4); return f; }
+inline double __longlong_as_double(long long x) { double d; memcpy(&d, &x, 8); return d; }
+inline long long __double_as_longlong(double d) { long long x; memcpy(&x, &d, 8); return x; }
+template <typename A, typename B> inline typename std::common_type<A, B>::type min(A a, B b) { return a < b ? a : b; }
+template <typename A, typename B> inline typename std::common_type<A, B>::type max(A a, B b) { return a < b ? b : a; }
+inline float rsqrtf(float x) { return 1.f / std::sqrt(x); }
+inline double rsqrt(double x) { return 1.0 / std::sqrt(x); }
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+template <typename T> inline T __ldcg(const T* p) { T v; __atomic_load(p, &v, __ATOMIC_RELAXED); return v; }
+template <typename T> inline T __ldcs(const T* p) { return *p; }
+template <typename T> inline T __ldg(const T* p) { return *p; }
+
+template <typename T> inline T atomicAdd(T* p, T v) {
+    if constexpr (std::is_floating_point<T>::value) {
+        T old = *p, nv;
+        do { nv = old + v; } while (!__atomic_compare_exchange(p, &old, &nv, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
+        return old;
+    } else {
+        return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+    }
+}
+template <typename T> inline T atomicCAS(T* p, T cmp, T val) {
+    __atomic_compare_exchange_n(p, &cmp, val, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+    return cmp;
+}
+template <typename T> inline T atomicMax(T* p, T v) {
+    T old = __atomic_load_n(p, __ATOMIC_SEQ_CST);
+    while (old < v && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {}
+    return old;
+}
+template <typename T> inline T atomicMin(T* p, T v) {
+    T old = __atomic_load_n(p, __ATOMIC_SEQ_CST);
+    while (old > v && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {}
+    return old;
+}
+template <typename T> inline T atomicExch(T* p, T v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
+
+namespace sfemu {
+typedef void (*Kernel)(unsigned long long, unsigned long long, unsigned long long, unsigned long long,
+                       unsigned long long, unsigned long long, unsigned long long, unsigned long long,
+                       unsigned long long, unsigned long long, unsigned long long, unsigned long long,
+                       unsigned long long, unsigned long long, unsigned long long, unsigned long long,
+                       unsigned long long, unsigned long long, unsigned long long, unsigned long long);
+struct Start { Kernel fn; const unsigned long long* a; Block* blk; unsigned tid; sfemu_dim3 bdim, gdim; };
+
+inline void* run_thread(void* arg) {
+    Start* s = (Start*)arg;
+    t_thread = {s->tid, 0, 0}; t_block = s->blk->idx; t_bdim = s->bdim; t_gdim = s->gdim; t_blk = s->blk; t_calls = 0;
+    const unsigned long long* a = s->a;
+    s->fn(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15],
+          a[16], a[17], a[18], a[19]);
+    s->blk->warps[s->tid >> 5]->bar.leave();
+    s->blk->bar.leave();
+    return nullptr;
+}
+}  // namespace sfemu
+
+// Runs blocks [0, grid) of `block` threads, `wave` blocks at a time (a kernel whose blocks meet at
+// grid barriers needs them all at once), kernel args as 64-bit words (pointers and integers only).
+extern "C" int sfemu_launch(void* fn, unsigned grid, unsigned block, unsigned smem, const unsigned long long* args,
+                            unsigned wave) {
+    using namespace sfemu;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setstacksize(&attr, 256 * 1024);
+    for (unsigned b0 = 0; b0 < grid; b0 += wave) {
+        unsigned nb = grid - b0 < wave ? grid - b0 : wave;
+        std::vector<Block*> blocks;
+        std::vector<Start> starts(nb * block);
+        std::vector<pthread_t> th(nb * block);
+        for (unsigned j = 0; j < nb; ++j) {
+            Block* blk = new Block();
+            blk->idx = {b0 + j, 0, 0};
+            blk->dyn = (unsigned char*)aligned_alloc(256, (smem + 255) / 256 * 256 + 256);
+            blk->bar.size = (int)block;
+            for (unsigned w = 0; w < (block + 31) / 32; ++w) {
+                Warp* wp = new Warp();
+                wp->bar.size = (int)(block - w * 32 < 32 ? block - w * 32 : 32);
+                blk->warps.push_back(wp);
+            }
+            blocks.push_back(blk);
+        }
+        for (unsigned j = 0; j < nb; ++j)
+            for (unsigned t = 0; t < block; ++t) {
+                starts[j * block + t] = {(Kernel)fn, args, blocks[j], t, {block, 1, 1}, {grid, 1, 1}};
+                if (pthread_create(&th[j * block + t], &attr, run_thread, &starts[j * block + t]) != 0) return -1;
+            }
+        for (auto& t : th) pthread_join(t, nullptr);
+        for (Block* blk : blocks) {
+            for (Warp* w : blk->warps) delete w;
+            for (auto& kv : blk->statics) free(kv.second);
+            free(blk->dyn);
+            delete blk;
+        }
+    }
+    pthread_attr_destroy(&attr);
+    return 0;
+}

@@ -1,0 +1,163 @@
+"""Generated CUDA kernels executed on the CPU (tests/cuda_emulator.py) against NumPy written
+apart from the code under test: the multi-block radix argsort (grid barriers, warp match, both
+orders, a row that is no multiple of a tile), its fused MoE epilogue, the keys' histogram inside
+it (Capability.fuse_sort_histograms: the whole MoE prologue in one kernel, ties, an id out of
+range reported through the error word) and the single-block kernels whose first phase, a
+histogram, the grid's blocks share (segmenter/spread.py). A deliberately wrong kernel must fail.
+The GPU suite runs the same kernels on the H200 (tests/gpu/test_sort_histogram_gpu.py,
+tests/gpu/test_fused_sort_gpu.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import cuda_emulator as emu
+import numpy as np
+import pytest
+from corpus import moe_graphs
+from segfuse.compiler.codegen import radix_sort as rs
+from segfuse.compiler.codegen import sort_epilogue as se
+from segfuse.compiler.codegen.segment import generate
+from segfuse.compiler.ir import Fusion
+from segfuse.compiler.segmenter import segment
+from segfuse.compiler.segmenter import sort_epilogue as sep
+from segfuse.compiler.segmenter.capability import DEFAULT_CAPABILITY
+from torch_graphs import prologue_graph
+
+pytestmark = pytest.mark.skipif(not emu.available(), reason="needs a C++17 compiler (c++)")
+HIST = dataclasses.replace(DEFAULT_CAPABILITY, fuse_sort_histograms=True)
+K = 8
+
+
+def _sort(src, name, keys: np.ndarray, desc: bool, params=(), outs=()):
+    """Launch a radix-sort kernel as compiler/cuda/radix_sort.py does (grid: one block per tile
+    here); returns (the plain kernel's index row, the error words, the counters after the run)."""
+    n, kb = keys.size, rs.key_bytes(keys.dtype)
+    grid = -(-n // rs.TILE)
+    scratch = np.zeros(rs.scratch_bytes(n, kb, grid), np.uint8)
+    ctr = np.zeros(rs.CTR_BYTES // 4 + 8, np.uint32)
+    out = np.full(n, -1, np.int64)
+    err = np.zeros(5, np.int64)
+    args = [keys.reshape(-1), n, int(desc), out, scratch, ctr] + ([err, *outs] if params else [])
+    emu.compile_source(src).launch(name, grid, rs.THREADS, rs.smem_bytes(kb), args)
+    assert not ctr.any()  # the last block left the counters zero for the next launch
+    return out, err
+
+
+@pytest.mark.parametrize("dtype,desc", [("int64", False), ("int32", True), ("float32", False)])
+def test_plain_radix_argsort(dtype, desc):
+    rng = np.random.default_rng(1)
+    keys = (rng.standard_normal(20000) * 50).astype(dtype) if dtype == "float32" else \
+        rng.integers(-(2**30), 2**30, 20000).astype(dtype)  # several passes; 20000 = 4.9 tiles
+    keys[::7] = keys[3]  # ties
+    src, name = rs.source(np.dtype(dtype))
+    out, _ = _sort(src, name, keys, desc)
+    want = np.argsort(-keys if desc else keys, kind="stable")
+    np.testing.assert_array_equal(out, want)
+
+
+def _fused(f, T, cap=DEFAULT_CAPABILITY):
+    b = f.bind({f.inputs[0][0]: (T, K)})
+    (seg,) = [s for s in segment(f, b, cap).segments if s.fused_sort]
+    m = sep.match(f, seg.nodes, seg.inputs, seg.outputs, b.types)
+    epi, params = se.render(f, m, b.types)
+    return m, epi, params, b.types
+
+
+def _run_fused(f, ids, cap=DEFAULT_CAPABILITY, mutate=None):
+    T = ids.shape[0]
+    m, epi, params, types = _fused(f, T, cap)
+    if mutate:
+        epi = mutate(epi)
+    src, name = rs.source(ids.dtype, epi)
+    outs = [np.full(tuple(types[p].shape), -7, types[p].dtype.np) for p in params]
+    _, err = _sort(src, name, ids, m.descending, params, outs)
+    return dict(zip(params, (o.astype(np.int64) for o in outs))), err
+
+
+def _prologue_oracle(ids, E=256):
+    flat = ids.reshape(-1).astype(np.int64)
+    counts = np.bincount(flat, minlength=E)
+    order = np.argsort(flat, kind="stable")
+    inv = np.empty_like(order)
+    inv[order] = np.arange(order.size)
+    return {"counts": counts, "offsets": np.concatenate([[0], np.cumsum(counts)]), "input_perm": order // K,
+            "output_perm": inv}
+
+
+@pytest.mark.parametrize("idt", ["int32", "int64"])
+def test_fused_moe_argsort(idt):
+    g, _ = moe_graphs(idt=idt)[-1]  # descending, stable
+    f = Fusion.from_json(g)
+    ids = np.random.default_rng(2).integers(0, 256, (2500, K)).astype(idt)
+    got, err = _run_fused(f, ids)
+    order = np.argsort(-ids.reshape(-1).astype(np.int64), kind="stable")
+    inv = np.empty_like(order)
+    inv[order] = np.arange(order.size)
+    np.testing.assert_array_equal(got["input_permutation"], order // K)
+    np.testing.assert_array_equal(got["output_permutation"], inv)
+    assert not err.any()
+
+
+@pytest.mark.parametrize("idt", ["int32", "int64"])
+@pytest.mark.parametrize("case", ["random", "all equal", "two values", "few bins"])
+def test_whole_prologue_in_one_kernel(idt, case):
+    f = Fusion.from_json(prologue_graph(idt))
+    rng = np.random.default_rng(3)
+    T = 2500 if case == "random" else 4096
+    ids = {"random": rng.integers(0, 256, (T, K)), "all equal": np.full((T, K), 9),
+           "two values": rng.choice([3, 200], (T, K)), "few bins": rng.integers(0, 5, (T, K))}[case].astype(idt)
+    got, err = _run_fused(f, ids, HIST)
+    want = _prologue_oracle(ids)
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+    assert not err.any()
+
+
+@pytest.mark.parametrize("bad", [256, -1])
+def test_an_id_out_of_range_is_reported(bad):
+    f = Fusion.from_json(prologue_graph("int64"))
+    ids = np.random.default_rng(4).integers(0, 256, (2560, K))  # (-1: a full-width key range, 8 passes)
+    ids[100, 3] = bad
+    _, err = _run_fused(f, ids, HIST)
+    scatter = next(nd.index for nd in f.nodes if nd.outputs[0] == "counts")
+    assert err.tolist() == [1, scatter, bad, 0, 256]  # code, op, value, dim, size: the scatter's error
+
+
+def test_a_wrong_kernel_fails():
+    """The emulator sees a kernel's mistakes: offsets that drop each bin's own count."""
+    f = Fusion.from_json(prologue_graph("int32"))
+    ids = np.random.default_rng(5).integers(0, 256, (2500, K)).astype(np.int32)
+    wrong = lambda epi: dataclasses.replace(epi, hist=epi.hist.replace("(sf_x + sf_c)", "(sf_x)"))  # noqa: E731
+    got, _ = _run_fused(f, ids, HIST, mutate=wrong)
+    assert not np.array_equal(got["offsets"], _prologue_oracle(ids)["offsets"])
+
+
+def _run_segment(f, seg, types, inputs: dict) -> dict:
+    """A generated module's launches as compiler/cuda/param_blocks.py fires them (scalar
+    variants), on fresh output buffers; returns every parameter's array."""
+    mod = generate(f, seg, types)
+    arrays = {p: inputs[p] if p in inputs else np.full(tuple(types[p].shape), -7, types[p].dtype.np)
+              for p in mod.params}
+    scratch = np.zeros(max(mod.scratch_bytes, 1), np.uint8)
+    err, ctr = np.zeros(5, np.int64), np.zeros(16, np.uint32)
+    m = emu.compile_source(mod.source)
+    for ln in mod.launches:
+        if ln.vector_of is None:
+            m.launch(ln.kernel, ln.grid, ln.block, ln.smem, [arrays[p] for p in mod.params] + [scratch, err, ctr])
+    assert not err.any() and not ctr.any()
+    return arrays
+
+
+@pytest.mark.parametrize("T", [4096, 16384])
+def test_histogram_spread_over_blocks(T):
+    """moe_problem_sizes (counts) and the prologue's counts and offsets: one single-block kernel
+    whose histogram phase runs on ceil(8T / 8192) blocks, the last one finishing the segment."""
+    f = Fusion.from_json(moe_graphs(idt="int32")[0][0])
+    b = f.bind({"topk_ids": (T, K)})
+    (seg,) = segment(f, b).segments
+    assert seg.kind.value == "single_block"
+    ids = np.random.default_rng(T).integers(0, 256, (T, K)).astype(np.int32)
+    got = _run_segment(f, seg, b.types, {"topk_ids": ids})
+    np.testing.assert_array_equal(got["counts"], np.bincount(ids.reshape(-1), minlength=256))
+    assert generate(f, seg, b.types).launches[0].grid == T * K // 8192
