@@ -1,22 +1,21 @@
-// The CUDA device API the generated kernels use, on the host: every CUDA thread is an OS thread
-// (so threads of a warp run independently, as on Volta and later GPUs: code that skips a
-// __syncwarp shows its race here too), shared memory is per block, warp intrinsics exchange
-// through per-warp slots between two warp barriers, atomics are the compiler's __atomic builtins.
+// The CUDA device API the generated kernels use, on the host: every CUDA thread is a fiber
+// (ucontext) of one OS thread, switched at barriers, warp intrinsics and spin loads, so the
+// threads of a warp run one by one between those points (code that skips a __syncwarp before
+// reading another lane's shared-memory write sees stale data here too); shared memory is per
+// block, warp intrinsics exchange through per-warp slots between two warp barriers.
 // Included by tests/cuda_emulator.py before a kernel's source (which it rewrites a little: shared
 // declarations, the prelude's few PTX lines). Test infrastructure only: no library runs CUDA C
 // on a CPU (cuda4cpu and the like are unmaintained research code), and the GPU suite stays the
 // judge of speed and of the memory model.
 #pragma once
-#include <pthread.h>
-#include <sched.h>
+#include <setjmp.h>
+#include <ucontext.h>
 
 #include <cmath>
-#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <type_traits>
 #include <vector>
 
@@ -24,24 +23,37 @@ using std::isinf;
 using std::isnan;
 
 struct sfemu_dim3 { unsigned x, y, z; };
+// CUDA's vector types (their alignment is their size, as on the GPU)
+struct __attribute__((aligned(16))) uint4 { unsigned x, y, z, w; };
+struct __attribute__((aligned(16))) int4 { int x, y, z, w; };
+struct __attribute__((aligned(16))) float4 { float x, y, z, w; };
+struct __attribute__((aligned(8))) uint2 { unsigned x, y; };
+struct __attribute__((aligned(8))) int2 { int x, y; };
+struct __attribute__((aligned(8))) float2 { float x, y; };
+struct __attribute__((aligned(16))) double2 { double x, y; };
+struct __attribute__((aligned(16))) longlong2 { long long x, y; };
+struct __attribute__((aligned(16))) ulonglong2 { unsigned long long x, y; };
 
 namespace sfemu {
 
+struct Fiber;
+inline thread_local Fiber* t_cur = nullptr;
+inline thread_local jmp_buf t_sched;  // the scheduler, between two fibers
+inline thread_local long t_progress = 0;  // barrier arrivals and exits: a round without any is a deadlock
+void yield();
+
 struct Barrier {  // exited threads count as arrived (a returned thread never blocks the rest)
-    std::mutex m;
-    std::condition_variable cv;
     int size = 0, arrived = 0, exited = 0;
     long gen = 0;
     void wait() {
-        std::unique_lock<std::mutex> l(m);
+        ++t_progress;
         long g = gen;
-        if (++arrived + exited >= size) { arrived = 0; ++gen; cv.notify_all(); }
-        else cv.wait(l, [&] { return gen != g; });
+        if (++arrived + exited >= size) { arrived = 0; ++gen; return; }
+        while (gen == g) yield();
     }
     void leave() {
-        std::unique_lock<std::mutex> l(m);
         ++exited;
-        if (arrived > 0 && arrived + exited >= size) { arrived = 0; ++gen; cv.notify_all(); }
+        if (arrived > 0 && arrived + exited >= size) { arrived = 0; ++gen; }
     }
 };
 
@@ -55,18 +67,29 @@ struct Block {
     unsigned char* dyn = nullptr;
     Barrier bar;
     std::vector<Warp*> warps;
-    std::mutex m;
     std::map<int, void*> statics;
     int acc[2] = {0, 0};
 };
 
 inline thread_local sfemu_dim3 t_thread, t_block, t_bdim, t_gdim;
 inline thread_local Block* t_blk = nullptr;
-inline thread_local int t_calls = 0;
+
+struct Fiber {  // entered the first time through its ucontext, later by _longjmp (no syscall)
+    ucontext_t ctx;
+    jmp_buf jb;
+    bool started = false;
+    void* stack;
+    sfemu_dim3 tid;
+    Block* blk;
+    int calls = 0;  // __syncthreads_or's parity
+    bool done = false;
+};
+inline void yield() {
+    if (!_setjmp(t_cur->jb)) _longjmp(t_sched, 1);
+}
 
 inline unsigned char* dyn_smem() { return t_blk->dyn; }
 inline void* static_smem(int id, size_t size) {
-    std::lock_guard<std::mutex> l(t_blk->m);
     void*& p = t_blk->statics[id];
     if (!p) { p = aligned_alloc(64, (size + 63) / 64 * 64); memset(p, 0, (size + 63) / 64 * 64); }
     return p;
@@ -115,9 +138,8 @@ inline unsigned short f2b(float f) {
     return (unsigned short)(x >> 16);
 }
 inline unsigned ld_acquire(const unsigned* p) {
-    unsigned v = __atomic_load_n(p, __ATOMIC_ACQUIRE);
-    sched_yield();  // (a spin loop: let the blocks it waits for run)
-    return v;
+    yield();  // (a spin loop: let the blocks it waits for run)
+    return __atomic_load_n(p, __ATOMIC_ACQUIRE);
 }
 
 }  // namespace sfemu
@@ -137,7 +159,7 @@ inline unsigned ld_acquire(const unsigned* p) {
 
 inline void __syncthreads() { sfemu::t_blk->bar.wait(); }
 inline int __syncthreads_or(int p) {
-    int k = sfemu::t_calls++ & 1;
+    int k = sfemu::t_cur->calls++ & 1;
     if (sfemu::t_thread.x == 0) __atomic_store_n(&sfemu::t_blk->acc[k ^ 1], 0, __ATOMIC_SEQ_CST);
     if (p) __atomic_fetch_or(&sfemu::t_blk->acc[k], 1, __ATOMIC_SEQ_CST);
     __syncthreads();
@@ -220,38 +242,45 @@ template <typename T> inline T atomicMin(T* p, T v) {
 template <typename T> inline T atomicExch(T* p, T v) { return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); }
 
 namespace sfemu {
-typedef void (*Kernel)(unsigned long long, unsigned long long, unsigned long long, unsigned long long,
-                       unsigned long long, unsigned long long, unsigned long long, unsigned long long,
-                       unsigned long long, unsigned long long, unsigned long long, unsigned long long,
-                       unsigned long long, unsigned long long, unsigned long long, unsigned long long,
-                       unsigned long long, unsigned long long, unsigned long long, unsigned long long);
-struct Start { Kernel fn; const unsigned long long* a; Block* blk; unsigned tid; sfemu_dim3 bdim, gdim; };
+typedef unsigned long long U;
+#define SFEMU_U8 U, U, U, U, U, U, U, U
+#define SFEMU_U32 SFEMU_U8, SFEMU_U8, SFEMU_U8, SFEMU_U8
+typedef void (*Kernel)(SFEMU_U32, SFEMU_U32, SFEMU_U32, SFEMU_U32);  // 128 words
+#define SFEMU_A8(o) a[o], a[o + 1], a[o + 2], a[o + 3], a[o + 4], a[o + 5], a[o + 6], a[o + 7]
+#define SFEMU_A32(o) SFEMU_A8(o), SFEMU_A8(o + 8), SFEMU_A8(o + 16), SFEMU_A8(o + 24)
+inline thread_local Kernel t_fn;
+inline thread_local const unsigned long long* t_args;
 
-inline void* run_thread(void* arg) {
-    Start* s = (Start*)arg;
-    t_thread = {s->tid, 0, 0}; t_block = s->blk->idx; t_bdim = s->bdim; t_gdim = s->gdim; t_blk = s->blk; t_calls = 0;
-    const unsigned long long* a = s->a;
-    s->fn(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15],
-          a[16], a[17], a[18], a[19]);
-    s->blk->warps[s->tid >> 5]->bar.leave();
-    s->blk->bar.leave();
-    return nullptr;
+inline void fiber_main() {
+    const unsigned long long* a = t_args;
+    // (every parameter is a pointer or an integer: extra words are harmless in the x86-64 ABI)
+    t_fn(SFEMU_A32(0), SFEMU_A32(32), SFEMU_A32(64), SFEMU_A32(96));
+    Fiber* f = t_cur;
+    f->blk->warps[f->tid.x >> 5]->bar.leave();
+    f->blk->bar.leave();
+    ++t_progress;
+    f->done = true;
+    _longjmp(t_sched, 1);  // never resumed
 }
 }  // namespace sfemu
 
 // Runs blocks [0, grid) of `block` threads, `wave` blocks at a time (a kernel whose blocks meet at
 // grid barriers needs them all at once), kernel args as 64-bit words (pointers and integers only).
+// 0: done; -1: out of memory; -2: deadlock (every thread waits at a barrier no other reaches).
 extern "C" int sfemu_launch(void* fn, unsigned grid, unsigned block, unsigned smem, const unsigned long long* args,
                             unsigned wave) {
     using namespace sfemu;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setstacksize(&attr, 256 * 1024);
-    for (unsigned b0 = 0; b0 < grid; b0 += wave) {
+    const size_t STACK = 96 * 1024;
+    ucontext_t sched;
+    t_fn = (Kernel)fn;
+    t_args = args;
+    t_bdim = {block, 1, 1};
+    t_gdim = {grid, 1, 1};
+    int rc = 0;
+    for (unsigned b0 = 0; b0 < grid && rc == 0; b0 += wave) {
         unsigned nb = grid - b0 < wave ? grid - b0 : wave;
         std::vector<Block*> blocks;
-        std::vector<Start> starts(nb * block);
-        std::vector<pthread_t> th(nb * block);
+        std::vector<Fiber> fibers(nb * block);
         for (unsigned j = 0; j < nb; ++j) {
             Block* blk = new Block();
             blk->idx = {b0 + j, 0, 0};
@@ -264,12 +293,38 @@ extern "C" int sfemu_launch(void* fn, unsigned grid, unsigned block, unsigned sm
             }
             blocks.push_back(blk);
         }
-        for (unsigned j = 0; j < nb; ++j)
-            for (unsigned t = 0; t < block; ++t) {
-                starts[j * block + t] = {(Kernel)fn, args, blocks[j], t, {block, 1, 1}, {grid, 1, 1}};
-                if (pthread_create(&th[j * block + t], &attr, run_thread, &starts[j * block + t]) != 0) return -1;
+        for (unsigned k = 0; k < nb * block && rc == 0; ++k) {
+            Fiber& f = fibers[k];
+            f.blk = blocks[k / block];
+            f.tid = {k % block, 0, 0};
+            f.stack = malloc(STACK);
+            if (!f.stack) { rc = -1; break; }
+            getcontext(&f.ctx);
+            f.ctx.uc_stack.ss_sp = f.stack;
+            f.ctx.uc_stack.ss_size = STACK;
+            f.ctx.uc_link = &sched;
+            makecontext(&f.ctx, (void (*)())fiber_main, 0);
+        }
+        size_t left = rc == 0 ? fibers.size() : 0;
+        int idle = 0;
+        while (left > 0) {
+            long before = t_progress;
+            for (Fiber& f : fibers) {
+                if (f.done) continue;
+                t_cur = &f;
+                t_thread = f.tid;
+                t_blk = f.blk;
+                t_block = f.blk->idx;
+                if (!_setjmp(t_sched)) {
+                    if (!f.started) { f.started = true; swapcontext(&sched, &f.ctx); }
+                    else _longjmp(f.jb, 1);
+                }
+                if (f.done) --left;
             }
-        for (auto& t : th) pthread_join(t, nullptr);
+            idle = t_progress == before ? idle + 1 : 0;
+            if (idle > 100000) { rc = -2; break; }  // (spinning on a grid barrier counts as idle)
+        }
+        for (Fiber& f : fibers) free(f.stack);
         for (Block* blk : blocks) {
             for (Warp* w : blk->warps) delete w;
             for (auto& kv : blk->statics) free(kv.second);
@@ -277,6 +332,5 @@ extern "C" int sfemu_launch(void* fn, unsigned grid, unsigned block, unsigned sm
             delete blk;
         }
     }
-    pthread_attr_destroy(&attr);
-    return 0;
+    return rc;
 }

@@ -1,11 +1,11 @@
-"""Generated CUDA kernels run on the CPU (tests/cuda_emulator.h: one OS thread per CUDA thread,
+"""Generated CUDA kernels run on the CPU (tests/cuda_emulator.h: a fiber per CUDA thread,
 per-block shared memory, warp intrinsics through per-warp slots), so a CPU machine checks what a
 kernel computes against NumPy, not only that it compiles. The kernel's text is the codegen's,
 with three rewrites the host compiler needs: `extern __shared__` arrays become the block's
 dynamic buffer, static `__shared__` variables the block's own storage, and the prelude's PTX lines
 (f16/bf16 conversions, an acquire load) calls of the header's C versions.
 
-Slow (a thread per CUDA thread) and blind to the GPU's memory model and speed: the GPU suite
+Slow (a fiber per CUDA thread, one CPU core) and blind to the GPU's memory model and speed: the GPU suite
 stays the judge; this is for logic, on small sizes. Needs a C++17 compiler (`c++`)."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 
 HEADER = Path(__file__).with_name("cuda_emulator.h")
 CACHE = Path(os.environ.get("SEGFUSE_EMU_CACHE", Path(tempfile.gettempdir()) / "segfuse-emu"))
-MAX_ARGS = 20
+MAX_ARGS = 128
 
 _ASM = [  # the prelude's PTX, as C
     (re.compile(r'asm\("cvt\.f32\.f16 %0, %1;" : "=f"\((\w+)\) : "h"\(([\w.]+)\)\);'), r"\1 = sfemu::h2f(\2);"),
@@ -71,12 +71,16 @@ class Module:
         """Run kernel `name`; `args`: NumPy arrays (their memory is the device memory), ints, or
         None (a null pointer). `wave`: blocks run at once (all of them for grid barriers)."""
         words = (ctypes.c_ulonglong * MAX_ARGS)()
+        if len(args) > MAX_ARGS:
+            raise ValueError(f"the emulator passes at most {MAX_ARGS} kernel parameters, not {len(args)}")
         for i, a in enumerate(args):
             words[i] = 0 if a is None else a.ctypes.data if isinstance(a, np.ndarray) else int(a) & (2**64 - 1)
         fn = ctypes.cast(getattr(self.lib, name), ctypes.c_void_p).value
         wave = grid if wave is None else wave
-        if self.lib.sfemu_launch(fn, grid, block, smem, words, max(1, min(wave, grid))) != 0:
-            raise RuntimeError("the emulator could not start the kernel's threads")
+        rc = self.lib.sfemu_launch(fn, grid, block, smem, words, max(1, min(wave, grid)))
+        if rc != 0:
+            raise RuntimeError({-1: "the emulator ran out of memory for the kernel's threads",
+                                -2: "deadlock: every thread waits at a barrier no other thread reaches"}.get(rc, str(rc)))
 
 
 _MODULES: dict = {}
@@ -94,7 +98,7 @@ def compile_source(src: str) -> Module:
         cpp = CACHE / f"{key}.cpp"
         cpp.write_text(text)
         tmp = CACHE / f"{key}.{os.getpid()}.so"
-        p = subprocess.run(["c++", "-std=c++17", "-O1", "-fPIC", "-shared", "-pthread", "-w", "-o", str(tmp), str(cpp)],
+        p = subprocess.run(["c++", "-std=c++17", "-O1", "-fPIC", "-shared", "-w", "-U_FORTIFY_SOURCE", "-o", str(tmp), str(cpp)],
                            capture_output=True, text=True)
         if p.returncode != 0:
             raise RuntimeError(f"host compile failed:\n{p.stderr[-4000:]}")

@@ -71,7 +71,10 @@ class _NumpyNamespace(types.SimpleNamespace):
 class StandinGPU:
     """The stand-in CuPy (`cp`), its kernel cache (`cache`) and the record of allocations."""
 
-    def __init__(self):
+    def __init__(self, emulate: bool = False):
+        """`emulate`: launches run the generated kernel itself on the CPU (tests/cuda_emulator.py)
+        instead of evaluating the segment with NumPy."""
+        self.emulate = emulate
         base = fake_cupy(Stream)
         self.allocations: list = []  # (nbytes, array) of every `empty`
         self.launches = 0
@@ -108,6 +111,20 @@ class StandinGPU:
         rec, i = self.kernels[fptr]
         launches = rec[5].launches
         self.launches += 1
+        if self.emulate:  # this very launch, as the GPU would run it
+            import cuda_emulator
+
+            n = len(rec[5].params)
+            slots = (ctypes.c_void_p * (n + 3)).from_address(addr)
+            words = [ctypes.c_uint64.from_address(slots[k]).value for k in range(n + 3)]
+            mod, ln = cuda_emulator.compile_source(rec[5].source), launches[i]
+            work = lambda: mod.launch(ln.kernel, gx, bx, smem, words, wave=max(1, 2048 // bx))  # noqa: E731
+            stream = STREAMS[sp]
+            if stream.recording is not None:
+                stream.recording.append(work)
+            else:
+                work()
+            return
         # the module's segment runs once per launch sequence: at its first launch (a vector
         # variant, or its scalar twin when the vector one is skipped)
         if not (i == 0 or (i == 1 and launches[0].vector_of is not None)):

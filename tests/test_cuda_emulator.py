@@ -9,24 +9,33 @@ tests/gpu/test_fused_sort_gpu.py)."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import os
 
 import cuda_emulator as emu
 import numpy as np
 import pytest
-from corpus import moe_graphs
+from corpus import all_cases, case_inputs, moe_graphs
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from segfuse.compiler import Engine, run_graph
 from segfuse.compiler.codegen import radix_sort as rs
 from segfuse.compiler.codegen import sort_epilogue as se
 from segfuse.compiler.codegen.segment import generate
+from segfuse.compiler.dtypes import DType, from_numpy
 from segfuse.compiler.ir import Fusion
 from segfuse.compiler.segmenter import segment
 from segfuse.compiler.segmenter import sort_epilogue as sep
 from segfuse.compiler.segmenter.capability import DEFAULT_CAPABILITY
+from test_cuda_buffers import runnable
+from test_plan_executor import graphs
 from torch_graphs import prologue_graph
 
 pytestmark = pytest.mark.skipif(not emu.available(), reason="needs a C++17 compiler (c++)")
 HIST = dataclasses.replace(DEFAULT_CAPABILITY, fuse_sort_histograms=True)
 K = 8
+PLANS = Engine("numpy")
 
 
 def _sort(src, name, keys: np.ndarray, desc: bool, params=(), outs=()):
@@ -161,3 +170,72 @@ def test_histogram_spread_over_blocks(T):
     got = _run_segment(f, seg, b.types, {"topk_ids": ids})
     np.testing.assert_array_equal(got["counts"], np.bincount(ids.reshape(-1), minlength=256))
     assert generate(f, seg, b.types).launches[0].grid == T * K // 8192
+
+
+# ---- every corpus graph and random graphs: the CUDA runtime's real run paths, real kernels ----
+def _close(got: np.ndarray, want: np.ndarray, what: str):
+    """Integers exactly; floats within the GPU suite's tolerances (the host's libm is not CUDA's)."""
+    if got.dtype != want.dtype and got.dtype.itemsize == want.dtype.itemsize:
+        got = got.view(want.dtype)  # (bfloat16 travels as uint16 bits)
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    dt = from_numpy(want.dtype)
+    if dt.is_float:
+        tol = {DType.float16: 2e-2, DType.bfloat16: 6e-2, DType.float32: 2e-5, DType.float64: 1e-10}[dt]
+        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol, atol=tol,
+                                   equal_nan=True, err_msg=what)
+    else:
+        np.testing.assert_array_equal(got, want, err_msg=what)
+
+
+@pytest.fixture
+def emulated(monkeypatch):
+    """A CupyRuntime on the stand-in CuPy (tests/standin_kernels.py) whose launches run the
+    generated kernels on the emulator."""
+    from cupy_standin import Array
+    from segfuse.compiler.cuda import arrays
+    from standin_kernels import StandinGPU
+
+    g = StandinGPU(emulate=True)
+    g.record_generate(monkeypatch)
+    monkeypatch.setattr(arrays, "_ND", [Array])
+    return g.runtime(), Array
+
+
+def _device(ins, Array):
+    return {k: np.array(v) if v.dtype.name == "bfloat16" else np.array(v).view(Array) for k, v in ins.items()}
+
+
+KERNEL_CASES = [c for c in all_cases() if not any(s in c[0] for s in ("sort", "topk", "radix"))]  # (no library sorts)
+
+
+@pytest.mark.parametrize("case", KERNEL_CASES, ids=[c[0] for c in KERNEL_CASES])
+def test_corpus_kernels(case, emulated):
+    rt, Array = emulated
+    name, g, _ = case
+    f = Fusion.from_json(g)
+    ins = case_inputs(case)
+    want = run_graph(f, copy.deepcopy(ins))
+    got, _ = rt.run(f, _device(ins, Array), PLANS.plan(f, {k: np.shape(v) for k, v in ins.items()}))
+    for k in want:
+        _close(np.array(got[k]), want[k], f"{name}: {k}")
+
+
+@settings(max_examples=int(os.environ.get("SEGFUSE_EMU_GRAPHS", "12")), deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(graphs(), st.integers(0, 2**16))
+def test_random_graphs(emulated, case, seed):
+    """tests/test_plan_executor.py's random graphs (multi-block sizes included), planned and run
+    through the CUDA runtime on emulated kernels, against the NumPy interpreter."""
+    assume(not any(o["op"] == "argsort" for o in case[0]["ops"]))  # (library sorts: the GPU suite)
+    found = runnable(case, seed)
+    if found is None:
+        return
+    f, ins, want = found
+    rt, Array = emulated
+    dev = _device(ins, Array)
+    got, _ = rt.run(f, dev, PLANS.plan(f, {k: np.shape(v) for k, v in ins.items()}))
+    for k in want:
+        _close(np.array(got[k]), want[k], f"output {k}")
+    for o in f.outputs:
+        if o.alias_of:
+            _close(np.array(dev[o.alias_of]), want[o.name], f"in place {o.alias_of}")
