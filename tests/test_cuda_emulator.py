@@ -239,3 +239,26 @@ def test_random_graphs(emulated, case, seed):
     for o in f.outputs:
         if o.alias_of:
             _close(np.array(dev[o.alias_of]), want[o.name], f"in place {o.alias_of}")
+
+
+# ---- row normalizations: the row-persistent kernels (a warp per row, a block per row with the
+# row in shared memory, and rows too long for it that re-read global memory) -------------------
+@pytest.mark.parametrize("kind", ["softmax", "log_softmax", "rmsnorm", "layernorm"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("R,D", [(37, 300), (6, 4096), (3, 30000)])
+def test_row_normalizations_against_torch(emulated, kind, dtype, R, D):
+    import ml_dtypes
+    import torch
+    from norm_graphs import norm_graph, norm_inputs, torch_norm
+
+    rt, Array = emulated
+    f = norm_graph(kind, dtype)
+    ins = norm_inputs(kind, R, D, dtype, seed=R + D, special=True)
+    plan = PLANS.plan(f, {k: np.shape(v) for k, v in ins.items()})
+    assert [s.kind.value for s in plan.segments] == ["row_reduction"]
+    got = np.array(rt.run(f, _device(ins, Array), plan)[0]["y"])
+    got = (got.view(ml_dtypes.bfloat16) if dtype == "bfloat16" else got).astype(np.float32)
+    tdt = torch.float32 if dtype == "float32" else torch.bfloat16
+    want = torch_norm(kind, {k: torch.from_numpy(np.asarray(v).astype(np.float32)).to(tdt) for k, v in ins.items()})
+    tol = 2e-2 if dtype == "bfloat16" else 1e-4
+    np.testing.assert_allclose(got, want.float().numpy(), rtol=tol, atol=tol, equal_nan=True)
