@@ -139,6 +139,39 @@ class StandinGPU:
         else:
             work()
 
+    def install_radix(self, monkeypatch):
+        """With `emulate`: the library radix sort (compiler/cuda/radix_sort.py, plain and fused) on
+        the emulator too: its modules from here, its cooperative launch with every block at once,
+        an occupancy of 2 blocks on each of 4 SMs (grids of up to 8 blocks, as at T = 4096)."""
+        import cuda_emulator
+        from segfuse.compiler.cuda import radix_sort
+
+        kernels = {}
+
+        class Function:
+            def __init__(self, src, name):
+                self.ptr, self.max_dynamic_shared_size_bytes = next(_ptrs), 0
+                sig = src[src.index(f" {name}("):]
+                kernels[self.ptr] = (src, name, sig[:sig.index(")")].count(",") + 1)
+
+        def coop(fptr, gx, gy, gz, bx, by, bz, smem, sp, addr):
+            src, name, n = kernels[fptr]
+            slots = (ctypes.c_void_p * n).from_address(addr)
+            words = [ctypes.c_uint64.from_address(slots[k]).value for k in range(n)]
+            work = lambda: cuda_emulator.compile_source(src).launch(name, gx, bx, smem, words)  # noqa: E731
+            stream = STREAMS[sp]
+            if stream.recording is not None:
+                stream.recording.append(work)
+            else:
+                work()
+
+        cache = types.SimpleNamespace(get=lambda src: types.SimpleNamespace(get_function=lambda n: Function(src, n)))
+        driver = types.SimpleNamespace(CUDADriverError=RuntimeError,
+                                       occupancyMaxActiveBlocksPerMultiprocessor=lambda f, t, s: 2)
+        monkeypatch.setattr(radix_sort, "_DRIVER", [(coop, driver)])
+        monkeypatch.setattr(radix_sort, "get_device", lambda: types.SimpleNamespace(cache=cache, sm_count=4))
+        monkeypatch.setattr(radix_sort, "_KERNELS", {})
+
     def runtime(self):
         """A CupyRuntime on this stand-in, its kernels recorded as the preparation generates them."""
         rt = rtmod.CupyRuntime.__new__(rtmod.CupyRuntime)

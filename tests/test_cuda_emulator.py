@@ -190,13 +190,14 @@ def _close(got: np.ndarray, want: np.ndarray, what: str):
 @pytest.fixture
 def emulated(monkeypatch):
     """A CupyRuntime on the stand-in CuPy (tests/standin_kernels.py) whose launches run the
-    generated kernels on the emulator."""
+    generated kernels and the library radix sort on the emulator."""
     from cupy_standin import Array
     from segfuse.compiler.cuda import arrays
     from standin_kernels import StandinGPU
 
     g = StandinGPU(emulate=True)
     g.record_generate(monkeypatch)
+    g.install_radix(monkeypatch)
     monkeypatch.setattr(arrays, "_ND", [Array])
     return g.runtime(), Array
 
@@ -205,10 +206,7 @@ def _device(ins, Array):
     return {k: np.array(v) if v.dtype.name == "bfloat16" else np.array(v).view(Array) for k, v in ins.items()}
 
 
-KERNEL_CASES = [c for c in all_cases() if not any(s in c[0] for s in ("sort", "topk", "radix"))]  # (no library sorts)
-
-
-@pytest.mark.parametrize("case", KERNEL_CASES, ids=[c[0] for c in KERNEL_CASES])
+@pytest.mark.parametrize("case", all_cases(), ids=[c[0] for c in all_cases()])
 def test_corpus_kernels(case, emulated):
     rt, Array = emulated
     name, g, _ = case
@@ -226,7 +224,6 @@ def test_corpus_kernels(case, emulated):
 def test_random_graphs(emulated, case, seed):
     """tests/test_plan_executor.py's random graphs (multi-block sizes included), planned and run
     through the CUDA runtime on emulated kernels, against the NumPy interpreter."""
-    assume(not any(o["op"] == "argsort" for o in case[0]["ops"]))  # (library sorts: the GPU suite)
     found = runnable(case, seed)
     if found is None:
         return
@@ -262,3 +259,31 @@ def test_row_normalizations_against_torch(emulated, kind, dtype, R, D):
     want = torch_norm(kind, {k: torch.from_numpy(np.asarray(v).astype(np.float32)).to(tdt) for k, v in ins.items()})
     tol = 2e-2 if dtype == "bfloat16" else 1e-4
     np.testing.assert_allclose(got, want.float().numpy(), rtol=tol, atol=tol, equal_nan=True)
+
+
+@pytest.mark.parametrize("hist", [False, True], ids=["two launches", "histogram in the sort"])
+@pytest.mark.parametrize("idt", ["int32", "int64"])
+def test_whole_prologue_through_the_runtime(emulated, hist, idt):
+    """The whole MoE prologue at T = 2500 (20000 keys: the library radix sort, 5 blocks) through
+    CupyRuntime.run: the spread histogram kernel and the fused sort, or everything in the sort;
+    then an id out of range raises the scatter's RunError and nothing is returned."""
+    from segfuse.compiler.errors import RunError
+    from segfuse.compiler.segmenter.cache import PlanCache
+
+    rt, Array = emulated
+    f = Fusion.from_json(prologue_graph(idt))
+    ids = np.random.default_rng(9).integers(0, 256, (2500, K)).astype(idt)
+    ids[:300] = 17  # a long run of ties
+    plans = Engine("numpy", plan_cache=PlanCache(cap=HIST if hist else DEFAULT_CAPABILITY))
+    plan = plans.plan(f, {"topk_ids": ids.shape})
+    assert plan.kernel_count == (1 if hist else 2)
+    got, _ = rt.run(f, _device({"topk_ids": ids}, Array), plan)
+    want = _prologue_oracle(ids)
+    for k in want:
+        np.testing.assert_array_equal(np.array(got[k]).astype(np.int64), want[k], err_msg=k)
+    prep = rt.prepared_for(f, _device({"topk_ids": ids}, Array))
+    assert prep.kernels == plan.kernel_count and not prep.fallbacks
+    bad = ids.copy()
+    bad[7, 2] = 999
+    with pytest.raises(RunError, match="index 999 is out of bounds for dimension 0 with size 256"):
+        rt.run(f, _device({"topk_ids": bad}, Array), plan)
