@@ -17,7 +17,7 @@ import cuda_emulator as emu
 import numpy as np
 import pytest
 from corpus import all_cases, case_inputs, moe_graphs
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from segfuse.compiler import Engine, run_graph
 from segfuse.compiler.codegen import radix_sort as rs
