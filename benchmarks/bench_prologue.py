@@ -58,6 +58,22 @@ def bench_one(rows, idt, T, samples):
         deferred.run(f, ins)
 
     impls = {"segfuse": (seg_call, seg_pipe, rt.kernel_time_us(f, ins, reps=50), prep.kernels if prep else None)}
+    if T * K > 16384:  # the histogram inside the sort (Capability.fuse_sort_histograms, off by default)
+        import dataclasses
+
+        from segfuse.compiler.segmenter.cache import PlanCache
+        from segfuse.compiler.segmenter.capability import DEFAULT_CAPABILITY
+
+        cache = PlanCache(cap=dataclasses.replace(DEFAULT_CAPABILITY, fuse_sort_histograms=True))
+        hf = Fusion.from_json({**prologue_graph(idt), "name": f"moe_prologue_{idt}_hist"})
+        he, hd = Engine("cupy", plan_cache=cache), Engine("cupy", errors="deferred", plan_cache=cache)
+        hgot = he.run(hf, ins).outputs
+        for nm, w in zip(("counts", "offsets", "input_perm", "output_perm"), want):
+            assert torch.equal(torch.as_tensor(hgot[nm], device="cuda").long(), w.long()), f"hist {nm} T={T} {idt}"
+        plan = cache.get(hf, hf.bind({"topk_ids": (T, K)}))[0]
+        impls["segfuse, histogram in the sort"] = (lambda: he.run(hf, ins), lambda: hd.run(hf, ins),
+                                                   rt.kernel_time_us(hf, ins, reps=50, plan=plan),
+                                                   rt.prepared_for(hf, ins).kernels)
     try:  # the segfuse.torch op inside the caller's CUDA graph
         import segfuse.torch as sft
 

@@ -194,16 +194,16 @@ class CupyRuntime:
 
         return checked
 
-    def kernel_time_us(self, fusion, inputs: dict, reps: int = 20, warmup: int = 3) -> float:
-        """Mean device time of a prepared graph's launches alone. The stream is first held by a
-        spin kernel longer than the host needs to enqueue all repetitions, so CUDA events measure
-        the kernels back to back, without the host's launch cost."""
+    def kernel_time_us(self, fusion, inputs: dict, reps: int = 20, warmup: int = 3, plan=None) -> float:
+        """Mean device time of a prepared graph's launches alone (of `plan`, None: the default
+        one). The stream is first held by a spin kernel longer than the host needs to enqueue all
+        repetitions, so CUDA events measure the kernels back to back, without the host's launch cost."""
         cp = self.cp
         st = self._thread_state()
         stream = st.stream
         with stream:
             shapes, dtypes, strides, arrays = to_device(self.cp, fusion, inputs)
-            prep = self.prepare(fusion, shapes, dtypes, strides, None)
+            prep = self.prepare(fusion, shapes, dtypes, strides, plan)
             ctx = RunCtx(self, st)
             envs = [dict(arrays) for _ in range(reps + warmup)]
             t0 = time.perf_counter()
