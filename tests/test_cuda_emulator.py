@@ -287,3 +287,63 @@ def test_whole_prologue_through_the_runtime(emulated, hist, idt):
     bad[7, 2] = 999
     with pytest.raises(RunError, match="index 999 is out of bounds for dimension 0 with size 256"):
         rt.run(f, _device({"topk_ids": bad}, Array), plan)
+
+
+# ---- tests/test_property_graphs.py's random graphs, against PyTorch -------------------------
+PG_CONFIGS = {  # as tests/gpu/test_random_graphs_gpu.py: name -> (max ops, kinds, large sizes)
+    "pointwise": (8, ("pointwise",), False),
+    "reduction": (6, ("pointwise", "reduction"), False),
+    "scatter_gather": (6, ("pointwise", "gather", "scatter"), False),
+    "shape": (8, ("pointwise", "shape"), False),
+    "graph_made_indices": (6, ("pointwise", "indices", "indices", "gather", "scatter"), False),
+    "large": (5, ("pointwise", "reduction", "indices", "indices", "gather", "scatter"), True),
+    "mixed": (10, ("pointwise", "reduction", "shape", "gather", "scatter", "indices"), False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PG_CONFIGS))
+def test_property_graphs_against_torch(emulated, name):
+    """The generator's graphs (PyTorch computes the expected values), every one planned and run on
+    emulated kernels through the CUDA runtime; inputs updated in place (alias_of) checked too."""
+    import test_property_graphs as pg
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+    from segfuse.compiler.errors import RunError
+
+    rt, Array = emulated
+    max_ops, kinds, big = PG_CONFIGS[name]
+    ran = []
+
+    @settings(max_examples=int(os.environ.get("SEGFUSE_EMU_GRAPHS", "12")), **pg.COMMON)
+    @given(st.data())
+    def run(data):
+        g = pg.Gen(data, max_ops=max_ops, kinds=kinds, big=big)
+        graph = g.build()
+        f = Fusion.from_json(graph)
+        dev = _device(g.arrays, Array)
+        plan = PLANS.plan(f, {k: np.shape(v) for k, v in g.arrays.items()})
+        if g.expect_error:
+            with pytest.raises(RunError):
+                rt.run(f, dev, plan)
+            return
+        res, _ = rt.run(f, dev, plan)
+        alias = {o["alias_of"]: o["name"] for o in graph["outputs"] if isinstance(o, dict)}
+        for o in graph["outputs"]:
+            k = o if isinstance(o, str) else o["name"]
+            got = np.array(res[k])
+            pg.assert_agrees(k, _as_ref(got, g.t[k]), g.t[k])
+        for k, v in dev.items():
+            if k in alias:
+                pg.assert_agrees(f"{k} (in place)", _as_ref(np.array(v), g.t[alias[k]]), g.t[alias[k]])
+        ran.append(1)
+
+    run()
+    assert ran
+
+
+def _as_ref(got, ref):
+    """bfloat16 results travel as uint16 bits: seen as bfloat16 when PyTorch's result is one."""
+    import ml_dtypes
+    import torch
+
+    return got.view(ml_dtypes.bfloat16) if ref.value.dtype == torch.bfloat16 and got.dtype == np.uint16 else got
