@@ -17,6 +17,10 @@ class Array(np.ndarray):
     def data(self):
         return types.SimpleNamespace(ptr=self.ctypes.data)
 
+    def get(self, stream=None) -> np.ndarray:
+        """CuPy's copy to the host."""
+        return np.array(self)
+
 
 class Graph:
     """A captured "CUDA graph": replaying it runs the work recorded while capturing."""

@@ -63,3 +63,14 @@ def test_plot_modes_draws_one_png_per_workload(tmp_path):
     assert sorted(p.name for p in paths) == ["moe_prologue_T_4096_int64.png", "softmax_8_4096_float32.png"]
     for p in paths:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_device_session_script_parses():
+    import shutil
+    import subprocess
+
+    bash = shutil.which("bash")
+    if bash is None:
+        pytest.skip("no bash")
+    p = subprocess.run([bash, "-n", str(ROOT / "benchmarks" / "device_session.sh")], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
