@@ -17,6 +17,10 @@ SMEM_PER_BLOCK = 200 * 1024
 
 # The SM count kernels are sized for when the device is not known (an H200's)
 NOMINAL_SM_COUNT = 132
+# Sources per block of a multi-block histogram (codegen/scatter_block.py: one batch of 8 loads for
+# each of a block's 1024 threads); the planner spreads histograms up to one batch per SM
+# (segmenter/spread.py).
+HIST_BLOCK_SOURCES = 8 * 1024
 
 # Row-persistent reductions (segmenter/row_fusion.py, codegen/row_reduction.py): rows of at most
 # ROW_WARP_MAX elements run a warp per row, longer rows a block per row; a block caches its rows'

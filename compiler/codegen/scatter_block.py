@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+from ..limits import HIST_BLOCK_SOURCES
 from ..ops.registry import OpKind
 from . import ctypes_ as ct
 from . import scatter as _sc
@@ -135,9 +136,8 @@ class BlockScatterKernels:
 
 # Single-block scatter loops load this many indices per thread before applying them.
 BLOCK_BATCH = 8
-# Sources per block of a multi-block histogram (`_histogram_blocks`): one batch of its 1024
-# threads; at least 4 blocks.
-HIST_BLOCK_SOURCES = BLOCK_BATCH * 1024
+# Sources per block of a multi-block histogram (`_histogram_blocks`): limits.HIST_BLOCK_SOURCES, one
+# batch of its 1024 threads (BLOCK_BATCH of them each); at least 4 blocks.
 # The end of a multi-block histogram's shared phase: each block's partial is stored; the last block
 # to take a ticket (sf_ctr[0], zero between launches: that block zeroes it again) goes on alone.
 _LAST_BLOCK = """  { __shared__ int sf_last; __threadfence(); __syncthreads();

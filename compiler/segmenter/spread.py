@@ -14,6 +14,7 @@ codegen privatizes: it accumulates (include_self) into a small target that leave
 
 from __future__ import annotations
 
+from ..limits import HIST_BLOCK_SOURCES, NOMINAL_SM_COUNT
 from ..ops.registry import LAZY_KINDS, OpKind
 from .capability import scatter_reduce_of
 from .shapes import numel
@@ -21,6 +22,10 @@ from .shapes import numel
 # The histogram target's elements at most: codegen keeps >= 2 warp-group replicas of it in shared
 # memory in 32 KiB (8-byte counters), its privatization condition (scatter_block._privatized)
 MAX_TARGET = 2048
+# Sources at most: one batch per SM (limits.HIST_BLOCK_SOURCES), the regime the shared phase was
+# made for (MoE ids up to T = 65536: 4 to 64 blocks). Longer domains keep the grid scatter kernel,
+# which the saved fill launch would not pay for.
+MAX_SOURCES = NOMINAL_SM_COUNT * HIST_BLOCK_SOURCES
 
 
 def spread_tensors(g, steps: list, checks, limit) -> tuple[list | None, str]:
@@ -49,6 +54,9 @@ def spread_tensors(g, steps: list, checks, limit) -> tuple[list | None, str]:
         return None, "a tensor other than the histogram's sources is too large for one thread block"
     if not checks.le(numel(tuple(g.types[target].shape)), MAX_TARGET, f"the target of {h.label()} is small"):
         return None, f"the target of {h.label()} is too large to privatize"
+    if not checks.le(numel(tuple(g.types[h.operands[1]].shape)), MAX_SOURCES,
+                     f"the sources of {h.label()} are one batch per SM"):
+        return None, f"{h.label()} has more sources than one batch per SM"
     long = [t for t in spread if not checks.le(numel(tuple(g.types[t].shape)), limit, f"'{t}' fits one thread block")]
     return long, ""
 
