@@ -347,3 +347,29 @@ def _as_ref(got, ref):
     import torch
 
     return got.view(ml_dtypes.bfloat16) if ref.value.dtype == torch.bfloat16 and got.dtype == np.uint16 else got
+
+
+def test_every_sort_consumer_kind_and_a_zero_divisor(emulated):
+    """The fused sort with every consumer kind (tests/corpus sort_consumers_graph: order itself, a
+    narrowing cast, a pointwise scatter source, a literal scattered into a longer target that the
+    phase-0 init fills) through CupyRuntime.run; then a division by a zero literal in the
+    epilogue is reported through the error word."""
+    from corpus import _graph, sort_consumers_graph
+    from segfuse.compiler.errors import RunError
+
+    rt, Array = emulated
+    f = Fusion.from_json(sort_consumers_graph("int32", K))
+    ids = np.random.default_rng(12).integers(0, 40, (2500, K)).astype(np.int32)
+    plan = PLANS.plan(f, {"ids": ids.shape})
+    assert plan.kernel_count == 1
+    want = run_graph(f, {"ids": ids.copy()})
+    got, _ = rt.run(f, _device({"ids": ids}, Array), plan)
+    for k in want:
+        np.testing.assert_array_equal(np.array(got[k]), want[k], err_msg=k)
+    ops = [{"op": "reshape", "out": "flat", "inputs": ["ids"], "shape": [-1]},
+           {"op": "argsort", "out": "order", "inputs": ["flat"], "dim": 0, "descending": False, "stable": True},
+           {"op": "floor_divide", "out": "q", "inputs": ["order", 0]}]
+    g = Fusion.from_json(_graph("div0", [{"name": "ids", "dtype": "int64", "shape": ["T", K]}], ops, ["q"]))
+    ids64 = ids.astype(np.int64)
+    with pytest.raises(RunError, match="division by zero"):
+        rt.run(g, _device({"ids": ids64}, Array), PLANS.plan(g, {"ids": ids64.shape}))
