@@ -16,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <utility>
 #include <type_traits>
 #include <vector>
 
@@ -67,7 +68,7 @@ struct Block {
     unsigned char* dyn = nullptr;
     Barrier bar;
     std::vector<Warp*> warps;
-    std::map<int, void*> statics;
+    std::map<std::pair<int, size_t>, void*> statics;  // (declaration, size): a template's instances apart
     int acc[2] = {0, 0};
 };
 
@@ -90,7 +91,7 @@ inline void yield() {
 
 inline unsigned char* dyn_smem() { return t_blk->dyn; }
 inline void* static_smem(int id, size_t size) {
-    void*& p = t_blk->statics[id];
+    void*& p = t_blk->statics[{id, size}];
     if (!p) { p = aligned_alloc(64, (size + 63) / 64 * 64); memset(p, 0, (size + 63) / 64 * 64); }
     return p;
 }
