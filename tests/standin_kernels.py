@@ -54,6 +54,15 @@ class Stream:
 STREAMS: dict = {}
 
 
+def _enqueue(sp, work) -> None:
+    """Run `work` now, or record it while stream `sp` captures a "CUDA graph"."""
+    stream = STREAMS[sp]
+    if stream.recording is not None:
+        stream.recording.append(work)
+    else:
+        work()
+
+
 def _wrap(x):
     return x.view(Array) if type(x) is np.ndarray else x
 
@@ -118,12 +127,7 @@ class StandinGPU:
             slots = (ctypes.c_void_p * (n + 3)).from_address(addr)
             words = [ctypes.c_uint64.from_address(slots[k]).value for k in range(n + 3)]
             mod, ln = cuda_emulator.compile_source(rec[5].source), launches[i]
-            work = lambda: mod.launch(ln.kernel, gx, bx, smem, words, wave=max(1, 2048 // bx))  # noqa: E731
-            stream = STREAMS[sp]
-            if stream.recording is not None:
-                stream.recording.append(work)
-            else:
-                work()
+            _enqueue(sp, lambda: mod.launch(ln.kernel, gx, bx, smem, words, wave=max(1, 2048 // bx)))
             return
         # the module's segment runs once per launch sequence: at its first launch (a vector
         # variant, or its scalar twin when the vector one is skipped)
@@ -132,12 +136,7 @@ class StandinGPU:
         n = len(rec[5].params)
         slots = (ctypes.c_void_p * (n + 3)).from_address(addr)
         ptrs = [ctypes.c_uint64.from_address(slots[k]).value for k in range(n)]
-        work = lambda: _evaluate(rec, ptrs)  # noqa: E731
-        stream = STREAMS[sp]
-        if stream.recording is not None:
-            stream.recording.append(work)
-        else:
-            work()
+        _enqueue(sp, lambda: _evaluate(rec, ptrs))
 
     def install_radix(self, monkeypatch):
         """With `emulate`: the library radix sort (compiler/cuda/radix_sort.py, plain and fused) on
@@ -158,12 +157,7 @@ class StandinGPU:
             src, name, n = kernels[fptr]
             slots = (ctypes.c_void_p * n).from_address(addr)
             words = [ctypes.c_uint64.from_address(slots[k]).value for k in range(n)]
-            work = lambda: cuda_emulator.compile_source(src).launch(name, gx, bx, smem, words)  # noqa: E731
-            stream = STREAMS[sp]
-            if stream.recording is not None:
-                stream.recording.append(work)
-            else:
-                work()
+            _enqueue(sp, lambda: cuda_emulator.compile_source(src).launch(name, gx, bx, smem, words))
 
         cache = types.SimpleNamespace(get=lambda src: types.SimpleNamespace(get_function=lambda n: Function(src, n)))
         driver = types.SimpleNamespace(CUDADriverError=RuntimeError,

@@ -16,6 +16,7 @@ import os
 import cuda_emulator as emu
 import numpy as np
 import pytest
+import test_property_graphs as pg
 from corpus import all_cases, case_inputs, moe_graphs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -290,28 +291,18 @@ def test_whole_prologue_through_the_runtime(emulated, hist, idt):
 
 
 # ---- tests/test_property_graphs.py's random graphs, against PyTorch -------------------------
-PG_CONFIGS = {  # as tests/gpu/test_random_graphs_gpu.py: name -> (max ops, kinds, large sizes)
-    "pointwise": (8, ("pointwise",), False),
-    "reduction": (6, ("pointwise", "reduction"), False),
-    "scatter_gather": (6, ("pointwise", "gather", "scatter"), False),
-    "shape": (8, ("pointwise", "shape"), False),
-    "graph_made_indices": (6, ("pointwise", "indices", "indices", "gather", "scatter"), False),
-    "large": (5, ("pointwise", "reduction", "indices", "indices", "gather", "scatter"), True),
-    "mixed": (10, ("pointwise", "reduction", "shape", "gather", "scatter", "indices"), False),
-}
 
 
-@pytest.mark.parametrize("name", sorted(PG_CONFIGS))
+@pytest.mark.parametrize("name", sorted(pg.CONFIGS))
 def test_property_graphs_against_torch(emulated, name):
     """The generator's graphs (PyTorch computes the expected values), every one planned and run on
     emulated kernels through the CUDA runtime; inputs updated in place (alias_of) checked too."""
-    import test_property_graphs as pg
     from hypothesis import given, settings
     from hypothesis import strategies as st
     from segfuse.compiler.errors import RunError
 
     rt, Array = emulated
-    max_ops, kinds, big = PG_CONFIGS[name]
+    max_ops, kinds, big = pg.CONFIGS[name]
     ran = []
 
     @settings(max_examples=int(os.environ.get("SEGFUSE_EMU_GRAPHS", "12")), **pg.COMMON)

@@ -1106,6 +1106,17 @@ def _seed_given() -> bool:
     return getattr(core, "global_force_seed", None) is not None
 
 
+# The CI tests' configurations, which the GPU and emulator runs repeat: name -> (max ops, kinds, large sizes)
+CONFIGS = {
+    "pointwise": (8, ("pointwise",), False),
+    "reduction": (6, ("pointwise", "reduction"), False),
+    "scatter_gather": (6, ("pointwise", "gather", "scatter"), False),
+    "shape": (8, ("pointwise", "shape"), False),
+    "graph_made_indices": (6, ("pointwise", "indices", "indices", "gather", "scatter"), False),
+    "large": (5, ("pointwise", "reduction", "indices", "indices", "gather", "scatter"), True),
+    "mixed": (10, ("pointwise", "reduction", "shape", "gather", "scatter", "indices"), False),
+}
+
 COMMON = dict(deadline=None, derandomize=not _seed_given(), database=None,
               suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
 

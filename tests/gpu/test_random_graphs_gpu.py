@@ -30,16 +30,7 @@ pytestmark = pytest.mark.gpu
 EXAMPLES = int(os.environ.get("SEGFUSE_RANDOM_GRAPHS", "200"))
 FRESH = {**pg.COMMON, "derandomize": False}  # a new seed per run, unless --hypothesis-seed
 
-# the configurations of the CI tests: name -> (max ops, kinds, large sizes)
-CONFIGS = {
-    "pointwise": (8, ("pointwise",), False),
-    "reduction": (6, ("pointwise", "reduction"), False),
-    "scatter_gather": (6, ("pointwise", "gather", "scatter"), False),
-    "shape": (8, ("pointwise", "shape"), False),
-    "graph_made_indices": (6, ("pointwise", "indices", "indices", "gather", "scatter"), False),
-    "large": (5, ("pointwise", "reduction", "indices", "indices", "gather", "scatter"), True),
-    "mixed": (10, ("pointwise", "reduction", "shape", "gather", "scatter", "indices"), False),
-}
+CONFIGS = pg.CONFIGS  # the CI tests' configurations (tests/test_property_graphs.py)
 
 
 def host(a, ref) -> np.ndarray:
