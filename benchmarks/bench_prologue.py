@@ -100,10 +100,15 @@ def bench_one(rows, idt, T, samples):
             impls[f"torch.compile {mode}"] = (lambda fn=fn: (fn(), torch.cuda.synchronize()), fn, gpu,
                                               torch_launches(fn) if mode == "default" else None)
     base = measure(rows, name, impls, samples, 50)
-    s, tg = base["segfuse"], base["torch + CUDA graph"]
-    return {f"{name}: launches": float(s["launches"] or 0),
-            f"{name}: GPU time vs torch + CUDA graph": tg["gpu us"] / s["gpu us"],
-            f"{name}: pipelined (deferred) vs torch graph replay": tg["pipelined us"] / s["pipelined us"]}
+    tg = base["torch + CUDA graph"]
+    out = {}
+    for impl in ("segfuse", "segfuse, histogram in the sort"):
+        s = base.get(impl)
+        if s is not None:
+            out.update({f"{name} ({impl}): launches": float(s["launches"] or 0),
+                        f"{name} ({impl}): GPU time vs torch + CUDA graph": tg["gpu us"] / s["gpu us"],
+                        f"{name} ({impl}): pipelined (deferred) vs torch graph replay": tg["pipelined us"] / s["pipelined us"]})
+    return out
 
 
 def run(rows, samples):
