@@ -412,3 +412,22 @@ def test_fast_path_and_graph_replays(emulated, deferred):
             np.testing.assert_array_equal(np.array(got[name]), want[name], err_msg=f"call {k}: {name}")
         del got
     assert rt.graph_captures > before  # the later calls replayed a graph
+
+
+def test_a_deferred_run_reports_its_bad_id_later(emulated):
+    """errors="deferred" on emulated kernels: a run with an id out of range returns at once, its
+    kernel writes its block of the error ring, and the next synchronize names the failure."""
+    from segfuse.compiler.errors import DeferredRunError
+
+    rt, Array = emulated
+    f = Fusion.from_json(moe_graphs(idt="int64")[0][0])  # moe_problem_sizes: counts by scatter-add
+    ids = np.random.default_rng(14).integers(0, 256, (4096, K))
+    plan = PLANS.plan(f, {"topk_ids": ids.shape})
+    good, _ = rt.run(f, _device({"topk_ids": ids}, Array), plan, deferred=True)
+    bad = ids.copy()
+    bad[3, 3] = 300
+    rt.run(f, _device({"topk_ids": bad}, Array), plan, deferred=True)
+    with pytest.raises(DeferredRunError, match="index 300 is out of bounds for dimension 0 with size 256"):
+        rt.synchronize()
+    np.testing.assert_array_equal(np.array(good["counts"]), np.bincount(ids.reshape(-1), minlength=256))
+    rt.synchronize()  # reported once: the ring is clear again
