@@ -15,7 +15,9 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <map>
+#include <random>
 #include <utility>
 #include <type_traits>
 #include <vector>
@@ -267,9 +269,11 @@ inline void fiber_main() {
 
 // Runs blocks [0, grid) of `block` threads, `wave` blocks at a time (a kernel whose blocks meet at
 // grid barriers needs them all at once), kernel args as 64-bit words (pointers and integers only).
-// 0: done; -1: out of memory; -2: deadlock (every thread waits at a barrier no other reaches).
+// `seed` != 0: the threads run in a new random order in every round (a missing barrier then shows
+// as a read that runs before the write it needed, in some rounds). 0: done; -1: out of memory;
+// -2: deadlock (every thread waits at a barrier no other reaches).
 extern "C" int sfemu_launch(void* fn, unsigned grid, unsigned block, unsigned smem, const unsigned long long* args,
-                            unsigned wave) {
+                            unsigned wave, unsigned seed) {
     using namespace sfemu;
     const size_t STACK = 96 * 1024;
     ucontext_t sched;
@@ -308,9 +312,14 @@ extern "C" int sfemu_launch(void* fn, unsigned grid, unsigned block, unsigned sm
         }
         size_t left = rc == 0 ? fibers.size() : 0;
         int idle = 0;
+        std::vector<Fiber*> order;
+        for (Fiber& f : fibers) order.push_back(&f);
+        std::mt19937 rng(seed + b0);
         while (left > 0) {
             long before = t_progress;
-            for (Fiber& f : fibers) {
+            if (seed) std::shuffle(order.begin(), order.end(), rng);
+            for (Fiber* fp : order) {
+                Fiber& f = *fp;
                 if (f.done) continue;
                 t_cur = &f;
                 t_thread = f.tid;

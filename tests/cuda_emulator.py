@@ -24,6 +24,9 @@ import numpy as np
 HEADER = Path(__file__).with_name("cuda_emulator.h")
 CACHE = Path(os.environ.get("SEGFUSE_EMU_CACHE", Path(tempfile.gettempdir()) / "segfuse-emu"))
 MAX_ARGS = 128
+# SEGFUSE_EMU_SHUFFLE=N (N > 0): threads run in a random order (seed N) between switch points, so a
+# missing barrier shows; 0 (default): a fixed order, the same results every run
+SHUFFLE = int(os.environ.get("SEGFUSE_EMU_SHUFFLE", "0"))
 
 _ASM = [  # the prelude's PTX, as C
     (re.compile(r'asm\("cvt\.f32\.f16 %0, %1;" : "=f"\((\w+)\) : "h"\(([\w.]+)\)\);'), r"\1 = sfemu::h2f(\2);"),
@@ -65,7 +68,7 @@ class Module:
         self.lib = ctypes.CDLL(str(path))
         self.lib.sfemu_launch.restype = ctypes.c_int
         self.lib.sfemu_launch.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
-                                          ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_uint]
+                                          ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_uint, ctypes.c_uint]
 
     def launch(self, name: str, grid: int, block: int, smem: int, args: list, wave: int | None = None) -> None:
         """Run kernel `name`; `args`: NumPy arrays (their memory is the device memory), ints, or
@@ -77,7 +80,7 @@ class Module:
             words[i] = 0 if a is None else a.ctypes.data if isinstance(a, np.ndarray) else int(a) & (2**64 - 1)
         fn = ctypes.cast(getattr(self.lib, name), ctypes.c_void_p).value
         wave = grid if wave is None else wave
-        rc = self.lib.sfemu_launch(fn, grid, block, smem, words, max(1, min(wave, grid)))
+        rc = self.lib.sfemu_launch(fn, grid, block, smem, words, max(1, min(wave, grid)), SHUFFLE)
         if rc != 0:
             raise RuntimeError({-1: "the emulator ran out of memory for the kernel's threads",
                                 -2: "deadlock: every thread waits at a barrier no other thread reaches"}.get(rc, str(rc)))

@@ -431,3 +431,17 @@ def test_a_deferred_run_reports_its_bad_id_later(emulated):
         rt.synchronize()
     np.testing.assert_array_equal(np.array(good["counts"]), np.bincount(ids.reshape(-1), minlength=256))
     rt.synchronize()  # reported once: the ring is clear again
+
+
+def test_a_missing_barrier_shows():
+    """Threads run one by one between switch points: a read of another thread's shared-memory
+    write without a __syncthreads between them sees stale data here (as it may on the GPU)."""
+    src = ('extern "C" __global__ void k(int* out, int sync) { __shared__ int s[64];\n'
+           '  s[threadIdx.x] = threadIdx.x + 1; if (sync) __syncthreads();\n'
+           '  out[threadIdx.x] = s[(threadIdx.x + 1) % 64]; }\n')
+    mod = emu.compile_source(src)
+    want = (np.arange(64) + 1) % 64 + 1
+    for sync in (1, 0):
+        out = np.zeros(64, np.int32)
+        mod.launch("k", 1, 64, 0, [out, sync])
+        assert np.array_equal(out, want) == bool(sync)
