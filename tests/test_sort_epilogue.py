@@ -103,9 +103,10 @@ def _prologue(idt="int64"):
 def test_whole_prologue_sort_takes_its_scatter_target_from_another_segment(T):
     """The whole MoE prologue: the planner puts `full -> z2` (the output permutation's target) next
     to the counts' work; the epilogue pass moves it into the sort's region, so the consumers of the
-    sort run in its final pass instead of a launch of their own (T = 4096: 4 launches -> 2)."""
+    sort run in its final pass instead of a launch of their own (T = 4096: 4 launches -> 2; the
+    histogram stays outside the sort here, Capability.fuse_sort_histograms off)."""
     f = _prologue()
-    p = plan(f, T)
+    p = plan(f, T, dataclasses.replace(DEFAULT_CAPABILITY, fuse_sort_histograms=False))
     (seg,) = fused(p)
     names = {f.nodes[n].outputs[0] for n in seg.nodes}
     assert {"order", "input_perm", "z2", "ar", "output_perm"} <= names
@@ -243,6 +244,7 @@ def test_fused_source_compiles_for_sm90(idt, make):
 
 # ---- the keys' histogram in the sort (Capability.fuse_sort_histograms) -----------------------
 HIST = dataclasses.replace(DEFAULT_CAPABILITY, fuse_sort_histograms=True)
+NOHIST = dataclasses.replace(DEFAULT_CAPABILITY, fuse_sort_histograms=False)
 
 
 @pytest.mark.parametrize("idt", ["int32", "int64"])
@@ -258,7 +260,7 @@ def test_whole_prologue_is_one_launch_with_histograms(idt, T):
     m = sep.match(f, seg.nodes, seg.inputs, seg.outputs, types)
     assert (m.hist.counts, m.hist.csum, m.hist.offsets, m.hist.bins) == ("counts", "csum", "offsets", 256)
     assert set(m.hist.outputs) == {"counts", "offsets"}
-    assert plan(f, T).kernel_count == 2  # off by default (until the GPU suite has run it)
+    assert plan(f, T, NOHIST).kernel_count == 2  # the histogram in a kernel of its own
 
 
 def test_histogram_outside_the_pattern_stays_out():

@@ -67,9 +67,10 @@ class Capability:
     fuse_sort_epilogues: bool = True
     # ... and the keys' histogram (counts of E <= 256 bins, its cumsum, the expert offsets), which
     # block 0 writes from the sort's own digit-0 counts after the first grid barrier: the whole MoE
-    # prologue in one launch. Off until the GPU suite has run it (SEGFUSE_SORT_HISTOGRAMS=1 turns
-    # it on; tests/gpu/test_sort_histogram_gpu.py plans with it on either way).
-    fuse_sort_histograms: bool = os.environ.get("SEGFUSE_SORT_HISTOGRAMS", "0") == "1"
+    # prologue in one launch. H200, 2026-12-01, kernels only: T = 4096 int64 16.1 us against 21.8 us
+    # in two launches, T = 65536 19.7 against 27.2 (benchmarks/README.md). SEGFUSE_SORT_HISTOGRAMS=0
+    # turns it off.
+    fuse_sort_histograms: bool = os.environ.get("SEGFUSE_SORT_HISTOGRAMS", "1") != "0"
     single_block_threads: int = 1024
     grid_threads: int = 256
     # Whether a private copy of a scatter's self may ride along as an extra store in another
