@@ -4,7 +4,8 @@ whole MoE prologue (tests/torch_graphs.py) in ONE launch, planned with the flag 
 torch CPU for T in {4096, 16384, 65536, 5000 (not a multiple of a tile)} x {int32, int64}; all
 ids equal (the sort's identity shortcut), two values, a few bins; an id out of range (256, -1)
 fails the run with the scatter's index error and the GPU stays usable; the fast path and
-errors="deferred" give the same results. Until these pass on the H200 the flag stays off."""
+errors="deferred" give the same results. They passed on the H200 on 2026-12-01 (tests/gpu/RESULTS.md), after
+which the flag became the default; these plan with it on explicitly either way."""
 
 from __future__ import annotations
 
