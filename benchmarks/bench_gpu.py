@@ -367,6 +367,9 @@ def main():
             continue
         try:
             summary.update(fn(rows))
+        except KeyboardInterrupt:  # a time limit's SIGINT: keep what was measured, write it out
+            print(f"interrupted in {name}", flush=True)
+            break
         except Exception as e:  # report and go on: one broken benchmark must not hide the rest
             import traceback
 

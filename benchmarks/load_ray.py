@@ -48,12 +48,19 @@ def start_serve_ray(shards: int, proxy: str, backend: str = "numpy",
     cmd = [sys.executable, "-c", "import sys; from segfuse.cli import main; sys.exit(main())", "serve-ray",
            "--shards", str(shards), "--port", str(port), "--proxy", proxy, "--backend", backend,
            "--max-queued-runs", "4096", "--shard-gpus", str(shard_gpus)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    log_path = ROOT / "benchmarks" / "out" / f"serve-ray-{shards}-{proxy}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "wb") as log:  # (the child keeps its own descriptor)
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
-    if not load.wait_ready(proc, url, 240, "segfuse serve-ray", poll=0.5):
+    try:
+        ready = load.wait_ready(proc, url, 240, "segfuse serve-ray", poll=0.5)
+    except SystemExit:
+        print(f"--- the last lines of {log_path}:", *log_path.read_text(errors="replace").splitlines()[-40:], sep="\n")
+        raise
+    if not ready:
         stop(proc)
-        raise SystemExit("segfuse serve-ray did not become ready in 240 s")
+        raise SystemExit(f"segfuse serve-ray did not become ready in 240 s (its output: {log_path})")
     return proc, url
 
 

@@ -35,6 +35,7 @@ segfuse.client:RunResult segfuse.client:SegfuseError segfuse.client:SystemRegion
 segfuse.compiler:Fusion segfuse.compiler:FusionDefinition segfuse.compiler:GraphError
 segfuse.cli:main segfuse.cli.client_cmds:plot_bench
 segfuse.compiler.codegen:segment
+segfuse.compiler.codegen:row_reduction segfuse.compiler.segmenter:pipeline segfuse.compiler:limits
 segfuse.compiler.codegen.segment:VEC_BLOCKS_PER_SM segfuse.compiler.codegen.segment:generate
 segfuse.compiler.cuda.runtime:CupyRuntime segfuse.compiler.cuda.runtime:get_runtime
 segfuse.compiler.segmenter.reference:simple_plan segfuse.compiler.segmenter.cache:PlanCache

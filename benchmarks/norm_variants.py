@@ -1,0 +1,89 @@
+"""Row-normalization kernels under variants of the code generator's choices, timed in one process
+(issue 20: which choice explains a miss). Run under `ncu` for hardware counters, or alone for GPU
+time. Variants come from the environment, set before segfuse is imported:
+
+- NORM_PER=N: elements per thread of a row when rows fill the SMs (limits.row_threads; default 8);
+- NORM_PER_SMALL=N: the same when they do not (default 4);
+- NORM_FASTEXP=1: exp rendered as __expf (the hardware approximation torch.compile's Triton uses).
+
+Prints one line per workload: kernels-only GPU time (us) of segfuse, then torch eager's graph replay.
+`python benchmarks/norm_variants.py softmax:float32:32768x4096 rmsnorm:bfloat16:32768x4096 ...`
+(NORM_ONCE=1: one call of each, for ncu)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
+
+
+def _patch():
+    from segfuse.compiler import limits
+    from segfuse.compiler.codegen import row_reduction
+    from segfuse.compiler.segmenter import pipeline
+
+    big, small = int(os.environ.get("NORM_PER", "8")), int(os.environ.get("NORM_PER_SMALL", "4"))
+    orig = limits.row_threads
+
+    def row_threads(length, rows, sm_count):
+        if length <= limits.ROW_WARP_MAX:
+            return orig(length, rows, sm_count)
+        per, t = (small if rows <= sm_count else big), 128
+        while t < 1024 and t * per < length:
+            t *= 2
+        return t
+
+    row_reduction.row_threads = pipeline.row_threads = row_threads
+    if os.environ.get("NORM_FASTEXP") == "1":
+        from segfuse.compiler.ops import REGISTRY
+
+        op = REGISTRY["exp"]
+        try:
+            op.cuda = lambda x: f"__expf({x})"
+        except dataclasses.FrozenInstanceError:
+            object.__setattr__(op, "cuda", lambda x: f"__expf({x})")
+
+
+def main(argv):
+    _patch()
+    import cupy as cp
+    import numpy as np
+    import torch
+    from modes import graph_of, held_events_us
+    from norm_graphs import norm_graph, norm_inputs, torch_norm
+    from segfuse.compiler.cuda.runtime import get_runtime
+    from segfuse.compiler.engine import Engine
+
+    once = os.environ.get("NORM_ONCE") == "1"
+    tag = " ".join(f"{k}={os.environ[k]}" for k in ("NORM_PER", "NORM_PER_SMALL", "NORM_FASTEXP") if k in os.environ)
+    eng, rt = Engine("cupy"), get_runtime()
+    for spec in argv:
+        kind, dtype, shape = spec.split(":")
+        R, D = (int(v) for v in shape.split("x"))
+        f = norm_graph(kind, dtype)
+        host = norm_inputs(kind, R, D, dtype, seed=1)
+        tdt = torch.float32 if dtype == "float32" else torch.bfloat16
+        t_ins = {k: torch.from_numpy(np.asarray(v).astype(np.float32)).to(tdt).cuda() for k, v in host.items()}
+        ins = {k: cp.asarray(v.view(np.uint16) if dtype == "bfloat16" else v) for k, v in host.items()}
+        torch.cuda.nvtx.range_push(f"segfuse {spec}")
+        eng.run(f, ins)
+        cp.cuda.runtime.deviceSynchronize()
+        torch.cuda.nvtx.range_pop()
+        torch.cuda.nvtx.range_push(f"torch {spec}")
+        torch_norm(kind, t_ins)
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_pop()
+        if once:
+            continue
+        prep = rt.prepared_for(f, ins)
+        seg_us = rt.kernel_time_us(f, ins, reps=50)
+        torch_us = held_events_us(graph_of(lambda kind=kind, t_ins=t_ins: torch_norm(kind, t_ins)).replay)
+        print(f"{spec} [{tag or 'default'}] segfuse {seg_us:.1f} us ({prep.kernels} kernels), torch eager {torch_us:.1f} us, "
+              f"ratio {torch_us / seg_us:.2f}x", flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
