@@ -1,12 +1,22 @@
 """The row-persistent family: a `row_reduction` segment (compiler/segmenter/row_fusion.py) as one
 kernel in which a block (or a warp, for short rows) owns a row at a time.
 
-Per row: the row's cacheable inputs are copied once into shared memory (16-byte vector loads in
-the vector variant), then each reduction combines its input's lambda over the row and a block
-(warp) reduction hands every thread the result, which later lambdas read as a register; last,
-the row-shaped outputs are stored element by element and the per-row outputs once. Rows whose
-inputs do not fit `limits.ROW_CACHE_BYTES` re-read them from global memory in each pass (two
-passes or more: the formulation nvFuser falls back to past its persistent buffer limit).
+Per row: the row's cacheable inputs are read once, then each reduction combines its input's
+lambda over the row and a block (warp) reduction hands every thread the result, which later
+lambdas read as a register; last, the row-shaped outputs are stored and the per-row outputs once.
+Where the row is kept:
+
+- registers, when each thread's share of the cached rows is at most `limits.ROW_REGISTER_ELEMS`
+  and every op reads them at the element it computes (row_fusion.read_in_place): thread `lane`
+  owns elements (lane + i * lanes) * V + e (V = 4 in the vector variant, 16-byte or 8-byte
+  vector loads and stores), every loop over them is unrolled, and the leaf lambda reads element
+  `sf_t` of the thread's array, a constant once unrolled. No shared memory, no barrier per row,
+  and the compiler computes what two passes share (softmax's exp) once. On the H200 this halved
+  the instructions per element of the bfloat16 rows, which were bound by issue, not bandwidth
+  (benchmarks/README.md, ncu of 2026-12-01 21:53 UTC);
+- shared memory otherwise (16-byte vector loads in the vector variant), element by element;
+- global memory, re-read in each pass, for rows that do not fit `limits.ROW_CACHE_BYTES` (two
+  passes or more: the formulation nvFuser falls back to past its persistent buffer limit).
 
 Everything op-specific comes from the registry's traits: the combiner and identity of each
 reduction (`OpDef.combiner`, `divide_by_count`) and the pointwise renderings (lazy.py, through
@@ -15,9 +25,9 @@ the shared lambdas). A mixin of `SegmentCodegen` (segment.py).
 
 from __future__ import annotations
 
-from ..limits import ROW_CACHE_BYTES, SMEM_PER_BLOCK, row_threads
+from ..limits import ROW_CACHE_BYTES, ROW_REGISTER_ELEMS, SMEM_PER_BLOCK, row_threads
 from ..ops.pointwise import opmath
-from ..segmenter.row_fusion import analyze
+from ..segmenter.row_fusion import analyze, read_in_place
 from . import ctypes_ as ct
 from .geometry import align
 from .layout import contiguous_strides, numel
@@ -47,13 +57,26 @@ class RowReductionKernels:
         if per_slot * slots > min(ROW_CACHE_BYTES, SMEM_PER_BLOCK) or K == 0:
             cache, offs, per_slot = [], {}, 0
         grid = max(1, min(-(-R // slots), self.sm * ROWS_PER_SM))
-        smem = per_slot * slots
+        in_regs = bool(cache) and self._rows_in_registers(region, cache, K, lanes)
+        smem = 0 if in_regs else per_slot * slots
         geo = (region, R, K, lanes, slots, cache, offs, per_slot)
+        body = self._row_body_registers if in_regs else self._row_body
         out = []
         if cache and K % 4 == 0:
-            out.append((self._row_body(geo, vector=True), grid, block, smem, True))
-        out.append((self._row_body(geo, vector=False), grid, block, smem, None))
+            out.append((body(geo, vector=True), grid, block, smem, True))
+        out.append((body(geo, vector=False), grid, block, smem, None))
         return out
+
+    def _rows_in_registers(self, region, cache, K, lanes) -> bool:
+        """Registers hold the cached rows: each thread's share fits, every reader reads them in
+        place, and every reduction and row-shaped output runs over the same K elements."""
+        per_thread = -(-K // (4 * lanes)) * 4  # (the vector variant's share, the larger one)
+        if per_thread * len(cache) > ROW_REGISTER_ELEMS:
+            return False
+        if numel(region.row) != K or any(numel(self.types[self.fusion.nodes[p].inputs[0]].shape[region.rank - len(region.dims):]) != K
+                                          for p in region.reductions):
+            return False
+        return all(read_in_place(self.fusion, self.seg.nodes, x, self.types) for x in cache)
 
     def _row_body(self, geo, vector: bool) -> str:
         region, R, K, lanes, slots, cache, offs, per_slot = geo
@@ -96,6 +119,101 @@ class RowReductionKernels:
         lines.append("  }")
         return "\n".join(lines)
 
+    def _row_body_registers(self, geo, vector: bool) -> str:
+        """The row kept in registers: thread `lane` owns elements (lane + i * lanes) * V + e."""
+        region, R, K, lanes, slots, cache, _offs, _per_slot = geo
+        I = self.I
+        r, k = region.rank, len(region.dims)
+        V = 4 if vector else 1
+        N = -(-K // (V * lanes))  # vectors (elements) per thread
+        red_nodes = [self.fusion.nodes[p] for p in region.reductions]
+        regs = {nd.outputs[0]: f"rv{i}" for i, nd in enumerate(red_nodes)}
+        arrs = {x: f"xr{i}" for i, x in enumerate(cache)}
+        rowc = [f"r{i}" for i in range(r - k)]
+        sc = [f"s{i}" for i in range(k)]
+
+        def leaf(n):
+            if n in regs:
+                return f"return {regs[n]};"
+            if n in arrs:
+                return f"return {ct.cvt(f'{arrs[n]}[sf_t]', ct.value(self.types[n].dtype))};"
+            return None
+
+        def each(var, body) -> str:  # the thread's elements, unrolled; `sf_t` indexes its arrays
+            head = (f"      #pragma unroll\n      for (int sf_i = 0; sf_i < {N}; ++sf_i) {{\n"
+                    f"        #pragma unroll\n        for (int sf_e = 0; sf_e < {V}; ++sf_e) {{ "
+                    f"const {I} {var} = (lane + ({I})sf_i * {lanes}) * {V} + sf_e; sf_t = sf_i * {V} + sf_e;\n")
+            return head + (f"          if ({var} < ({I}){K}) {{ {delinearize(var, region.row, I, 's')} {body} }} }} }}")
+
+        lam, names = self._lambdas(leaf=leaf)
+        lines = [f"  const int lane = threadIdx.x % {lanes}, slot = threadIdx.x / {lanes};", "  int sf_t = 0;"]
+        for nd in red_nodes:
+            lines.append(f"  {ct.value(self.types[nd.outputs[0]].dtype)} {regs[nd.outputs[0]]} = 0;")
+        for x in cache:
+            lines.append(f"  {ct.storage(self.types[x].dtype)} {arrs[x]}[{N * V}];")
+        lines.append(lam)
+        lines.append(f"  for ({I} row = ({I})blockIdx.x * {slots} + slot; row < ({I}){R}; "
+                     f"row += ({I})gridDim.x * {slots}) {{")
+        lines.append(f"    {delinearize('row', region.kept, I, 'r')}")
+        for x in cache:
+            src, st = self.loc[x].ref, ct.storage(self.types[x].dtype)
+            if vector:
+                v = f"sf_v4<{st}>"
+                lines.append(f"    #pragma unroll\n    for (int sf_i = 0; sf_i < {N}; ++sf_i) {{ const {I} q = lane + ({I})sf_i * {lanes}; "
+                             f"if (q < ({I}){K // 4}) {{ const {v} w = sf_vload((const {v}*){src} + row * {K // 4} + q); "
+                             f"for (int sf_e = 0; sf_e < 4; ++sf_e) {arrs[x]}[sf_i * 4 + sf_e] = w.v[sf_e]; }} }}")
+            else:
+                lines.append(f"    #pragma unroll\n    for (int sf_i = 0; sf_i < {N}; ++sf_i) {{ const {I} q = lane + ({I})sf_i * {lanes}; "
+                             f"if (q < ({I}){K}) {arrs[x]}[sf_i] = {src}[row * {K} + q]; }}")
+        for nd in red_nodes:
+            x, ot = nd.inputs[0], self.types[nd.outputs[0]]
+            W = ct.value(opmath(ot.dtype))
+            fn = ct.combine_fn(nd.op.combiner)
+            load = ct.cvt(f"{names[x]}({', '.join(rowc + sc)})", W)
+            post = f"(acc / ({W}){K})" if nd.op.divide_by_count else "acc"
+            red = "sf_block_reduce(acc, comb)" if lanes > 32 else "sf_shfl(sf_warp_reduce(acc, comb), 0)"
+            rounded = ct.cvt(ct.cvt(post, ct.storage(ot.dtype)), ct.value(ot.dtype))
+            lines.append(f"    {{ auto comb = [&]({W} a, {W} b) -> {W} {{ return {fn}::f<{W}>(a, b); }};\n"
+                         f"      {W} acc = {fn}::id<{W}>();\n{each('k', f'acc = comb(acc, {load});')}\n"
+                         f"      acc = {red};\n      {regs[nd.outputs[0]]} = {rounded}; }}")
+        lines.append(self._row_stores_registers(region, names, rowc, sc, K, N, V, lanes, each))
+        lines.append("  }")
+        return "\n".join(lines)
+
+    def _row_stores_registers(self, region, names, rowc, sc, K, N, V, lanes, each) -> str:
+        I = self.I
+        out = []
+        if region.full_outputs and V == 4:  # one vector store per output and 4 elements
+            vals = {o: f"w{i}" for i, o in enumerate(region.full_outputs)}
+            decl = " ".join(f"sf_v4<{ct.storage(self.types[o].dtype)}> {w};" for o, w in vals.items())
+            fill = " ".join(f"{w}.v[sf_e] = {ct.cvt(f'{names[o]}({chr(44).join(rowc + sc)})', ct.storage(self.types[o].dtype))};"
+                            for o, w in vals.items())
+            put = " ".join(f"sf_vstore((sf_v4<{ct.storage(self.types[o].dtype)}>*){self.loc[o].ref} + row * {K // 4} + q, {w});"
+                           for o, w in vals.items())
+            out.append(f"    #pragma unroll\n    for (int sf_i = 0; sf_i < {N}; ++sf_i) {{ const {I} q = lane + ({I})sf_i * {lanes};\n"
+                       f"      if (q < ({I}){K // 4}) {{ {decl}\n        #pragma unroll\n"
+                       f"        for (int sf_e = 0; sf_e < 4; ++sf_e) {{ const {I} j = q * 4 + sf_e; sf_t = sf_i * 4 + sf_e; "
+                       f"{delinearize('j', region.row, I, 's')} {fill} }}\n        {put} }} }}")
+        elif region.full_outputs:
+            out.append(each("j", self._element_stores(region, names, rowc, sc, K)))
+        out.extend(self._per_row_stores(region, names, rowc))
+        return "\n".join(out)
+
+    def _element_stores(self, region, names, rowc, sc, K) -> str:
+        """Element j of every row-shaped output of the row, element by element."""
+        return " ".join(f"{self.loc[o].ref}[row * {K} + j] = "
+                        f"{ct.cvt(f'{names[o]}({chr(44).join(rowc + sc)})', ct.storage(self.types[o].dtype))};"
+                        for o in region.full_outputs)
+
+    def _per_row_stores(self, region, names, rowc) -> list:
+        """The per-row outputs, stored once by lane 0."""
+        per = []
+        for o in region.row_outputs:
+            t = self.types[o]
+            cs = rowc + ["0"] * (t.rank - len(rowc))
+            per.append(f"{self.loc[o].ref}[row] = {ct.cvt(f'{names[o]}({chr(44).join(cs)})', ct.storage(t.dtype))};")
+        return ["    if (lane == 0) { " + " ".join(per) + " }"] if per else []
+
     def _row_load(self, x, ch, K, lanes, vector) -> str:
         I = self.I
         src = self.loc[x].ref
@@ -130,18 +248,8 @@ class RowReductionKernels:
         k = len(region.dims)
         out = []
         if region.full_outputs:
-            sc = [f"s{i}" for i in range(k)]
-            stores = " ".join(
-                f"{self.loc[o].ref}[row * {K} + j] = "
-                f"{ct.cvt(f'{names[o]}({chr(44).join(rowc + sc)})', ct.storage(self.types[o].dtype))};"
-                for o in region.full_outputs)
+            stores = self._element_stores(region, names, rowc, [f"s{i}" for i in range(k)], K)
             out.append(f"    for ({I} j = lane; j < ({I}){K}; j += {lanes}) {{ "
                        f"{delinearize('j', region.row, I, 's')} {stores} }}")
-        per = []
-        for o in region.row_outputs:
-            t = self.types[o]
-            cs = rowc + ["0"] * (t.rank - len(rowc))
-            per.append(f"{self.loc[o].ref}[row] = {ct.cvt(f'{names[o]}({chr(44).join(cs)})', ct.storage(t.dtype))};")
-        if per:
-            out.append("    if (lane == 0) { " + " ".join(per) + " }")
+        out.extend(self._per_row_stores(region, names, rowc))
         return "\n".join(out)

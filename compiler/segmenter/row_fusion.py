@@ -171,6 +171,24 @@ def _caches(fusion, region, x, types, r, k, kept, row) -> bool:
     return True
 
 
+def read_in_place(fusion, region, x, types) -> bool:
+    """Whether every op of the region that reads input x reads it at the element it computes
+    (pointwise, expand, reduce: no pad / slice / cat along the row), so a kernel may hold x's row
+    in registers, each thread its own elements (codegen/row_reduction.py)."""
+    r = types[x].rank
+    for p in region:
+        nd = fusion.nodes[p]
+        if x not in nd.inputs:
+            continue
+        low = nd.op.lowering
+        if low is Lowering.reduce:
+            continue
+        if low in (Lowering.pointwise, Lowering.expand) and types[nd.outputs[0]].rank == r:
+            continue
+        return False
+    return True
+
+
 def _candidate(seg) -> bool:
     return not (seg.single_block or seg.library or seg.fused_sort or getattr(seg, "row", None) is not None) and all(
         s.pos is not None and (s.kind in LAZY_KINDS or s.kind is OpKind.reduction) for s in seg.steps)
@@ -232,4 +250,4 @@ def fuse_plan(fusion, g, segs: list, can_schedule) -> list:
     return out
 
 
-__all__ = ["RowRegion", "analyze", "fuse_plan", "region_of"]
+__all__ = ["RowRegion", "analyze", "fuse_plan", "read_in_place", "region_of"]
