@@ -140,6 +140,9 @@ inline unsigned short f2b(float f) {
     x += 0x7fffu + ((x >> 16) & 1u);
     return (unsigned short)(x >> 16);
 }
+// max.NaN.f32 / min.NaN.f32: a NaN operand gives NaN (the canonical one)
+inline float max_nan(float a, float b) { return (a != a || b != b) ? NAN : (a > b ? a : b); }
+inline float min_nan(float a, float b) { return (a != a || b != b) ? NAN : (a < b ? a : b); }
 inline unsigned ld_acquire(const unsigned* p) {
     yield();  // (a spin loop: let the blocks it waits for run)
     return __atomic_load_n(p, __ATOMIC_ACQUIRE);

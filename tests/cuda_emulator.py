@@ -32,6 +32,8 @@ _ASM = [  # the prelude's PTX, as C
     (re.compile(r'asm\("cvt\.f32\.f16 %0, %1;" : "=f"\((\w+)\) : "h"\(([\w.]+)\)\);'), r"\1 = sfemu::h2f(\2);"),
     (re.compile(r'asm\("cvt\.rn\.f16\.f32 %0, %1;" : "=h"\(([\w.]+)\) : "f"\((\w+)\)\);'), r"\1 = sfemu::f2h(\2);"),
     (re.compile(r'asm\("cvt\.rn\.bf16\.f32 %0, %1;" : "=h"\(([\w.]+)\) : "f"\((\w+)\)\);'), r"\1 = sfemu::f2b(\2);"),
+    (re.compile(r'asm\("(max|min)\.NaN\.f32 %0, %1, %2;" : "=f"\((\w+)\) : "f"\((\w+)\), "f"\((\w+)\)\);'),
+     r"\2 = sfemu::\1_nan(\3, \4);"),
     (re.compile(r'asm volatile\("ld\.acquire\.gpu\.global\.u32 %0, \[%1\];" : "=r"\((\w+)\) : "l"\((\w+)\) : "memory"\);'),
      r"\1 = sfemu::ld_acquire(\2);"),
 ]

@@ -133,6 +133,10 @@ __device__ __forceinline__ float sf_pow(float a, float b) { return powf(a, b); }
 __device__ __forceinline__ double sf_pow(double a, double b) { return pow(a, b); }
 template <typename T> __device__ __forceinline__ T sf_max(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a > b ? a : b)); }
 template <typename T> __device__ __forceinline__ T sf_min(T a, T b) { return (a != a) ? a : ((b != b) ? b : (a < b ? a : b)); }
+// float: one instruction (PTX max.NaN / min.NaN, sm_80+), NaN-propagating like the form above;
+// a row's amax in softmax spent 5 instructions an element on the three-way select
+__device__ __forceinline__ float sf_max(float a, float b) { float r; asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
+__device__ __forceinline__ float sf_min(float a, float b) { float r; asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b)); return r; }
 template <typename T> __device__ __forceinline__ T sf_shl(T a, T b) {
   const int bits = sizeof(T) * 8; return (b < 0 || b >= bits) ? (T)0 : (T)(a << b); }
 template <typename T> __device__ __forceinline__ T sf_shr(T a, T b) {
