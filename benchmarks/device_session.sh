@@ -4,7 +4,7 @@
 # whose numbers the README's targets cite. Run on the GPU machine from the repository root after
 # carrying .whl (../shared/gpu-machine/fetch-wheels.sh):   bash benchmarks/device_session.sh
 # Outputs go to $OUT (suite.txt, prologue.txt, norm.txt, bench.txt, bench_gpu.json, plots/);
-# each part has its own time limit (SUITE_S, PROLOGUE_S, NORM_S, BENCH_S seconds) and is stopped
+# each part has its own time limit (SUITE_S, PROLOGUE_S, NORM_S, BENCH_S seconds; 0 skips it) and is stopped
 # with SIGINT so pytest and the benchmarks still print what they have.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -16,8 +16,9 @@ export SEGFUSE_RANDOM_GRAPHS=${SEGFUSE_RANDOM_GRAPHS:-30}
 export SEGFUSE_PROLOGUE_COMPILE=${SEGFUSE_PROLOGUE_COMPILE:-0} SEGFUSE_NORM_COMPILE=${SEGFUSE_NORM_COMPILE:-0}
 export SEGFUSE_NORM_SHAPES=${SEGFUSE_NORM_SHAPES:-32768x4096,8x4096}
 SEED=${SEED:-$(date +%s)}
-run() {  # name, seconds, command...
+run() {  # name, seconds (0: skip), command...
   local name=$1 secs=$2; shift 2
+  if [ "$secs" = 0 ]; then echo "== $name skipped"; return; fi
   echo "== $name ($(date -u +%H:%M:%S), limit ${secs}s): $*"
   timeout -s INT "$secs" "$@" > "$OUT/$name.txt" 2>&1
   echo "rc=$?"
