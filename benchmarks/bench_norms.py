@@ -11,7 +11,8 @@ input bytes + output bytes), measured in the same run in three modes:
   held first, so the events see the kernels back to back; the copy's events likewise).
 
 Environment knobs (to fit a short lease): SEGFUSE_NORM_KINDS, SEGFUSE_NORM_SHAPES ("32768x4096,8x4096"),
-SEGFUSE_NORM_DTYPES, SEGFUSE_NORM_COMPILE=0 (skip torch.compile, whose compiles take most of the time).
+SEGFUSE_NORM_DTYPES, SEGFUSE_NORM_COMPILE=0 (skip torch.compile, whose compiles take most of the time),
+SEGFUSE_COMPILE_MODES ("default" to skip reduce-overhead).
 """
 
 from __future__ import annotations
@@ -63,7 +64,11 @@ def bench_one(rows, kind, dtype, R, D, samples):
     impls["torch eager"] = (eager, eager, held_events_us(g.replay), torch_launches(eager))
     impls["torch + CUDA graph"] = (g.replay, g.replay, held_events_us(g.replay), None)
     if os.environ.get("SEGFUSE_NORM_COMPILE", "1") != "0":
-        for mode in ("default", "reduce-overhead"):
+        # A fresh Dynamo for each workload: it caches compiled code by the function's code object, and
+        # past its recompile limit (8) it silently runs the function eagerly (the 22:23 UTC run's
+        # torch.compile rows after the first 8 compiles were eager's)
+        torch._dynamo.reset()
+        for mode in env_list("SEGFUSE_COMPILE_MODES", ["default", "reduce-overhead"]):
             c = torch.compile(lambda ti: torch_norm(kind, ti), mode=None if mode == "default" else mode, dynamic=False)
             fn = lambda c=c: c(t_ins)  # noqa: E731
             fn()

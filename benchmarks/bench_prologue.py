@@ -91,7 +91,11 @@ def bench_one(rows, idt, T, samples):
     impls["torch + CUDA graph"] = (lambda: (g.replay(), torch.cuda.synchronize()), g.replay, held_events_us(g.replay),
                                    None)  # (eager's kernels, replayed)
     if os.environ.get("SEGFUSE_PROLOGUE_COMPILE", "1") != "0":
-        for mode in ("default", "reduce-overhead"):
+        # A fresh Dynamo for each workload: it caches compiled code by the function's code object, and
+        # past its recompile limit (8) it silently runs the function eagerly (the 22:23 UTC run's
+        # torch.compile rows after the first 8 compiles were eager's)
+        torch._dynamo.reset()
+        for mode in env_list("SEGFUSE_COMPILE_MODES", ["default", "reduce-overhead"]):
             c = torch.compile(torch_prologue, mode=None if mode == "default" else mode, dynamic=False)
             fn = lambda c=c: c(ids_t)  # noqa: E731
             for _ in range(3):
