@@ -2,7 +2,7 @@
 # One device call (carry .raylite, .tools, .abbase): the row normalizations' code-generator
 # variants (benchmarks/norm_variants.py), issue 14's A/B of `bench_gpu.py --only compile,moe`
 # on the tree before the moves (.abbase/base.tar.gz, `git archive 74e9051`) against this tree,
-# one after the other, each with its own kernel cache, then Ray Serve with CuPy shards (issues
+# AB_ROUNDS rounds of base then head, each tree with its own kernel cache (ab_summary.py), then Ray Serve with CuPy shards (issues
 # 18 and 19: two shards on one GPU). Outputs in $OUT.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -17,16 +17,19 @@ SMALL="softmax:float32:8x4096 log_softmax:float32:8x4096 softmax:float32:8x8192"
 for v in "" "NORM_PER=16" ${VARIANTS_EXTRA:-}; do
   env $v SEGFUSE_KERNEL_CACHE=/tmp/sfk-var timeout -s INT 60 python3 benchmarks/norm_variants.py $BIG $SMALL 2>&1 | grep -v Warning | tee -a "$OUT/variants.txt"
 done
-echo "== A/B base $(date -u +%H:%M:%S)"
 mkdir -p /tmp/abbase && tar -xzf .abbase/base.tar.gz -C /tmp/abbase
-(cd /tmp/abbase && source benchmarks/device_env.sh >/dev/null && SEGFUSE_KERNEL_CACHE=/tmp/sfk-base \
-  timeout -s INT "${AB_S:-120}" python3 benchmarks/bench_gpu.py --only compile,moe > "$OUT/ab_base.txt" 2>&1; echo "rc=$?";
-  cp benchmarks/out/bench_gpu.json "$OUT/ab_base.json")
-echo "== A/B head $(date -u +%H:%M:%S)"
-source benchmarks/device_env.sh >/dev/null
-SEGFUSE_KERNEL_CACHE=/tmp/sfk-head timeout -s INT "${AB_S:-120}" python3 benchmarks/bench_gpu.py --only compile,moe > "$OUT/ab_head.txt" 2>&1
-echo "rc=$?"; cp benchmarks/out/bench_gpu.json "$OUT/ab_head.json"
-grep -h "cache hit\|host overhead" "$OUT/ab_base.txt" "$OUT/ab_head.txt" | head -8
+for round in $(seq 1 "${AB_ROUNDS:-1}"); do  # base, head, base, head...: drift lands on both trees
+  echo "== A/B base, round $round $(date -u +%H:%M:%S)"
+  (cd /tmp/abbase && source benchmarks/device_env.sh >/dev/null && SEGFUSE_KERNEL_CACHE=/tmp/sfk-base \
+    timeout -s INT "${AB_S:-120}" python3 benchmarks/bench_gpu.py --only "${AB_ONLY:-compile,moe}" > "$OUT/ab_base_$round.txt" 2>&1; echo "rc=$?";
+    cp benchmarks/out/bench_gpu.json "$OUT/ab_base_$round.json")
+  echo "== A/B head, round $round $(date -u +%H:%M:%S)"
+  source benchmarks/device_env.sh >/dev/null
+  SEGFUSE_KERNEL_CACHE=/tmp/sfk-head timeout -s INT "${AB_S:-120}" python3 benchmarks/bench_gpu.py --only "${AB_ONLY:-compile,moe}" \
+    > "$OUT/ab_head_$round.txt" 2>&1
+  echo "rc=$?"; cp benchmarks/out/bench_gpu.json "$OUT/ab_head_$round.json"
+done
+python3 benchmarks/ab_summary.py "$OUT"/ab_base_*.json -- "$OUT"/ab_head_*.json | tee "$OUT/ab_summary.md"
 echo "== ray $(date -u +%H:%M:%S)"
 SEGFUSE_KERNEL_CACHE=/tmp/sfk-ray timeout -s INT "${RAY_S:-170}" python3 benchmarks/load_ray.py --backend cupy --shard-gpus 0.5 \
   --shards 1,2 --proxies ray > "$OUT/ray.txt" 2>&1
