@@ -4,7 +4,8 @@ time. Variants come from the environment, set before segfuse is imported:
 
 - NORM_PER=N: elements per thread of a row when rows fill the SMs (limits.row_threads; default 8);
 - NORM_PER_SMALL=N: the same when they do not (default 4);
-- NORM_FASTEXP=1: exp rendered as __expf (the hardware approximation torch.compile's Triton uses).
+- NORM_FASTEXP=1: exp rendered as __expf (the hardware approximation);
+- NORM_WEIGHTS=N: limits.ROW_REGISTER_WEIGHTS (weights held in registers; default 0, off).
 
 Prints one line per workload: kernels-only GPU time (us) of segfuse, then torch eager's graph replay.
 `python benchmarks/norm_variants.py softmax:float32:32768x4096 rmsnorm:bfloat16:32768x4096 ...`
@@ -37,6 +38,8 @@ def _patch():
         return t
 
     row_reduction.row_threads = pipeline.row_threads = row_threads
+    if "NORM_WEIGHTS" in os.environ:
+        row_reduction.ROW_REGISTER_WEIGHTS = int(os.environ["NORM_WEIGHTS"])
     if os.environ.get("NORM_FASTEXP") == "1":
         from segfuse.compiler.ops import REGISTRY
 
@@ -58,7 +61,8 @@ def main(argv):
     from segfuse.compiler.engine import Engine
 
     once = os.environ.get("NORM_ONCE") == "1"
-    tag = " ".join(f"{k}={os.environ[k]}" for k in ("NORM_PER", "NORM_PER_SMALL", "NORM_FASTEXP") if k in os.environ)
+    tag = " ".join(f"{k}={os.environ[k]}" for k in ("NORM_PER", "NORM_PER_SMALL", "NORM_FASTEXP", "NORM_WEIGHTS")
+                   if k in os.environ)
     eng, rt = Engine("cupy"), get_runtime()
     for spec in argv:
         kind, dtype, shape = spec.split(":")

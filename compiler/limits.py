@@ -31,6 +31,11 @@ ROW_CACHE_BYTES = 96 * 1024
 # ROW_REGISTER_ELEMS (all cached inputs together; 32 keeps a 1024-thread block within its 64
 # registers a thread)
 ROW_REGISTER_ELEMS = 32
+# Inputs of the row's own shape broadcast over the rows (RMSNorm's and LayerNorm's weights) are then
+# loaded once per thread, with vector loads, before the row loop, while a thread's share of them is
+# at most ROW_REGISTER_WEIGHTS elements. 0 (the default): read per element, as before. Not yet
+# measured on the GPU (benchmarks/norm_variants.py NORM_WEIGHTS=32 compares both).
+ROW_REGISTER_WEIGHTS = 0
 
 
 def row_threads(length: int, rows: int, sm_count: int) -> int:

@@ -247,6 +247,29 @@ def test_random_graphs(emulated, case, seed):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("R,D", [(37, 300), (6, 4096), (5, 1001), (3, 30000), (2, 40000)])
 def test_row_normalizations_against_torch(emulated, kind, dtype, R, D):
+    _check_norm(emulated, kind, dtype, R, D)
+
+
+@pytest.mark.parametrize("kind", ["rmsnorm", "layernorm"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("R,D", [(37, 300), (6, 4096), (5, 1001), (300, 2048)])
+def test_row_weights_in_registers(emulated, monkeypatch, kind, dtype, R, D):
+    """The weights loaded once per thread before the row loop (limits.ROW_REGISTER_WEIGHTS, off by
+    default until measured): the kernel reads them from its registers, and agrees with PyTorch."""
+    from norm_graphs import norm_graph
+    from segfuse.compiler.codegen import row_reduction
+    from segfuse.compiler.cuda.prepare import modules_without_device
+
+    monkeypatch.setattr(row_reduction, "ROW_REGISTER_WEIGHTS", 32)
+    f = norm_graph(kind, dtype)
+    shapes = {"x": (R, D), "w": (D,), **({"b": (D,)} if kind == "layernorm" else {})}
+    (_, mod), = modules_without_device(f, PLANS.plan(f, shapes), f.bind(shapes))
+    weights = 2 if kind == "layernorm" else 1
+    assert [f"wr{i}[sf_t]" in mod.source for i in range(3)] == [True] * weights + [False] * (3 - weights)
+    _check_norm(emulated, kind, dtype, R, D)
+
+
+def _check_norm(emulated, kind, dtype, R, D):
     import ml_dtypes
     import torch
     from norm_graphs import norm_graph, norm_inputs, torch_norm

@@ -13,7 +13,9 @@ Where the row is kept:
   `sf_t` of the thread's array, a constant once unrolled. No shared memory, no barrier per row,
   and the compiler computes what two passes share (softmax's exp) once. On the H200 this halved
   the instructions per element of the bfloat16 rows, which were bound by issue, not bandwidth
-  (benchmarks/README.md, ncu of 2026-12-01 21:53 UTC);
+  (benchmarks/README.md, ncu of 2026-12-01 21:53 UTC). Inputs of the row's shape broadcast over the
+  rows (weights) may be held the same way, loaded once before the row loop
+  (`limits.ROW_REGISTER_WEIGHTS`, off until measured);
 - shared memory otherwise (16-byte vector loads in the vector variant), element by element;
 - global memory, re-read in each pass, for rows that do not fit `limits.ROW_CACHE_BYTES` (two
   passes or more: the formulation nvFuser falls back to past its persistent buffer limit).
@@ -25,7 +27,7 @@ the shared lambdas). A mixin of `SegmentCodegen` (segment.py).
 
 from __future__ import annotations
 
-from ..limits import ROW_CACHE_BYTES, ROW_REGISTER_ELEMS, SMEM_PER_BLOCK, row_threads
+from ..limits import ROW_CACHE_BYTES, ROW_REGISTER_ELEMS, ROW_REGISTER_WEIGHTS, SMEM_PER_BLOCK, row_threads
 from ..ops.pointwise import opmath
 from ..segmenter.row_fusion import analyze, read_in_place
 from . import ctypes_ as ct
@@ -60,6 +62,8 @@ class RowReductionKernels:
         in_regs = bool(cache) and self._rows_in_registers(region, cache, K, lanes)
         smem = 0 if in_regs else per_slot * slots
         geo = (region, R, K, lanes, slots, cache, offs, per_slot)
+        if in_regs:
+            geo += (self._row_weights(region, cache, K, lanes),)
         body = self._row_body_registers if in_regs else self._row_body
         out = []
         if cache and K % 4 == 0:
@@ -119,9 +123,28 @@ class RowReductionKernels:
         lines.append("  }")
         return "\n".join(lines)
 
+    def _row_weights(self, region, cache, K, lanes) -> list:
+        """Inputs of the row's shape broadcast over the rows, read in place, that a thread holds in
+        registers for all its rows (within `ROW_REGISTER_WEIGHTS` elements a thread)."""
+        per_thread = -(-K // (4 * lanes)) * 4
+        if per_thread > ROW_REGISTER_WEIGHTS:
+            return []
+        r, k = region.rank, len(region.dims)
+        out = []
+        for x in self.seg.inputs:
+            t = self.types[x]
+            if x in cache or t.rank > r or tuple(t.shape[t.rank - k:]) != tuple(region.row) or \
+                    any(d != 1 for d in t.shape[:t.rank - k]) or self.strides[x] != contiguous_strides(t.shape):
+                continue
+            if (len(out) + 1) * per_thread <= ROW_REGISTER_WEIGHTS and \
+                    read_in_place(self.fusion, self.seg.nodes, x, self.types, rank=r):
+                out.append(x)
+        return out
+
     def _row_body_registers(self, geo, vector: bool) -> str:
-        """The row kept in registers: thread `lane` owns elements (lane + i * lanes) * V + e."""
-        region, R, K, lanes, slots, cache, _offs, _per_slot = geo
+        """The row kept in registers: thread `lane` owns elements (lane + i * lanes) * V + e; the
+        weights (`_row_weights`) likewise, loaded once before the row loop."""
+        region, R, K, lanes, slots, cache, _offs, _per_slot, weights = geo
         I = self.I
         r, k = region.rank, len(region.dims)
         V = 4 if vector else 1
@@ -129,6 +152,7 @@ class RowReductionKernels:
         red_nodes = [self.fusion.nodes[p] for p in region.reductions]
         regs = {nd.outputs[0]: f"rv{i}" for i, nd in enumerate(red_nodes)}
         arrs = {x: f"xr{i}" for i, x in enumerate(cache)}
+        arrs.update({x: f"wr{i}" for i, x in enumerate(weights)})
         rowc = [f"r{i}" for i in range(r - k)]
         sc = [f"s{i}" for i in range(k)]
 
@@ -149,22 +173,16 @@ class RowReductionKernels:
         lines = [f"  const int lane = threadIdx.x % {lanes}, slot = threadIdx.x / {lanes};", "  int sf_t = 0;"]
         for nd in red_nodes:
             lines.append(f"  {ct.value(self.types[nd.outputs[0]].dtype)} {regs[nd.outputs[0]]} = 0;")
-        for x in cache:
+        for x in (*cache, *weights):
             lines.append(f"  {ct.storage(self.types[x].dtype)} {arrs[x]}[{N * V}];")
         lines.append(lam)
+        for x in weights:
+            lines.append(self._register_load(x, arrs[x], "", K, N, lanes, vector, "  "))
         lines.append(f"  for ({I} row = ({I})blockIdx.x * {slots} + slot; row < ({I}){R}; "
                      f"row += ({I})gridDim.x * {slots}) {{")
         lines.append(f"    {delinearize('row', region.kept, I, 'r')}")
         for x in cache:
-            src, st = self.loc[x].ref, ct.storage(self.types[x].dtype)
-            if vector:
-                v = f"sf_v4<{st}>"
-                lines.append(f"    #pragma unroll\n    for (int sf_i = 0; sf_i < {N}; ++sf_i) {{ const {I} q = lane + ({I})sf_i * {lanes}; "
-                             f"if (q < ({I}){K // 4}) {{ const {v} w = sf_vload((const {v}*){src} + row * {K // 4} + q); "
-                             f"for (int sf_e = 0; sf_e < 4; ++sf_e) {arrs[x]}[sf_i * 4 + sf_e] = w.v[sf_e]; }} }}")
-            else:
-                lines.append(f"    #pragma unroll\n    for (int sf_i = 0; sf_i < {N}; ++sf_i) {{ const {I} q = lane + ({I})sf_i * {lanes}; "
-                             f"if (q < ({I}){K}) {arrs[x]}[sf_i] = {src}[row * {K} + q]; }}")
+            lines.append(self._register_load(x, arrs[x], "row * ", K, N, lanes, vector, "    "))
         for nd in red_nodes:
             x, ot = nd.inputs[0], self.types[nd.outputs[0]]
             W = ct.value(opmath(ot.dtype))
@@ -179,6 +197,20 @@ class RowReductionKernels:
         lines.append(self._row_stores_registers(region, names, rowc, sc, K, N, V, lanes, each))
         lines.append("  }")
         return "\n".join(lines)
+
+    def _register_load(self, x, arr, row_off, K, N, lanes, vector, pad) -> str:
+        """A thread's elements of input x into `arr`: of row `row` (`row_off` "row * "), or of its
+        only row ("": a weight)."""
+        I = self.I
+        src, st = self.loc[x].ref, ct.storage(self.types[x].dtype)
+        head = f"{pad}#pragma unroll\n{pad}for (int sf_i = 0; sf_i < {N}; ++sf_i) {{ const {I} q = lane + ({I})sf_i * {lanes}; "
+        if vector:
+            v = f"sf_v4<{st}>"
+            at = f"{row_off}{K // 4} + q" if row_off else "q"
+            return head + (f"if (q < ({I}){K // 4}) {{ const {v} w = sf_vload((const {v}*){src} + {at}); "
+                           f"for (int sf_e = 0; sf_e < 4; ++sf_e) {arr}[sf_i * 4 + sf_e] = w.v[sf_e]; }} }}")
+        at = f"{row_off}{K} + q" if row_off else "q"
+        return head + f"if (q < ({I}){K}) {arr}[sf_i] = {src}[{at}]; }}"
 
     def _row_stores_registers(self, region, names, rowc, sc, K, N, V, lanes, each) -> str:
         I = self.I

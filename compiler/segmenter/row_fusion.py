@@ -171,19 +171,24 @@ def _caches(fusion, region, x, types, r, k, kept, row) -> bool:
     return True
 
 
-def read_in_place(fusion, region, x, types) -> bool:
-    """Whether every op of the region that reads input x reads it at the element it computes
-    (pointwise, expand, reduce: no pad / slice / cat along the row), so a kernel may hold x's row
-    in registers, each thread its own elements (codegen/row_reduction.py)."""
-    r = types[x].rank
-    for p in region:
+def read_in_place(fusion, region, x, types, rank: int | None = None) -> bool:
+    """Whether every op of the region that reads input x, or a tensor computed from it below the
+    rows' rank, reads it at the element it computes (pointwise, expand, reduce: no pad / slice /
+    cat along the row, no reshape), so a kernel may hold x in registers, each thread its own
+    elements (codegen/row_reduction.py). `rank`: the rank of the region's rows, for an x broadcast
+    over them (a weight of the row's shape, cast first in bfloat16); default x's own."""
+    r = types[x].rank if rank is None else rank
+    derived = {x}
+    for p in sorted(region):
         nd = fusion.nodes[p]
-        if x not in nd.inputs:
+        if not derived.intersection(nd.inputs):
             continue
         low = nd.op.lowering
         if low is Lowering.reduce:
             continue
-        if low in (Lowering.pointwise, Lowering.expand) and types[nd.outputs[0]].rank == r:
+        if low in (Lowering.pointwise, Lowering.expand):
+            if types[nd.outputs[0]].rank < r:
+                derived.update(nd.outputs)  # (still broadcast over the rows: its readers count)
             continue
         return False
     return True
