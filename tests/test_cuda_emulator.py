@@ -287,6 +287,43 @@ def _check_norm(emulated, kind, dtype, R, D):
     np.testing.assert_allclose(got, want.float().numpy(), rtol=tol, atol=tol, equal_nan=True)
 
 
+def _row_graphs():
+    """Row regions beyond the norms: a softmax over two dims with a per-row output (registers), and
+    a region whose outputs pad the row (read along the row: shared memory)."""
+    from segfuse.compiler.builder import FusionDefinition
+
+    with FusionDefinition("two_dim_rows") as fd:
+        x = fd.define_tensor("x", shape=["R", "A", "B"], dtype="float32")
+        z = x - fd.ops.amax(x, [1, 2], True)
+        fd.add_output(fd.ops.exp(z) / fd.ops.sum(fd.ops.exp(z), [1, 2], True), "y")
+        fd.add_output(fd.ops.sum(x, [1, 2], False), "rs")
+    two = fd.fusion()
+    with FusionDefinition("padded_rows") as fd:
+        x = fd.define_tensor("x", shape=["R", "D"], dtype="float32")
+        fd.add_output(fd.ops.pad(x - fd.ops.mean(x, [1], True), [1, 1]), "y")
+        fd.add_output(fd.ops.pad(x, [0, 2]) * 2.0, "y2")
+    return {"two_dim_rows": (two, [(5, 12, 40), (3, 16, 100), (2, 8, 1001)], True),
+            "padded_rows": (fd.fusion(), [(6, 700), (3, 4096)], False)}
+
+
+@pytest.mark.parametrize("name", ["two_dim_rows", "padded_rows"])
+def test_row_regions_in_registers_or_shared_memory(emulated, name):
+    from segfuse.compiler.cuda.prepare import modules_without_device
+
+    f, shapes, in_registers = _row_graphs()[name]
+    rt, Array = emulated
+    for shape in shapes:
+        ins = {"x": (np.random.default_rng(len(shape)).standard_normal(shape) * 4).astype(np.float32)}
+        plan = PLANS.plan(f, {"x": shape})
+        assert [sg.kind.value for sg in plan.segments] == ["row_reduction"]
+        (_, mod), = modules_without_device(f, plan, f.bind({"x": shape}))
+        assert ("xr0[sf_t]" in mod.source) == in_registers, shape
+        got, _ = rt.run(f, _device(ins, Array), plan)
+        want = run_graph(f, copy.deepcopy(ins))
+        for k in want:
+            _close(np.array(got[k]), want[k], f"{name} {shape} output {k}")
+
+
 @pytest.mark.parametrize("hist", [False, True], ids=["two launches", "histogram in the sort"])
 @pytest.mark.parametrize("idt", ["int32", "int64"])
 def test_whole_prologue_through_the_runtime(emulated, hist, idt):
