@@ -15,7 +15,7 @@ echo "== variants $(date -u +%H:%M:%S)"
 BIG="rmsnorm:float32:32768x4096 rmsnorm:float32:32768x8192 rmsnorm:bfloat16:32768x8192 layernorm:float32:32768x8192 layernorm:bfloat16:32768x8192 softmax:float32:32768x4096 softmax:bfloat16:32768x4096 log_softmax:bfloat16:32768x4096 rmsnorm:bfloat16:32768x4096 layernorm:bfloat16:32768x4096 layernorm:float32:32768x4096 softmax:float32:32768x8192 softmax:bfloat16:32768x8192"
 SMALL="rmsnorm:float32:8x4096 rmsnorm:bfloat16:8x4096 layernorm:float32:8x4096 layernorm:float32:8x8192 softmax:float32:8x4096"
 for v in "" "NORM_WEIGHTS=32" ${VARIANTS_EXTRA:-}; do
-  env $v SEGFUSE_KERNEL_CACHE=/tmp/sfk-var timeout -s INT 60 python3 benchmarks/norm_variants.py $BIG $SMALL 2>&1 | grep -v Warning | tee -a "$OUT/variants.txt"
+  env $v SEGFUSE_KERNEL_CACHE=/tmp/sfk-var timeout -s INT "${VAR_S:-90}" python3 benchmarks/norm_variants.py $BIG $SMALL 2>&1 | grep -v Warning | tee -a "$OUT/variants.txt"
 done
 mkdir -p /tmp/abbase && tar -xzf .abbase/base.tar.gz -C /tmp/abbase
 for round in $(seq 1 "${AB_ROUNDS:-1}"); do  # base, head, base, head...: drift lands on both trees
