@@ -77,9 +77,10 @@ class RowReductionKernels:
         per_thread = -(-K // (4 * lanes)) * 4  # (the vector variant's share, the larger one)
         if per_thread * len(cache) > ROW_REGISTER_ELEMS:
             return False
-        if numel(region.row) != K or any(numel(self.types[self.fusion.nodes[p].inputs[0]].shape[region.rank - len(region.dims):]) != K
-                                          for p in region.reductions):
-            return False
+        k = len(region.dims)
+        if any(tuple(self.types[self.fusion.nodes[p].inputs[0]].shape[region.rank - k:]) != tuple(region.row)
+               for p in region.reductions):
+            return False  # (the outputs' rows are longer: a pad along the row)
         return all(read_in_place(self.fusion, self.seg.nodes, x, self.types) for x in cache)
 
     def _row_body(self, geo, vector: bool) -> str:
