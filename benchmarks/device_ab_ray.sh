@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call (carry .raylite, .tools, .abbase): the row normalizations' code-generator
-# variants (benchmarks/norm_variants.py), issue 14's A/B of `bench_gpu.py --only compile,moe`
+# variants (benchmarks/norm_variants.py), the prologue's host path at T = 1 with and without CUDA
+# graphs (profile_prologue_host.py), issue 14's A/B of `bench_gpu.py --only compile,moe`
 # on the tree before the moves (.abbase/base.tar.gz, `git archive 74e9051`) against this tree,
 # AB_ROUNDS rounds of base then head, each tree with its own kernel cache (ab_summary.py), then Ray Serve with CuPy shards (issues
 # 18 and 19: two shards on one GPU). Outputs in $OUT.
@@ -16,6 +17,11 @@ BIG="rmsnorm:float32:32768x4096 rmsnorm:float32:32768x8192 rmsnorm:bfloat16:3276
 SMALL="rmsnorm:float32:8x4096 rmsnorm:bfloat16:8x4096 layernorm:float32:8x4096 layernorm:float32:8x8192 softmax:float32:8x4096"
 for v in "" "NORM_WEIGHTS=32" ${VARIANTS_EXTRA:-}; do
   env $v SEGFUSE_KERNEL_CACHE=/tmp/sfk-var timeout -s INT "${VAR_S:-90}" python3 benchmarks/norm_variants.py $BIG $SMALL 2>&1 | grep -v Warning | tee -a "$OUT/variants.txt"
+done
+echo "== the prologue's host path at T = 1, with and without CUDA graphs $(date -u +%H:%M:%S)"
+for g in 1 0; do
+  echo "SEGFUSE_CUDA_GRAPHS=$g:"; SEGFUSE_CUDA_GRAPHS=$g SECONDS_=1 SEGFUSE_KERNEL_CACHE=/tmp/sfk-var timeout -s INT 60 \
+    python3 benchmarks/profile_prologue_host.py 2>&1 | grep -v Warning | tee -a "$OUT/host_t1.txt"
 done
 mkdir -p /tmp/abbase && tar -xzf .abbase/base.tar.gz -C /tmp/abbase
 for round in $(seq 1 "${AB_ROUNDS:-1}"); do  # base, head, base, head...: drift lands on both trees
