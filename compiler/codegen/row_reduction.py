@@ -39,6 +39,11 @@ ROWS_PER_SM = 32  # grid cap, in blocks per SM (the row loop strides over the re
 WARP_BLOCK = 256  # threads of a block of warp-per-row slots
 
 
+def _share(K: int, lanes: int) -> int:
+    """Elements of a row each thread holds: the vector variant's share, the larger one."""
+    return -(-K // (4 * lanes)) * 4
+
+
 class RowReductionKernels:
     def _row_kernels(self) -> list:
         """(body, grid, block, smem, vector flag) of the segment's kernel: the vector variant first
@@ -74,7 +79,7 @@ class RowReductionKernels:
     def _rows_in_registers(self, region, cache, K, lanes) -> bool:
         """Registers hold the cached rows: each thread's share fits, every reader reads them in
         place, and every reduction and row-shaped output runs over the same K elements."""
-        per_thread = -(-K // (4 * lanes)) * 4  # (the vector variant's share, the larger one)
+        per_thread = _share(K, lanes)
         if per_thread * len(cache) > ROW_REGISTER_ELEMS:
             return False
         k = len(region.dims)
@@ -127,7 +132,7 @@ class RowReductionKernels:
     def _row_weights(self, region, cache, K, lanes) -> list:
         """Inputs of the row's shape broadcast over the rows, read in place, that a thread holds in
         registers for all its rows (within `ROW_REGISTER_WEIGHTS` elements a thread)."""
-        per_thread = -(-K // (4 * lanes)) * 4
+        per_thread = _share(K, lanes)
         if per_thread > ROW_REGISTER_WEIGHTS:
             return []
         r, k = region.rank, len(region.dims)
@@ -185,16 +190,7 @@ class RowReductionKernels:
         for x in cache:
             lines.append(self._register_load(x, arrs[x], "row * ", K, N, lanes, vector, "    "))
         for nd in red_nodes:
-            x, ot = nd.inputs[0], self.types[nd.outputs[0]]
-            W = ct.value(opmath(ot.dtype))
-            fn = ct.combine_fn(nd.op.combiner)
-            load = ct.cvt(f"{names[x]}({', '.join(rowc + sc)})", W)
-            post = f"(acc / ({W}){K})" if nd.op.divide_by_count else "acc"
-            red = "sf_block_reduce(acc, comb)" if lanes > 32 else "sf_shfl(sf_warp_reduce(acc, comb), 0)"
-            rounded = ct.cvt(ct.cvt(post, ct.storage(ot.dtype)), ct.value(ot.dtype))
-            lines.append(f"    {{ auto comb = [&]({W} a, {W} b) -> {W} {{ return {fn}::f<{W}>(a, b); }};\n"
-                         f"      {W} acc = {fn}::id<{W}>();\n{each('k', f'acc = comb(acc, {load});')}\n"
-                         f"      acc = {red};\n      {regs[nd.outputs[0]]} = {rounded}; }}")
+            lines.append(self._row_reduce(nd, names, rowc, regs[nd.outputs[0]], lanes, loop=lambda body: each("k", body)))
         lines.append(self._row_stores_registers(region, names, rowc, sc, K, N, V, lanes, each))
         lines.append("  }")
         return "\n".join(lines)
@@ -256,7 +252,9 @@ class RowReductionKernels:
                     f"sf_vload((const {v}*){src} + row * {K // 4} + q);")
         return f"    for ({I} j = lane; j < ({I}){K}; j += {lanes}) {ch}[j] = {src}[row * {K} + j];"
 
-    def _row_reduce(self, nd, names, rowc, reg, lanes) -> str:
+    def _row_reduce(self, nd, names, rowc, reg, lanes, loop=None) -> str:
+        """One reduction over the row, then the block (warp) reduction. `loop(body)`: the loop
+        over the thread's elements (default: strided over the row, for rows not in registers)."""
         I = self.I
         x = nd.inputs[0]
         xt, ot = self.types[x], self.types[nd.outputs[0]]
@@ -269,11 +267,12 @@ class RowReductionKernels:
         post = f"(acc / ({W}){Ki})" if nd.op.divide_by_count else "acc"
         red = "sf_block_reduce(acc, comb)" if lanes > 32 else "sf_shfl(sf_warp_reduce(acc, comb), 0)"
         rounded = ct.cvt(ct.cvt(post, ct.storage(ot.dtype)), ct.value(ot.dtype))
+        if loop is None:
+            def loop(body):
+                return (f"      #pragma unroll 8\n"
+                        f"      for ({I} k = lane; k < ({I}){Ki}; k += {lanes}) {{ {delinearize('k', red_shape, I, 's')} {body} }}")
         return (f"    {{ auto comb = [&]({W} a, {W} b) -> {W} {{ return {fn}::f<{W}>(a, b); }};\n"
-                f"      {W} acc = {fn}::id<{W}>();\n"
-                f"      #pragma unroll 8\n"
-                f"      for ({I} k = lane; k < ({I}){Ki}; k += {lanes}) {{ {delinearize('k', red_shape, I, 's')} "
-                f"acc = comb(acc, {load}); }}\n"
+                f"      {W} acc = {fn}::id<{W}>();\n{loop(f'acc = comb(acc, {load});')}\n"
                 f"      acc = {red};\n      {reg} = {rounded}; }}")
 
     def _row_stores(self, region, names, rowc, K, lanes) -> str:
