@@ -16,7 +16,7 @@ echo "== variants $(date -u +%H:%M:%S)"
 BIG="rmsnorm:float32:32768x4096 rmsnorm:float32:32768x8192 rmsnorm:bfloat16:32768x8192 layernorm:float32:32768x8192 layernorm:bfloat16:32768x8192 softmax:float32:32768x4096 softmax:bfloat16:32768x4096 log_softmax:bfloat16:32768x4096 rmsnorm:bfloat16:32768x4096 layernorm:bfloat16:32768x4096 layernorm:float32:32768x4096 softmax:float32:32768x8192 softmax:bfloat16:32768x8192"
 SMALL="rmsnorm:float32:8x4096 rmsnorm:bfloat16:8x4096 layernorm:float32:8x4096 layernorm:float32:8x8192 softmax:float32:8x4096"
 for v in "" "NORM_WEIGHTS=32" ${VARIANTS_EXTRA:-}; do
-  env $v SEGFUSE_KERNEL_CACHE=/tmp/sfk-var timeout -s INT "${VAR_S:-90}" python3 benchmarks/norm_variants.py $BIG $SMALL 2>&1 | grep -v Warning | tee -a "$OUT/variants.txt"
+  env $v SEGFUSE_KERNEL_CACHE=/tmp/sfk-var timeout -s INT "${VAR_S:-90}" python3 benchmarks/norm_variants.py ${VAR_LIST:-$BIG $SMALL} 2>&1 | grep -v Warning | tee -a "$OUT/variants.txt"
 done
 echo "== the prologue's host path at T = 1, with and without CUDA graphs $(date -u +%H:%M:%S)"
 for g in 1 0; do

@@ -2,7 +2,7 @@
 (issue 20: which choice explains a miss). Run under `ncu` for hardware counters, or alone for GPU
 time. Variants come from the environment, set before segfuse is imported:
 
-- NORM_PER=N: elements per thread of a row when rows fill the SMs (limits.row_threads; default 8);
+- NORM_PER=N: elements per thread of a row when rows fill the SMs (limits.row_threads; default 16);
 - NORM_PER_SMALL=N: the same when they do not (default 4);
 - NORM_FASTEXP=1: exp rendered as __expf (the hardware approximation);
 - NORM_WEIGHTS=N: limits.ROW_REGISTER_WEIGHTS (weights held in registers; default 0, off).
@@ -26,7 +26,7 @@ def _patch():
     from segfuse.compiler.codegen import row_reduction
     from segfuse.compiler.segmenter import pipeline
 
-    big, small = int(os.environ.get("NORM_PER", "8")), int(os.environ.get("NORM_PER_SMALL", "4"))
+    big, small = int(os.environ.get("NORM_PER", "16")), int(os.environ.get("NORM_PER_SMALL", "4"))
     orig = limits.row_threads
 
     def row_threads(length, rows, sm_count):
@@ -37,7 +37,8 @@ def _patch():
             t *= 2
         return t
 
-    row_reduction.row_threads = pipeline.row_threads = row_threads
+    if "NORM_PER" in os.environ or "NORM_PER_SMALL" in os.environ:  # else limits.row_threads as it is
+        row_reduction.row_threads = pipeline.row_threads = row_threads
     if "NORM_WEIGHTS" in os.environ:
         row_reduction.ROW_REGISTER_WEIGHTS = int(os.environ["NORM_WEIGHTS"])
     if os.environ.get("NORM_FASTEXP") == "1":
