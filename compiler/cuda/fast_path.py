@@ -5,7 +5,7 @@ thread's stream context."""
 
 from __future__ import annotations
 
-from .arrays import commit_outputs
+from .arrays import committer
 from .graphs import graphed_call
 from .thread_state import RunCtx, defers, owned_by
 
@@ -21,7 +21,7 @@ def make_call(rt, fusion, prep, st0, deferred: bool):
 
 def _call(rt, fusion, prep, st0, deferred: bool, token):
     tls, new_state = rt._tls, rt._thread_state
-    outputs, device_array = prep.outputs, rt.cp.ndarray
+    commit = committer(prep.outputs, rt.cp.ndarray)
     steps = tuple(s.run for s in prep.steps)
     staged = tuple(prep.staged)
     may_fail = prep.may_fail
@@ -47,7 +47,7 @@ def _call(rt, fusion, prep, st0, deferred: bool, token):
             st, ctx = state()
             env = dict(ins)
             return st.execute(fusion, steps, env, ctx, may_fail, defer, False,
-                              lambda: commit_outputs(outputs, env, ins, st, device_array))
+                              lambda: commit(env, ins, st))
 
         return call
 
@@ -59,7 +59,7 @@ def _call(rt, fusion, prep, st0, deferred: bool, token):
             for name in staged:
                 env[name] = ins[name].copy()
             res = st.execute(fusion, steps, env, ctx, may_fail, defer, bool(staged),
-                             lambda: commit_outputs(outputs, env, ins, st, device_array))
+                             lambda: commit(env, ins, st))
             if staged:
                 stream.synchronize()
         return res

@@ -3,7 +3,7 @@ captured once and replayed with one `cuGraphLaunch`."""
 
 from __future__ import annotations
 
-from .arrays import commit_outputs
+from .arrays import committer
 from .thread_state import ERR_WORDS
 
 GRAPHS_PER_CALL = 4  # graphs kept per prepared signature and thread (distinct parameter sets)
@@ -21,7 +21,7 @@ def graphed_call(rt, fusion, prep, defer, tls, new_state, token, new_ctx):
     binds = tuple(s.run.bind for s in prep.steps)
     fires = tuple(s.run.fire for s in prep.steps)
     may_fail = prep.may_fail
-    outputs, device_array = prep.outputs, rt.cp.ndarray
+    commit = committer(prep.outputs, rt.cp.ndarray)
     checked = may_fail and not defer  # waits for the outcome before returning
     block_bytes = ERR_WORDS * 8
 
@@ -94,7 +94,7 @@ def graphed_call(rt, fusion, prep, defer, tls, new_state, token, new_ctx):
                     fire(rec, st.sync_err_ptr, ctx.sp)
             else:
                 g[0].launch(st.stream)
-            res = commit_outputs(outputs, env, ins, st, device_array)  # (no input writes: while the GPU works)
+            res = commit(env, ins, st)  # (no input writes: while the GPU works)
             st.outcome(fusion)  # (raises an earlier deferred run's failure first)
             return res
         if g is None:
@@ -107,7 +107,7 @@ def graphed_call(rt, fusion, prep, defer, tls, new_state, token, new_ctx):
                 st.graph_replayed(g[1])
         if st.pending or st.graph_runs:
             st.settle()  # after the launch, as in prepared_call's other kernels-only path
-        return commit_outputs(outputs, env, ins, st, device_array)
+        return commit(env, ins, st)
 
     return call
 
