@@ -33,9 +33,11 @@ ROW_CACHE_BYTES = 96 * 1024
 ROW_REGISTER_ELEMS = 32
 # Inputs of the row's own shape broadcast over the rows (RMSNorm's and LayerNorm's weights) are then
 # loaded once per thread, with vector loads, before the row loop, while a thread's share of them is
-# at most ROW_REGISTER_WEIGHTS elements. 0 (the default): read per element, as before. Not yet
-# measured on the GPU (benchmarks/norm_variants.py NORM_WEIGHTS=32 compares both).
-ROW_REGISTER_WEIGHTS = 0
+# at most ROW_REGISTER_WEIGHTS elements (0: read per element). 2-byte weights only while the rows
+# do not fill the SMs. On the H200 (benchmarks/norm_variants.py, 2026-12-02 00:1x UTC), held weights
+# took float32 RMSNorm/LayerNorm at 32768 rows 1-4.5% faster and 8 rows 4-18% faster, but bfloat16
+# at 32768 rows 5-10% slower (RMSNorm [32768, 8192]: 273 -> 300 us).
+ROW_REGISTER_WEIGHTS = 32
 
 
 def row_threads(length: int, rows: int, sm_count: int) -> int:

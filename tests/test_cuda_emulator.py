@@ -253,18 +253,22 @@ def test_row_normalizations_against_torch(emulated, kind, dtype, R, D):
 @pytest.mark.parametrize("kind", ["rmsnorm", "layernorm"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("R,D", [(37, 300), (6, 4096), (5, 1001), (300, 2048)])
-def test_row_weights_in_registers(emulated, monkeypatch, kind, dtype, R, D):
-    """The weights loaded once per thread before the row loop (limits.ROW_REGISTER_WEIGHTS, off by
-    default until measured): the kernel reads them from its registers, and agrees with PyTorch."""
+@pytest.mark.parametrize("limit", [None, 0])
+def test_row_weights_in_registers(emulated, monkeypatch, kind, dtype, R, D, limit):
+    """The weights loaded once per thread before the row loop (limits.ROW_REGISTER_WEIGHTS; 2-byte
+    ones only while the rows do not fill the SMs): the kernel reads them from its registers, and
+    agrees with PyTorch; with the limit at 0 it reads them per element, and agrees too."""
     from norm_graphs import norm_graph
     from segfuse.compiler.codegen import row_reduction
     from segfuse.compiler.cuda.prepare import modules_without_device
+    from segfuse.compiler.limits import NOMINAL_SM_COUNT
 
-    monkeypatch.setattr(row_reduction, "ROW_REGISTER_WEIGHTS", 32)
+    if limit is not None:
+        monkeypatch.setattr(row_reduction, "ROW_REGISTER_WEIGHTS", limit)
     f = norm_graph(kind, dtype)
     shapes = {"x": (R, D), "w": (D,), **({"b": (D,)} if kind == "layernorm" else {})}
     (_, mod), = modules_without_device(f, PLANS.plan(f, shapes), f.bind(shapes))
-    weights = 2 if kind == "layernorm" else 1
+    weights = 0 if limit == 0 or (dtype == "bfloat16" and R > NOMINAL_SM_COUNT) else 2 if kind == "layernorm" else 1
     assert [f"wr{i}[sf_t]" in mod.source for i in range(3)] == [True] * weights + [False] * (3 - weights)
     _check_norm(emulated, kind, dtype, R, D)
 

@@ -15,7 +15,7 @@ Where the row is kept:
   the instructions per element of the bfloat16 rows, which were bound by issue, not bandwidth
   (benchmarks/README.md, ncu of 2026-12-01 21:53 UTC). Inputs of the row's shape broadcast over the
   rows (weights) may be held the same way, loaded once before the row loop
-  (`limits.ROW_REGISTER_WEIGHTS`, off until measured);
+  (`limits.ROW_REGISTER_WEIGHTS`; 2-byte ones only while the rows do not fill the SMs);
 - shared memory otherwise (16-byte vector loads in the vector variant), element by element;
 - global memory, re-read in each pass, for rows that do not fit `limits.ROW_CACHE_BYTES` (two
   passes or more: the formulation nvFuser falls back to past its persistent buffer limit).
@@ -68,7 +68,7 @@ class RowReductionKernels:
         smem = 0 if in_regs else per_slot * slots
         geo = (region, R, K, lanes, slots, cache, offs, per_slot)
         if in_regs:
-            geo += (self._row_weights(region, cache, K, lanes),)
+            geo += (self._row_weights(region, cache, K, lanes, few_rows=R <= self.sm),)
         body = self._row_body_registers if in_regs else self._row_body
         out = []
         if cache and K % 4 == 0:
@@ -129,9 +129,10 @@ class RowReductionKernels:
         lines.append("  }")
         return "\n".join(lines)
 
-    def _row_weights(self, region, cache, K, lanes) -> list:
+    def _row_weights(self, region, cache, K, lanes, few_rows: bool) -> list:
         """Inputs of the row's shape broadcast over the rows, read in place, that a thread holds in
-        registers for all its rows (within `ROW_REGISTER_WEIGHTS` elements a thread)."""
+        registers for all its rows (within `ROW_REGISTER_WEIGHTS` elements a thread); 2-byte ones
+        only for `few_rows` (measured slower on full SMs, limits.py)."""
         per_thread = _share(K, lanes)
         if per_thread > ROW_REGISTER_WEIGHTS:
             return []
@@ -139,7 +140,7 @@ class RowReductionKernels:
         out = []
         for x in self.seg.inputs:
             t = self.types[x]
-            if x in cache or t.rank > r or tuple(t.shape[t.rank - k:]) != tuple(region.row) or \
+            if x in cache or (t.dtype.itemsize < 4 and not few_rows) or t.rank > r or tuple(t.shape[t.rank - k:]) != tuple(region.row) or \
                     any(d != 1 for d in t.shape[:t.rank - k]) or self.strides[x] != contiguous_strides(t.shape):
                 continue
             if (len(out) + 1) * per_thread <= ROW_REGISTER_WEIGHTS and \
