@@ -216,7 +216,10 @@ def test_a_deferred_replay_failure_is_raised_once_by_a_later_call_naming_the_gra
     (_graph, blk), = s.ctx().graphs.values()
     assert s.st.graph_owner[blk] is s.fusion and blk not in s.st.graph_free
     ids[2] = -3
-    # the stand-in GPU runs at launch, so the failure is visible to this very call's check
+    # the stand-in GPU runs at launch, so the failure is visible at once; still the failing call
+    # returns (a deferred run checks before its launch, never its own failure) and the next raises
+    s.run(ids)
+    assert s.st.gblocks[blk, 0] != 0
     with pytest.raises(DeferredRunError, match=r"an earlier run of graph 'hist' failed: scatter: index -3") as e:
         s.run(ids)
     assert e.value.later_failures == 0
@@ -231,12 +234,15 @@ def test_a_failing_ring_run_is_reported_first_and_a_failing_replay_counted():
     ids = _ids(0, 1)
     s.run(ids)  # direct: takes a ring slot
     s.run(ids)  # captured: replays write the graph's block
+    ids[0] = 8
+    s.run(ids)  # a replay that fails: it returns (a deferred run checks before its launch)
     slot = s.st.claim_slot(s.fusion)  # another run in flight...
     (ctypes.c_int64 * ts.ERR_WORDS).from_address(slot)[:] = [1, 2, 11, 0, BINS]  # ...that failed
-    ids[0] = 8
+    (graph, _blk), = s.ctx().graphs.values()
+    replays = graph.launches
     with pytest.raises(DeferredRunError, match="index 11") as e:
-        s.run(ids)  # a replay that fails too: checked after its launch
-    assert e.value.later_failures == 1
+        s.run(ids)  # the next call: the ring's failure first, the replay's counted; nothing launched
+    assert e.value.later_failures == 1 and graph.launches == replays
     assert not s.st.ring.any() and not s.st.gblocks.any() and s.st.pending == []
 
 

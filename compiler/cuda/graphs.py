@@ -97,6 +97,10 @@ def graphed_call(rt, fusion, prep, defer, tls, new_state, token, new_ctx):
             res = commit(env, ins, st)  # (no input writes: while the GPU works)
             st.outcome(fusion)  # (raises an earlier deferred run's failure first)
             return res
+        # ThreadState.execute's rule: a deferred run checks earlier runs before its launch (it
+        # never reports its own failure), a run that cannot fail after it, while the GPU works
+        if defer and (st.pending or st.graph_runs):
+            st.settle()
         if g is None:
             err = st.claim_slot(fusion) if defer else st.sync_err_ptr
             for rec, fire in zip(recs, fires):
@@ -105,8 +109,8 @@ def graphed_call(rt, fusion, prep, defer, tls, new_state, token, new_ctx):
             g[0].launch(st.stream)
             if g[1] is not None:
                 st.graph_replayed(g[1])
-        if st.pending or st.graph_runs:
-            st.settle()  # after the launch, as in prepared_call's other kernels-only path
+        if not defer and (st.pending or st.graph_runs):
+            st.settle()
         return commit(env, ins, st)
 
     return call

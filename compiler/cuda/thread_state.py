@@ -221,7 +221,7 @@ class ThreadState:
         before its launch (so it never reports its own failure), any other after it, while the GPU
         works (its own failure, if any, is then counted among the later ones)."""
         if defer:
-            if self.pending:
+            if self.pending or self.graph_runs:
                 self.settle()
             self.launch_deferred(fusion, runs, env, ctx)
             return commit()
@@ -236,7 +236,7 @@ class ThreadState:
             res = commit()
             self.outcome(fusion)  # (raises an earlier deferred run's failure first)
             return res
-        if self.pending:
+        if self.pending or self.graph_runs:
             self.settle()
         return commit()
 
