@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call (carry .raylite, .tools, .abbase). Each part is skipped when its *_S is 0:
 # - VAR_S: the row normalizations' code-generator variants (benchmarks/norm_variants.py), the
-#   default and NORM_WEIGHTS=32 (VAR_LIST: the workloads);
+#   default and each of VARIANTS (default: NORM_MIN_THREADS=1536 and 2048; VAR_LIST: the workloads);
 # - HOST_S: the prologue's host path at T = 1 (profile_prologue_host.py), with and without CUDA
 #   graphs, in this tree and in each tree of HOST_TREES (tarballs in .abbase, `git archive` of a
 #   variant), HOST_ROUNDS rounds alternating between the trees;
@@ -34,7 +34,7 @@ if [ "${VAR_S:-90}" != 0 ]; then
   echo "== variants $(date -u +%H:%M:%S)"
   BIG="rmsnorm:float32:32768x4096 rmsnorm:float32:32768x8192 rmsnorm:bfloat16:32768x8192 layernorm:float32:32768x8192 layernorm:bfloat16:32768x8192 softmax:float32:32768x4096 softmax:bfloat16:32768x4096 log_softmax:bfloat16:32768x4096 rmsnorm:bfloat16:32768x4096 layernorm:bfloat16:32768x4096 layernorm:float32:32768x4096 softmax:float32:32768x8192 softmax:bfloat16:32768x8192"
   SMALL="rmsnorm:float32:8x4096 rmsnorm:bfloat16:8x4096 layernorm:float32:8x4096 layernorm:float32:8x8192 softmax:float32:8x4096"
-  for v in "" "NORM_WEIGHTS=32" ${VARIANTS_EXTRA:-}; do
+  for v in "" ${VARIANTS:-NORM_MIN_THREADS=1536 NORM_MIN_THREADS=2048}; do
     env $v SEGFUSE_KERNEL_CACHE=/tmp/sfk-var timeout -s INT "${VAR_S:-90}" python3 benchmarks/norm_variants.py ${VAR_LIST:-$BIG $SMALL} 2>&1 | grep -v Warning | tee -a "$OUT/variants.txt"
   done
 fi

@@ -38,6 +38,11 @@ ROW_REGISTER_ELEMS = 32
 # took float32 RMSNorm/LayerNorm at 32768 rows 1-4.5% faster and 8 rows 4-18% faster, but bfloat16
 # at 32768 rows 5-10% slower (RMSNorm [32768, 8192]: 273 -> 300 us).
 ROW_REGISTER_WEIGHTS = 32
+# Row kernels ask ptxas to fit this many threads on an SM (`__launch_bounds__(block, this // block)`,
+# a register cap): 0 leaves it to ptxas. By ptxas, RMSNorm float32 [32768, 4096] takes 48 registers
+# a thread (5 blocks of 256 an SM) and LayerNorm 64-72 (4 or 3): fewer rows in flight. Unmeasured:
+# benchmarks/norm_variants.py NORM_MIN_THREADS=1536 or 2048 compares.
+ROW_MIN_RESIDENT_THREADS = 0
 
 
 def row_threads(length: int, rows: int, sm_count: int) -> int:

@@ -144,3 +144,18 @@ def test_explain_prints_the_reason():
     plan = _plan(f, 32768, 4096)
     text = "\n".join(plan_lines(plan, f, {"R": 32768, "D": 4096}, {"optin": 1, "default": 1, "name": "x"}, 1, 200))
     assert "row_reduction" in text and "row-persistent reduction: mean" in text
+
+
+def test_a_register_cap_asks_for_resident_threads(monkeypatch):
+    """limits.ROW_MIN_RESIDENT_THREADS (0, off, by default): the row kernels then carry
+    `__launch_bounds__(block, threads // block)`, ptxas's register cap (the compile-check plugin
+    compiles both sources for sm_90)."""
+    from segfuse.compiler.codegen import row_reduction
+
+    f = norm_graph("layernorm", "float32")
+    shapes = f.input_shapes({"R": 32768, "D": 4096})
+    (_, mod), = modules_without_device(f, ENG.plan(f, shapes), f.bind(shapes))
+    assert mod.source.count("__launch_bounds__(256)") == 2  # the vector kernel and the scalar one
+    monkeypatch.setattr(row_reduction, "ROW_MIN_RESIDENT_THREADS", 2048)
+    (_, mod), = modules_without_device(f, ENG.plan(f, shapes), f.bind(shapes))
+    assert mod.source.count("__launch_bounds__(256, 8)") == 2

@@ -27,7 +27,14 @@ the shared lambdas). A mixin of `SegmentCodegen` (segment.py).
 
 from __future__ import annotations
 
-from ..limits import ROW_CACHE_BYTES, ROW_REGISTER_ELEMS, ROW_REGISTER_WEIGHTS, SMEM_PER_BLOCK, row_threads
+from ..limits import (
+    ROW_CACHE_BYTES,
+    ROW_MIN_RESIDENT_THREADS,
+    ROW_REGISTER_ELEMS,
+    ROW_REGISTER_WEIGHTS,
+    SMEM_PER_BLOCK,
+    row_threads,
+)
 from ..ops.pointwise import opmath
 from ..segmenter.row_fusion import analyze, read_in_place
 from . import ctypes_ as ct
@@ -70,6 +77,7 @@ class RowReductionKernels:
         if in_regs:
             geo += (self._row_weights(region, cache, K, lanes, few_rows=R <= self.sm),)
         body = self._row_body_registers if in_regs else self._row_body
+        self.min_blocks = ROW_MIN_RESIDENT_THREADS // block  # (segment.py's __launch_bounds__)
         out = []
         if cache and K % 4 == 0:
             out.append((body(geo, vector=True), grid, block, smem, True))

@@ -148,6 +148,7 @@ class SegmentCodegen(PointwiseKernels, ReductionKernels, RowReductionKernels, So
             self.loc[n] = Loc("param", f"t{k}", st)
         self.smem_used = 0
         self.scratch_used = 0
+        self.min_blocks = 0  # __launch_bounds__'s minimum of resident blocks an SM (0: none)
         for nd in self.anchors:
             for o in nd.outputs:
                 if o in self.loc:
@@ -215,7 +216,8 @@ class SegmentCodegen(PointwiseKernels, ReductionKernels, RowReductionKernels, So
         plist = ", ".join(params)
         text = []
         for i, (body, _grid, block, _smem, _vec) in enumerate(body_fns):
-            text.append(f"extern \"C\" __global__ void __launch_bounds__({block}) SFNAME_{i}({plist}) {{\n"
+            bounds = f"{block}, {self.min_blocks}" if self.min_blocks > 1 else f"{block}"
+            text.append(f"extern \"C\" __global__ void __launch_bounds__({bounds}) SFNAME_{i}({plist}) {{\n"
                         f"  extern __shared__ __align__(16) unsigned char sf_smem[];\n{body}\n}}\n")
         src_body = "\n".join(text)
         h = hashlib.sha256((PRELUDE + src_body).encode()).hexdigest()[:16]
