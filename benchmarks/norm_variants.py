@@ -10,7 +10,9 @@ time. Variants come from the environment, set before segfuse is imported:
   default 0, none). By ptxas (sm_90), RMSNorm float32 [32768, 4096] goes 48 -> 40 registers at
   1536 (8 bytes spilled) and 32 at 2048 (44 bytes); LayerNorm 64-72 -> 40 (80-100 bytes spilled).
 
-Prints one line per workload: kernels-only GPU time (us) of segfuse, then torch eager's graph replay.
+Prints one line per workload: kernels-only GPU time (us) of segfuse, then torch eager's graph replay
+(NORM_COMPILE=1: torch.compile's too, default mode, a fresh Dynamo per workload; under ncu its
+Triton kernel is profiled beside ours).
 `python benchmarks/norm_variants.py softmax:float32:32768x4096 rmsnorm:bfloat16:32768x4096 ...`
 (NORM_ONCE=1: one call of each, for ncu)."""
 
@@ -86,13 +88,26 @@ def main(argv):
         torch_norm(kind, t_ins)
         torch.cuda.synchronize()
         torch.cuda.nvtx.range_pop()
+        compiled = None
+        if os.environ.get("NORM_COMPILE") == "1":
+            torch._dynamo.reset()  # (past Dynamo's recompile limit it would silently run eagerly)
+            compiled = torch.compile(lambda ti, kind=kind: torch_norm(kind, ti), dynamic=False)
+            compiled(t_ins)  # compiles (ncu skips nothing: keep NORM_ONCE runs short)
+            torch.cuda.nvtx.range_push(f"torch.compile {spec}")
+            compiled(t_ins)
+            torch.cuda.synchronize()
+            torch.cuda.nvtx.range_pop()
         if once:
             continue
         prep = rt.prepared_for(f, ins)
         seg_us = rt.kernel_time_us(f, ins, reps=50)
         torch_us = held_events_us(graph_of(lambda kind=kind, t_ins=t_ins: torch_norm(kind, t_ins)).replay)
-        print(f"{spec} [{tag or 'default'}] segfuse {seg_us:.1f} us ({prep.kernels} kernels), torch eager {torch_us:.1f} us, "
-              f"ratio {torch_us / seg_us:.2f}x", flush=True)
+        line = (f"{spec} [{tag or 'default'}] segfuse {seg_us:.1f} us ({prep.kernels} kernels), torch eager {torch_us:.1f} us, "
+                f"ratio {torch_us / seg_us:.2f}x")
+        if compiled is not None:
+            comp_us = held_events_us(graph_of(lambda c=compiled, t_ins=t_ins: c(t_ins)).replay)
+            line += f", torch.compile {comp_us:.1f} us, ratio {comp_us / seg_us:.2f}x"
+        print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -65,12 +65,13 @@ def test_plot_modes_draws_one_png_per_workload(tmp_path):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_device_session_script_parses():
+@pytest.mark.parametrize("script", sorted(p.name for p in (ROOT / "benchmarks").glob("*.sh")))
+def test_device_scripts_parse(script):
     import shutil
     import subprocess
 
     bash = shutil.which("bash")
     if bash is None:
         pytest.skip("no bash")
-    p = subprocess.run([bash, "-n", str(ROOT / "benchmarks" / "device_session.sh")], capture_output=True, text=True)
+    p = subprocess.run([bash, "-n", str(ROOT / "benchmarks" / script)], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Issue 20's remaining GPU work in one device call (carry .whl): the GPU suite; ncu counters of the
+# weighted norms that trail torch.compile and of torch.compile's own Triton kernels beside them
+# (norm_variants.py NORM_ONCE=1 NORM_COMPILE=1; kernels sf_k_* and triton_*); the register-cap
+# variants (NORM_MIN_THREADS, limits.ROW_MIN_RESIDENT_THREADS) against the default, with
+# torch.compile in the default's lines; LayerNorm bfloat16 through `bench_gpu.py --only norm` with
+# torch.compile (not measured since the rows went into registers). Each part has its limit in
+# seconds (SUITE_S, NCU_S, VAR_S, LN_S; 0 skips it). Outputs in $OUT, at most 8 files.
+set -u
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+source benchmarks/device_env.sh >/dev/null
+export SEGFUSE_KERNEL_CACHE=${SEGFUSE_KERNEL_CACHE:-/tmp/sfk} PYTHONUNBUFFERED=1 SEGFUSE_COMPILE_CHECK=0
+SEED=${SEED:-$(date +%s)}
+WEIGHTED="rmsnorm:float32:32768x4096 rmsnorm:float32:32768x8192 rmsnorm:bfloat16:32768x4096 rmsnorm:bfloat16:32768x8192 layernorm:float32:32768x4096 layernorm:float32:32768x8192 layernorm:bfloat16:32768x4096 layernorm:bfloat16:32768x8192 rmsnorm:bfloat16:8x4096 rmsnorm:float32:8x4096"
+if [ "${SUITE_S:-240}" != 0 ]; then
+  echo "== suite $(date -u +%H:%M:%S), seed $SEED"
+  SEGFUSE_RANDOM_GRAPHS=${SEGFUSE_RANDOM_GRAPHS:-30} timeout -s INT "${SUITE_S:-240}" python3 -m pytest -q -n "${WORKERS:-14}" \
+    --timeout 240 -p no:cacheprovider -rf --hypothesis-seed="$SEED" tests/gpu tests/test_torch_ext.py \
+    tests/test_torch_cuda_path.py tests/test_reduced_precision.py > "$OUT/suite.txt" 2>&1
+  echo "rc=$?"; grep -E "^FAILED|^ERROR|passed|failed" "$OUT/suite.txt" | tail -20
+fi
+if [ "${NCU_S:-90}" != 0 ]; then
+  echo "== ncu $(date -u +%H:%M:%S)"
+  NORM_ONCE=1 NORM_COMPILE=1 timeout -s INT "${NCU_S:-90}" ncu --clock-control none --target-processes all \
+    -k "regex:sf_k_|triton_" --section SpeedOfLight --section LaunchStats --section Occupancy \
+    --section WarpStateStats --section MemoryWorkloadAnalysis --csv --page details --log-file "$OUT/ncu.csv" \
+    python3 benchmarks/norm_variants.py rmsnorm:float32:32768x4096 layernorm:float32:32768x4096 \
+    rmsnorm:bfloat16:32768x8192 softmax:bfloat16:32768x4096 > "$OUT/ncu_run.txt" 2>&1
+  echo "rc=$? $(wc -l < "$OUT/ncu.csv") csv lines"; tail -3 "$OUT/ncu_run.txt"
+fi
+if [ "${VAR_S:-70}" != 0 ]; then
+  echo "== variants $(date -u +%H:%M:%S)"
+  for v in "NORM_COMPILE=1" ${VARIANTS:-NORM_MIN_THREADS=1536 NORM_MIN_THREADS=2048}; do
+    env $v timeout -s INT "${VAR_S:-70}" python3 benchmarks/norm_variants.py ${VAR_LIST:-$WEIGHTED} 2>&1 | grep -v Warning \
+      | tee -a "$OUT/variants.txt"
+  done
+fi
+if [ "${LN_S:-60}" != 0 ]; then
+  echo "== LayerNorm bfloat16 with torch.compile $(date -u +%H:%M:%S)"
+  SEGFUSE_NORM_KINDS=layernorm SEGFUSE_NORM_DTYPES=bfloat16 SEGFUSE_COMPILE_MODES=default \
+    SEGFUSE_NORM_SHAPES=${LN_SHAPES:-32768x4096,32768x8192,8x4096,8x8192} \
+    timeout -s INT "${LN_S:-60}" python3 benchmarks/bench_gpu.py --only norm > "$OUT/ln_bf16.txt" 2>&1
+  echo "rc=$?"; grep "^| layernorm" "$OUT/ln_bf16.txt" | head -20
+  cp benchmarks/out/bench_gpu.json "$OUT/ln_bf16.json" 2>/dev/null
+fi
+echo "== done $(date -u +%H:%M:%S)"
