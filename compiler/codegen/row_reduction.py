@@ -148,7 +148,9 @@ class RowReductionKernels:
         out = []
         for x in self.seg.inputs:
             t = self.types[x]
-            if x in cache or (t.dtype.itemsize < 4 and not few_rows) or t.rank > r or tuple(t.shape[t.rank - k:]) != tuple(region.row) or \
+            if x in cache or (t.dtype.itemsize < 4 and not few_rows):
+                continue
+            if t.rank > r or tuple(t.shape[t.rank - k:]) != tuple(region.row) or \
                     any(d != 1 for d in t.shape[:t.rank - k]) or self.strides[x] != contiguous_strides(t.shape):
                 continue
             if (len(out) + 1) * per_thread <= ROW_REGISTER_WEIGHTS and \
