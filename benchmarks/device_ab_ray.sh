@@ -19,8 +19,10 @@
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .raylite/*.whl \
-  $(ls .rayhaproxy/*.whl 2>/dev/null) || exit 1
+if [ -d .raylite ]; then  # (only Ray and the server need them: without, RAY_S=0)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .raylite/*.whl \
+    $(ls .rayhaproxy/*.whl 2>/dev/null) || exit 1
+fi
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 SEGFUSE_COMPILE_CHECK=0
 ROOT=$(pwd)
 pack() {  # more than 8 files: the text ones into one archive
