@@ -11,15 +11,9 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 source benchmarks/device_env.sh >/dev/null
 export SEGFUSE_KERNEL_CACHE=${SEGFUSE_KERNEL_CACHE:-/tmp/sfk} PYTHONUNBUFFERED=1 SEGFUSE_COMPILE_CHECK=0
-SEED=${SEED:-$(date +%s)}
 WEIGHTED="rmsnorm:float32:32768x4096 rmsnorm:float32:32768x8192 rmsnorm:bfloat16:32768x4096 rmsnorm:bfloat16:32768x8192 layernorm:float32:32768x4096 layernorm:float32:32768x8192 layernorm:bfloat16:32768x4096 layernorm:bfloat16:32768x8192 rmsnorm:bfloat16:8x4096 rmsnorm:float32:8x4096"
-if [ "${SUITE_S:-240}" != 0 ]; then
-  echo "== suite $(date -u +%H:%M:%S), seed $SEED"
-  SEGFUSE_RANDOM_GRAPHS=${SEGFUSE_RANDOM_GRAPHS:-30} timeout -s INT "${SUITE_S:-240}" python3 -m pytest -q -n "${WORKERS:-14}" \
-    --timeout 240 -p no:cacheprovider -rf --hypothesis-seed="$SEED" tests/gpu tests/test_torch_ext.py \
-    tests/test_torch_cuda_path.py tests/test_reduced_precision.py > "$OUT/suite.txt" 2>&1
-  echo "rc=$?"; grep -E "^FAILED|^ERROR|passed|failed" "$OUT/suite.txt" | tail -20
-fi
+# the suite through device_session.sh (its other parts off)
+SUITE_S=${SUITE_S:-240} PROLOGUE_S=0 NORM_S=0 BENCH_S=0 bash benchmarks/device_session.sh
 if [ "${NCU_S:-90}" != 0 ]; then
   echo "== ncu $(date -u +%H:%M:%S)"
   NORM_ONCE=1 NORM_COMPILE=1 timeout -s INT "${NCU_S:-90}" ncu --clock-control none --target-processes all \
@@ -36,12 +30,9 @@ if [ "${VAR_S:-70}" != 0 ]; then
       | tee -a "$OUT/variants.txt"
   done
 fi
-if [ "${LN_S:-60}" != 0 ]; then
-  echo "== LayerNorm bfloat16 with torch.compile $(date -u +%H:%M:%S)"
-  SEGFUSE_NORM_KINDS=layernorm SEGFUSE_NORM_DTYPES=bfloat16 SEGFUSE_COMPILE_MODES=default \
-    SEGFUSE_NORM_SHAPES=${LN_SHAPES:-32768x4096,32768x8192,8x4096,8x8192} \
-    timeout -s INT "${LN_S:-60}" python3 benchmarks/bench_gpu.py --only norm > "$OUT/ln_bf16.txt" 2>&1
-  echo "rc=$?"; grep "^| layernorm" "$OUT/ln_bf16.txt" | head -20
-  cp benchmarks/out/bench_gpu.json "$OUT/ln_bf16.json" 2>/dev/null
-fi
+# LayerNorm bfloat16 against torch.compile: device_session.sh's norm part (norm.txt, norm.json)
+SUITE_S=0 PROLOGUE_S=0 BENCH_S=0 NORM_S=${LN_S:-60} SEGFUSE_NORM_COMPILE=1 SEGFUSE_COMPILE_MODES=default \
+  SEGFUSE_NORM_KINDS=layernorm SEGFUSE_NORM_DTYPES=bfloat16 \
+  SEGFUSE_NORM_SHAPES=${LN_SHAPES:-32768x4096,32768x8192,8x4096,8x8192} bash benchmarks/device_session.sh
+rm -rf "$OUT/plots"  # (a call returns at most 8 files: plot_modes.py remakes them from norm.json)
 echo "== done $(date -u +%H:%M:%S)"
