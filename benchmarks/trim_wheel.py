@@ -5,7 +5,9 @@ every file under the given prefixes and their RECORD lines; pip installs the res
     python benchmarks/trim_wheel.py .raylite/ray-2.60.0-*.whl ray/jars ray/rllib ray/data ray/llm \
         ray/train ray/tune ray/dashboard/client
 
-(A wheel is a zip file with a RECORD manifest: the zipfile module is all it takes.)"""
+(A wheel is a zip file with a RECORD manifest: the zipfile module is all it takes. By hand because
+the `wheel` tool's `unpack`/`pack`, made for this, refuse Ray's wheel: `unpack` stops at a RECORD
+hash mismatch of a file Ray vendors under ray/_private/runtime_env, checked 2026-12-02.)"""
 
 from __future__ import annotations
 
