@@ -39,10 +39,20 @@ ROW_REGISTER_ELEMS = 32
 # at 32768 rows 5-10% slower (RMSNorm [32768, 8192]: 273 -> 300 us).
 ROW_REGISTER_WEIGHTS = 32
 # Row kernels ask ptxas to fit this many threads on an SM (`__launch_bounds__(block, this // block)`,
-# a register cap): 0 leaves it to ptxas. By ptxas, RMSNorm float32 [32768, 4096] takes 48 registers
-# a thread (5 blocks of 256 an SM) and LayerNorm 64-72 (4 or 3): fewer rows in flight. Unmeasured:
-# benchmarks/norm_variants.py NORM_MIN_THREADS=1536 or 2048 compares.
+# a register cap): 0 leaves it to ptxas. The first applies to rows of 4-byte (or wider) elements,
+# the second to rows in registers whose held elements are all 2-byte, a block a row, more rows than SMs. Measured on the H200
+# (2026-12-02 02:1x-02:3x UTC, benchmarks/norm_variants.py NORM_MIN_THREADS, a block per row):
+# 2048 took bfloat16 softmax [32768, 4096] 164.3 -> 146.5 us and LayerNorm 146.0 -> 136.3 us
+# (RMSNorm [32768, 8192] unchanged), but float32 RMSNorm 262.5 -> 358.6 us and LayerNorm 268 -> 729
+# us: at 32 registers their 16 elements and 16 weights a thread spill. 1536 was slower in float32 too.
 ROW_MIN_RESIDENT_THREADS = 0
+ROW_MIN_RESIDENT_THREADS_2BYTE = 2048
+# Row kernels of a block per row reduce across the block with one barrier instead of three (two
+# shared buffers, alternating per row: sf_block_reduce1). Off until measured
+# (benchmarks/norm_variants.py NORM_ONE_BARRIER=1). Loading the next row while this one reduces
+# (a second set of registers) was measured and dropped: 2026-12-02 02:1x UTC, no faster in float32,
+# bfloat16 softmax [32768, 8192] 335 -> 398 us.
+ROW_ONE_BARRIER = False
 
 
 def row_threads(length: int, rows: int, sm_count: int) -> int:

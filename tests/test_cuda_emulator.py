@@ -273,6 +273,30 @@ def test_row_weights_in_registers(emulated, monkeypatch, kind, dtype, R, D, limi
     _check_norm(emulated, kind, dtype, R, D)
 
 
+@pytest.mark.parametrize("kind", ["softmax", "rmsnorm", "layernorm"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("R,D", [(7, 4096), (5, 1001)])
+@pytest.mark.parametrize("one_barrier", [False, True])
+def test_row_loop(emulated, monkeypatch, kind, dtype, R, D, one_barrier):
+    """A block looping over every row (a grid of one block: row_reduction.BLOCK_ROWS_PER_SM = 0),
+    with limits.ROW_ONE_BARRIER's reduction (sf_block_reduce1, two shared buffers alternating per
+    row) and without, against PyTorch. (The emulator runs threads in rounds between switch
+    points, so a buffer reused too early cannot show here; tests/gpu/test_row_reduction_gpu.py
+    runs the same loop on the H200.)"""
+    from norm_graphs import norm_graph
+    from segfuse.compiler.codegen import row_reduction
+    from segfuse.compiler.cuda.prepare import modules_without_device
+
+    monkeypatch.setattr(row_reduction, "BLOCK_ROWS_PER_SM", 0)
+    monkeypatch.setattr(row_reduction, "ROW_ONE_BARRIER", one_barrier)
+    f = norm_graph(kind, dtype)
+    shapes = {"x": (R, D), **({"w": (D,)} if kind != "softmax" else {}), **({"b": (D,)} if kind == "layernorm" else {})}
+    (_, mod), = modules_without_device(f, PLANS.plan(f, shapes), f.bind(shapes))
+    assert ("sf_block_reduce1(acc" in mod.source) == one_barrier
+    assert all(launch.grid == 1 for launch in mod.launches)
+    _check_norm(emulated, kind, dtype, R, D)
+
+
 def _check_norm(emulated, kind, dtype, R, D):
     import ml_dtypes
     import torch

@@ -47,8 +47,10 @@ def test_one_row_kernel_per_normalization(kind, dtype, composite, R, D):
     assert [ln.vector_of is not None for ln in launches] == [True, False]  # D % 4 == 0: a vector twin
     # 16 elements a thread when the rows fill the SMs, 4 when they do not (limits.row_threads)
     assert all(ln.block == (D // 16 if R > 132 else 1024) for ln in launches)
-    want = -(-R // 1) if launches[0].block > 32 else -(-R // 8)
-    assert launches[-1].grid == min(want, 132 * 32)
+    # a block per row (no persistent grid: row_reduction.BLOCK_ROWS_PER_SM); warp slots, 8 a block,
+    # up to 32 blocks an SM
+    want = R if launches[0].block > 32 else min(-(-R // 8), 132 * 32)
+    assert all(ln.grid == want for ln in launches)
 
 
 def test_the_old_lowering_without_the_capability():
@@ -147,15 +149,24 @@ def test_explain_prints_the_reason():
 
 
 def test_a_register_cap_asks_for_resident_threads(monkeypatch):
-    """limits.ROW_MIN_RESIDENT_THREADS (0, off, by default): the row kernels then carry
+    """limits.ROW_MIN_RESIDENT_THREADS (0, off, by default) and ROW_MIN_RESIDENT_THREADS_2BYTE
+    (2048, for rows of 2-byte elements in registers): the row kernels then carry
     `__launch_bounds__(block, threads // block)`, ptxas's register cap (the compile-check plugin
-    compiles both sources for sm_90)."""
+    compiles the sources for sm_90). Not for warp-per-row kernels nor rows in shared memory."""
     from segfuse.compiler.codegen import row_reduction
 
-    f = norm_graph("layernorm", "float32")
-    shapes = f.input_shapes({"R": 32768, "D": 4096})
-    (_, mod), = modules_without_device(f, ENG.plan(f, shapes), f.bind(shapes))
-    assert mod.source.count("__launch_bounds__(256)") == 2  # the vector kernel and the scalar one
+    def sources(kind, dtype, R, D):
+        f = norm_graph(kind, dtype)
+        shapes = f.input_shapes({"R": R, "D": D})
+        (_, mod), = modules_without_device(f, ENG.plan(f, shapes), f.bind(shapes))
+        return mod.source
+
+    assert sources("layernorm", "float32", 32768, 4096).count("__launch_bounds__(256)") == 2  # vector and scalar
+    assert sources("layernorm", "bfloat16", 32768, 4096).count("__launch_bounds__(256, 8)") == 2
+    assert sources("softmax", "bfloat16", 8, 4096).count("__launch_bounds__(1024)") == 2  # rows do not fill the SMs
+    assert sources("softmax", "bfloat16", 32768, 512).count("__launch_bounds__(256)") == 2  # a warp a row
+    assert sources("softmax", "bfloat16", 8, 40000).count("__launch_bounds__(1024)") == 2  # shared memory
     monkeypatch.setattr(row_reduction, "ROW_MIN_RESIDENT_THREADS", 2048)
-    (_, mod), = modules_without_device(f, ENG.plan(f, shapes), f.bind(shapes))
-    assert mod.source.count("__launch_bounds__(256, 8)") == 2
+    assert sources("layernorm", "float32", 32768, 4096).count("__launch_bounds__(256, 8)") == 2
+    monkeypatch.setattr(row_reduction, "ROW_MIN_RESIDENT_THREADS_2BYTE", 0)
+    assert sources("layernorm", "bfloat16", 32768, 4096).count("__launch_bounds__(256)") == 2

@@ -289,3 +289,23 @@ template <typename T> __device__ __forceinline__ void sf_vstore(sf_v4<T>* p, sf_
 template <typename V> struct sf_argpair { V v; long long i; };
 // ---- end of prelude -------------------------------------------------------------------------
 """
+
+
+# Emitted before a module's kernels only when one of them uses it (limits.ROW_ONE_BARRIER), so the
+# modules that do not keep their sources (and digests).
+BLOCK_REDUCE1 = r"""
+// sf_block_reduce with one barrier instead of three: each warp writes its partial to buffer `par` (0 or 1) and then every
+// warp combines all the partials itself. A buffer is written again only two calls later, after a
+// barrier every thread reaches once it has read it; the caller alternates `par` between calls.
+template <typename T, typename F> __device__ __forceinline__ T sf_block_reduce1(T v, F f, int par) {
+  __shared__ __align__(16) unsigned char raw[2 * 32 * 16];
+  T* sh = (T*)raw + par * 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  v = sf_warp_reduce(v, f);
+  if (lane == 0) sh[warp] = v;
+  __syncthreads();
+  T x = lane < nw ? sh[lane] : sh[0];
+  for (int d = 16; d > 0; d >>= 1) { T y = sf_shfl_down(x, d); if (lane + d < nw) x = f(x, y); }
+  return sf_shfl(x, 0);
+}
+"""

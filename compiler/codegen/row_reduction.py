@@ -30,6 +30,8 @@ from __future__ import annotations
 from ..limits import (
     ROW_CACHE_BYTES,
     ROW_MIN_RESIDENT_THREADS,
+    ROW_MIN_RESIDENT_THREADS_2BYTE,
+    ROW_ONE_BARRIER,
     ROW_REGISTER_ELEMS,
     ROW_REGISTER_WEIGHTS,
     SMEM_PER_BLOCK,
@@ -42,7 +44,13 @@ from .geometry import align
 from .layout import contiguous_strides, numel
 from .lazy import Unsupported, delinearize, linearize
 
-ROWS_PER_SM = 32  # grid cap, in blocks per SM (the row loop strides over the rest)
+# Grid cap of warp-per-row kernels, in blocks per SM (the row loop strides over the rest). Kernels
+# of a block per row launch a block for every row instead: on the H200 (2026-12-02 02:12 and 02:26 UTC,
+# benchmarks/norm_variants.py NORM_ROWS_PER_SM) a persistent grid of 32 blocks an SM looping over
+# the rows ran 1-5% slower at 32768 rows (RMSNorm float32 [32768, 8192] 533 -> 509 us), its DRAM
+# throughput 82% of peak under ncu against torch.compile's 88% with a program per row.
+ROWS_PER_SM = 32
+BLOCK_ROWS_PER_SM = None  # None: no cap (a block per row); a number caps them the same way
 WARP_BLOCK = 256  # threads of a block of warp-per-row slots
 
 
@@ -70,14 +78,19 @@ class RowReductionKernels:
             per_slot = align(per_slot + K * self.types[x].dtype.itemsize)
         if per_slot * slots > min(ROW_CACHE_BYTES, SMEM_PER_BLOCK) or K == 0:
             cache, offs, per_slot = [], {}, 0
-        grid = max(1, min(-(-R // slots), self.sm * ROWS_PER_SM))
+        # (a block per row has rows of more than ROW_WARP_MAX elements, so under 32-bit indexing
+        # R < 2^22 and the row loop's step past the end, at most R, cannot overflow)
+        per_sm = ROWS_PER_SM if lanes == 32 else BLOCK_ROWS_PER_SM
+        grid = max(1, min(-(-R // slots), 2**31 - 1 if per_sm is None else self.sm * per_sm))
         in_regs = bool(cache) and self._rows_in_registers(region, cache, K, lanes)
         smem = 0 if in_regs else per_slot * slots
         geo = (region, R, K, lanes, slots, cache, offs, per_slot)
         if in_regs:
             geo += (self._row_weights(region, cache, K, lanes, few_rows=R <= self.sm),)
         body = self._row_body_registers if in_regs else self._row_body
-        self.min_blocks = ROW_MIN_RESIDENT_THREADS // block  # (segment.py's __launch_bounds__)
+        narrow = in_regs and lanes > 32 and R > self.sm and all(self.types[x].dtype.itemsize <= 2 for x in (*cache, *geo[-1]))
+        # (segment.py's __launch_bounds__; pointless while the rows do not fill the SMs)
+        self.min_blocks = (ROW_MIN_RESIDENT_THREADS_2BYTE if narrow else ROW_MIN_RESIDENT_THREADS) // block
         out = []
         if cache and K % 4 == 0:
             out.append((body(geo, vector=True), grid, block, smem, True))
@@ -195,14 +208,21 @@ class RowReductionKernels:
         lines.append(lam)
         for x in weights:
             lines.append(self._register_load(x, arrs[x], "", K, N, lanes, vector, "  "))
-        lines.append(f"  for ({I} row = ({I})blockIdx.x * {slots} + slot; row < ({I}){R}; "
-                     f"row += ({I})gridDim.x * {slots}) {{")
+        one_barrier = ROW_ONE_BARRIER and lanes > 32
+        if one_barrier:
+            lines.append("  int sf_par = 0;  // sf_block_reduce1's buffer, alternating per row")
+        step = f"({I})gridDim.x * {slots}"
+        first = f"({I})blockIdx.x * {slots} + slot"
+        lines.append(f"  for ({I} row = {first}; row < ({I}){R}; row += {step}) {{")
         lines.append(f"    {delinearize('row', region.kept, I, 'r')}")
         for x in cache:
             lines.append(self._register_load(x, arrs[x], "row * ", K, N, lanes, vector, "    "))
         for nd in red_nodes:
-            lines.append(self._row_reduce(nd, names, rowc, regs[nd.outputs[0]], lanes, loop=lambda body: each("k", body)))
+            lines.append(self._row_reduce(nd, names, rowc, regs[nd.outputs[0]], lanes, loop=lambda body: each("k", body),
+                                          parity="sf_par" if one_barrier else None))
         lines.append(self._row_stores_registers(region, names, rowc, sc, K, N, V, lanes, each))
+        if one_barrier:
+            lines.append("    sf_par ^= 1;")
         lines.append("  }")
         return "\n".join(lines)
 
@@ -263,9 +283,10 @@ class RowReductionKernels:
                     f"sf_vload((const {v}*){src} + row * {K // 4} + q);")
         return f"    for ({I} j = lane; j < ({I}){K}; j += {lanes}) {ch}[j] = {src}[row * {K} + j];"
 
-    def _row_reduce(self, nd, names, rowc, reg, lanes, loop=None) -> str:
+    def _row_reduce(self, nd, names, rowc, reg, lanes, loop=None, parity=None) -> str:
         """One reduction over the row, then the block (warp) reduction. `loop(body)`: the loop
-        over the thread's elements (default: strided over the row, for rows not in registers)."""
+        over the thread's elements (default: strided over the row, for rows not in registers);
+        `parity`: the variable naming sf_block_reduce1's buffer (one barrier instead of three)."""
         I = self.I
         x = nd.inputs[0]
         xt, ot = self.types[x], self.types[nd.outputs[0]]
@@ -276,7 +297,10 @@ class RowReductionKernels:
         sc = [f"s{i}" for i in range(len(red_shape))]
         load = ct.cvt(f"{names[x]}({', '.join(rowc + sc)})", W)
         post = f"(acc / ({W}){Ki})" if nd.op.divide_by_count else "acc"
-        red = "sf_block_reduce(acc, comb)" if lanes > 32 else "sf_shfl(sf_warp_reduce(acc, comb), 0)"
+        if lanes <= 32:
+            red = "sf_shfl(sf_warp_reduce(acc, comb), 0)"
+        else:
+            red = f"sf_block_reduce1(acc, comb, {parity})" if parity else "sf_block_reduce(acc, comb)"
         rounded = ct.cvt(ct.cvt(post, ct.storage(ot.dtype)), ct.value(ot.dtype))
         if loop is None:
             def loop(body):

@@ -36,7 +36,7 @@ from .geometry import THREADS, align
 from .layout import contiguous_strides, numel
 from .lazy import Unsupported
 from .pointwise import PointwiseKernels
-from .prelude import PRELUDE
+from .prelude import BLOCK_REDUCE1, PRELUDE
 from .reduction import ReductionKernels
 from .row_reduction import RowReductionKernels
 from .scatter_block import BlockScatterKernels
@@ -220,6 +220,8 @@ class SegmentCodegen(PointwiseKernels, ReductionKernels, RowReductionKernels, So
             text.append(f"extern \"C\" __global__ void __launch_bounds__({bounds}) SFNAME_{i}({plist}) {{\n"
                         f"  extern __shared__ __align__(16) unsigned char sf_smem[];\n{body}\n}}\n")
         src_body = "\n".join(text)
+        if "sf_block_reduce1(" in src_body:
+            src_body = BLOCK_REDUCE1 + "\n" + src_body
         h = hashlib.sha256((PRELUDE + src_body).encode()).hexdigest()[:16]
         kname = f"sf_k_{h}"
         source = PRELUDE + "\n" + src_body.replace("SFNAME_", f"{kname}_")

@@ -95,3 +95,28 @@ def test_misaligned_input_runs_the_scalar_kernel():
     got = cp.asnumpy(Engine("cupy").run(f, {"x": x, "w": cp.asarray(ins["w"])}).outputs["y"])
     want = Engine("numpy").run(f, ins).outputs["y"]
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("one_barrier", [False, True])
+@pytest.mark.parametrize("kind,dtype", [("softmax", "bfloat16"), ("rmsnorm", "float32"), ("layernorm", "float32")])
+@pytest.mark.parametrize("R,D", [(3000, 4096), (1000, 1001)])
+def test_row_loop(monkeypatch, one_barrier, kind, dtype, R, D):
+    """Row kernels on a grid of one block an SM (row_reduction.BLOCK_ROWS_PER_SM = 1), so each
+    block loops over many rows, with limits.ROW_ONE_BARRIER's reduction and without (a shared
+    buffer reused too early would show), against the NumPy backend, twice."""
+    from segfuse.compiler.codegen import row_reduction
+    from segfuse.compiler.cuda.runtime import CupyRuntime
+
+    monkeypatch.setattr(row_reduction, "BLOCK_ROWS_PER_SM", 1)
+    monkeypatch.setattr(row_reduction, "ROW_ONE_BARRIER", one_barrier)
+    f = norm_graph(kind, dtype)
+    ins = norm_inputs(kind, R, D, dtype, seed=R + D, special=True)
+    want = Engine("numpy").run(f, ins).outputs["y"]
+    rt = CupyRuntime()  # its own prepared entries: the patched code generator runs
+    dev = {k: _gpu(v) for k, v in ins.items()}
+    for _ in range(2):
+        got = _host(rt.run(f, dev)[0]["y"], dtype)
+        np.testing.assert_allclose(_f32(got), _f32(want), equal_nan=True, **_tol(dtype))
+    prep = rt.prepared_for(f, dev)
+    src = "".join(m.source for _, m in prep.modules)
+    assert prep.kernels == 1 and ("sf_block_reduce1(acc" in src) == one_barrier
