@@ -25,14 +25,19 @@ if [ "${NCU_S:-90}" != 0 ]; then
 fi
 if [ "${VAR_S:-70}" != 0 ]; then
   echo "== variants $(date -u +%H:%M:%S)"
-  for v in "NORM_COMPILE=1" ${VARIANTS:-NORM_MIN_THREADS=1536 NORM_MIN_THREADS=2048}; do
-    env $v timeout -s INT "${VAR_S:-70}" python3 benchmarks/norm_variants.py ${VAR_LIST:-$WEIGHTED} 2>&1 | grep -v Warning \
+  # a variant is one or more NAME=VALUE joined by '+'; "-" is the default (no variable)
+  for v in ${VAR_FIRST:-NORM_COMPILE=1} ${VARIANTS:-NORM_MIN_THREADS=1536 NORM_MIN_THREADS=2048}; do
+    [ "$v" = - ] && v=
+    env ${v//+/ } timeout -s INT "${VAR_S:-70}" python3 benchmarks/norm_variants.py ${VAR_LIST:-$WEIGHTED} 2>&1 | grep -v Warning \
       | tee -a "$OUT/variants.txt"
   done
 fi
 # LayerNorm bfloat16 against torch.compile: device_session.sh's norm part (norm.txt, norm.json)
-SUITE_S=0 PROLOGUE_S=0 BENCH_S=0 NORM_S=${LN_S:-60} SEGFUSE_NORM_COMPILE=1 SEGFUSE_COMPILE_MODES=default \
+[ "${LN_S:-60}" != 0 ] && SUITE_S=0 PROLOGUE_S=0 BENCH_S=0 NORM_S=${LN_S:-60} SEGFUSE_NORM_COMPILE=1 SEGFUSE_COMPILE_MODES=default \
   SEGFUSE_NORM_KINDS=layernorm SEGFUSE_NORM_DTYPES=bfloat16 \
   SEGFUSE_NORM_SHAPES=${LN_SHAPES:-32768x4096,32768x8192,8x4096,8x8192} bash benchmarks/device_session.sh
 rm -rf "$OUT/plots"  # (a call returns at most 8 files: plot_modes.py remakes them from norm.json)
+if [ "$(find "$OUT" -type f | wc -l)" -gt 8 ]; then  # one archive instead
+  (cd "$OUT" && tar czf /tmp/close20.tar.gz . && find . -type f -delete && mv /tmp/close20.tar.gz .)
+fi
 echo "== done $(date -u +%H:%M:%S)"

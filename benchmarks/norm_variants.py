@@ -6,9 +6,14 @@ time. Variants come from the environment, set before segfuse is imported:
 - NORM_PER_SMALL=N: the same when they do not (default 4);
 - NORM_FASTEXP=1: exp rendered as __expf (the hardware approximation);
 - NORM_WEIGHTS=N: limits.ROW_REGISTER_WEIGHTS (weights held in registers; default 32);
-- NORM_MIN_THREADS=N: limits.ROW_MIN_RESIDENT_THREADS (a register cap through __launch_bounds__;
-  default 0, none). By ptxas (sm_90), RMSNorm float32 [32768, 4096] goes 48 -> 40 registers at
-  1536 (8 bytes spilled) and 32 at 2048 (44 bytes); LayerNorm 64-72 -> 40 (80-100 bytes spilled).
+- NORM_MIN_THREADS=N: limits.ROW_MIN_RESIDENT_THREADS and ROW_MIN_RESIDENT_THREADS_2BYTE (a register
+  cap through __launch_bounds__; default 0, none, and 2048 for rows of 2-byte elements in registers). By ptxas (sm_90), RMSNorm float32 [32768, 4096] goes 48 -> 40 registers at
+  1536 (8 bytes spilled) and 32 at 2048 (44 bytes); LayerNorm 64-72 -> 40 (80-100 bytes spilled);
+- NORM_ROWS_PER_SM=N: row_reduction.BLOCK_ROWS_PER_SM, a persistent grid of N blocks an SM for
+  the kernels of a block per row, looping over the rows (default none: a block per row; before
+  2026-12-02 02:30 UTC the default was 32, the same cap as the warp-per-row kernels');
+- NORM_ONE_BARRIER=1: limits.ROW_ONE_BARRIER (sf_block_reduce1: one barrier a reduction instead of
+  three).
 
 Prints one line per workload: kernels-only GPU time (us) of segfuse, then torch eager's graph replay
 (NORM_COMPILE=1: torch.compile's too, default mode, a fresh Dynamo per workload; under ncu its
@@ -46,8 +51,13 @@ def _patch():
         row_reduction.row_threads = pipeline.row_threads = row_threads
     if "NORM_WEIGHTS" in os.environ:
         row_reduction.ROW_REGISTER_WEIGHTS = int(os.environ["NORM_WEIGHTS"])
-    if "NORM_MIN_THREADS" in os.environ:
+    if "NORM_MIN_THREADS" in os.environ:  # both caps (4-byte rows and 2-byte rows)
         row_reduction.ROW_MIN_RESIDENT_THREADS = int(os.environ["NORM_MIN_THREADS"])
+        row_reduction.ROW_MIN_RESIDENT_THREADS_2BYTE = int(os.environ["NORM_MIN_THREADS"])
+    if "NORM_ROWS_PER_SM" in os.environ:  # a persistent grid for block-per-row kernels ("none": a block per row)
+        v = os.environ["NORM_ROWS_PER_SM"]
+        row_reduction.BLOCK_ROWS_PER_SM = None if v == "none" else int(v)
+    row_reduction.ROW_ONE_BARRIER = os.environ.get("NORM_ONE_BARRIER", str(int(row_reduction.ROW_ONE_BARRIER))) == "1"
     if os.environ.get("NORM_FASTEXP") == "1":
         from segfuse.compiler.ops import REGISTRY
 
@@ -69,7 +79,8 @@ def main(argv):
     from segfuse.compiler.engine import Engine
 
     once = os.environ.get("NORM_ONCE") == "1"
-    tag = " ".join(f"{k}={os.environ[k]}" for k in ("NORM_PER", "NORM_PER_SMALL", "NORM_FASTEXP", "NORM_WEIGHTS", "NORM_MIN_THREADS")
+    tag = " ".join(f"{k}={os.environ[k]}" for k in ("NORM_PER", "NORM_PER_SMALL", "NORM_FASTEXP", "NORM_WEIGHTS", "NORM_MIN_THREADS",
+                                                      "NORM_ROWS_PER_SM", "NORM_ONE_BARRIER")
                    if k in os.environ)
     eng, rt = Engine("cupy"), get_runtime()
     for spec in argv:
