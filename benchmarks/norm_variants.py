@@ -13,7 +13,10 @@ time. Variants come from the environment, set before segfuse is imported:
   the kernels of a block per row, looping over the rows (default none: a block per row; before
   2026-12-02 02:30 UTC the default was 32, the same cap as the warp-per-row kernels');
 - NORM_ONE_BARRIER=1: limits.ROW_ONE_BARRIER (sf_block_reduce1: one barrier a reduction instead of
-  three).
+  three);
+- NORM_CACHE=ld|st|both: the vector loads, stores or both as streaming (evict-first) accesses,
+  `__ldcs`/`__stcs` (torch.compile's Triton kernels mark their loads' eviction policy; ours mark
+  none). Not yet run on the GPU (written 2026-12-02 02:45 UTC, after the session's device time).
 
 Prints one line per workload: kernels-only GPU time (us) of segfuse, then torch eager's graph replay
 (NORM_COMPILE=1: torch.compile's too, default mode, a fresh Dynamo per workload; under ncu its
@@ -58,6 +61,8 @@ def _patch():
         v = os.environ["NORM_ROWS_PER_SM"]
         row_reduction.BLOCK_ROWS_PER_SM = None if v == "none" else int(v)
     row_reduction.ROW_ONE_BARRIER = os.environ.get("NORM_ONE_BARRIER", str(int(row_reduction.ROW_ONE_BARRIER))) == "1"
+    if os.environ.get("NORM_CACHE") in ("ld", "st", "both"):
+        _stream_hints(os.environ["NORM_CACHE"])
     if os.environ.get("NORM_FASTEXP") == "1":
         from segfuse.compiler.ops import REGISTRY
 
@@ -66,6 +71,35 @@ def _patch():
             op.cuda = lambda x: f"__expf({x})"
         except dataclasses.FrozenInstanceError:
             object.__setattr__(op, "cuda", lambda x: f"__expf({x})")
+
+
+_STREAMING = r"""
+template <int N> struct sf_vbits {};
+template <> struct sf_vbits<16> { typedef int4 type; };
+template <> struct sf_vbits<8> { typedef int2 type; };
+template <typename T> __device__ __forceinline__ sf_v4<T> sf_vload_cs(const sf_v4<T>* p) {
+  typedef typename sf_vbits<sizeof(sf_v4<T>)>::type W; W w = __ldcs((const W*)p); sf_v4<T> r; *(W*)&r = w; return r; }
+template <typename T> __device__ __forceinline__ void sf_vstore_cs(sf_v4<T>* p, sf_v4<T> v) {
+  typedef typename sf_vbits<sizeof(sf_v4<T>)>::type W; __stcs((W*)p, *(const W*)&v); }
+"""
+
+
+def _stream_hints(which: str) -> None:
+    """The rows' vector loads (`ld`), the outputs' vector stores (`st`) or both as streaming
+    accesses (`__ldcs`/`__stcs`: ld.global.cs / st.global.cs, evict-first), in the kernels with
+    the row in registers; the weights' loads keep the default policy (every block reads them)."""
+    from segfuse.compiler.codegen import row_reduction, segment
+
+    segment.PRELUDE = segment.PRELUDE + _STREAMING
+    cls = row_reduction.RowReductionKernels
+    load, store = cls._register_load, cls._row_stores_registers
+    if which in ("ld", "both"):
+        def _register_load(self, x, arr, row_off, *a):
+            text = load(self, x, arr, row_off, *a)
+            return text.replace("sf_vload(", "sf_vload_cs(") if row_off else text
+        cls._register_load = _register_load
+    if which in ("st", "both"):
+        cls._row_stores_registers = lambda self, *a: store(self, *a).replace("sf_vstore(", "sf_vstore_cs(")
 
 
 def main(argv):
@@ -80,7 +114,7 @@ def main(argv):
 
     once = os.environ.get("NORM_ONCE") == "1"
     tag = " ".join(f"{k}={os.environ[k]}" for k in ("NORM_PER", "NORM_PER_SMALL", "NORM_FASTEXP", "NORM_WEIGHTS", "NORM_MIN_THREADS",
-                                                      "NORM_ROWS_PER_SM", "NORM_ONE_BARRIER")
+                                                      "NORM_ROWS_PER_SM", "NORM_ONE_BARRIER", "NORM_CACHE")
                    if k in os.environ)
     eng, rt = Engine("cupy"), get_runtime()
     for spec in argv:
