@@ -6,17 +6,19 @@ time. Variants come from the environment, set before segfuse is imported:
 - NORM_PER_SMALL=N: the same when they do not (default 4);
 - NORM_FASTEXP=1: exp rendered as __expf (the hardware approximation);
 - NORM_WEIGHTS=N: limits.ROW_REGISTER_WEIGHTS (weights held in registers; default 32);
-- NORM_MIN_THREADS=N: limits.ROW_MIN_RESIDENT_THREADS and ROW_MIN_RESIDENT_THREADS_2BYTE (a register
-  cap through __launch_bounds__; default 0, none, and 2048 for rows of 2-byte elements in registers). By ptxas (sm_90), RMSNorm float32 [32768, 4096] goes 48 -> 40 registers at
-  1536 (8 bytes spilled) and 32 at 2048 (44 bytes); LayerNorm 64-72 -> 40 (80-100 bytes spilled);
+- NORM_MIN_THREADS=N: limits.ROW_MIN_RESIDENT_THREADS and ROW_MIN_RESIDENT_THREADS_2BYTE (a
+  register cap through __launch_bounds__; defaults 0, none, and 2048 for rows of 2-byte elements in
+  registers). By ptxas (sm_90), RMSNorm float32 [32768, 4096] goes 48 -> 40 registers at 1536 (8
+  bytes spilled) and 32 at 2048 (44 bytes); LayerNorm 64-72 -> 40 (80-100 bytes spilled);
 - NORM_ROWS_PER_SM=N: row_reduction.BLOCK_ROWS_PER_SM, a persistent grid of N blocks an SM for
   the kernels of a block per row, looping over the rows (default none: a block per row; before
-  2026-12-02 02:30 UTC the default was 32, the same cap as the warp-per-row kernels');
+  2026-12-02 02:30 UTC the default was 32, the warp-per-row kernels' cap);
 - NORM_ONE_BARRIER=1: limits.ROW_ONE_BARRIER (sf_block_reduce1: one barrier a reduction instead of
   three);
 - NORM_CACHE=ld|st|both: the vector loads, stores or both as streaming (evict-first) accesses,
   `__ldcs`/`__stcs` (torch.compile's Triton kernels mark their loads' eviction policy; ours mark
-  none). Not yet run on the GPU (written 2026-12-02 02:45 UTC, after the session's device time).
+  none; the weights' loads keep the default). Not yet run on the GPU (written 2026-12-02 02:45 UTC,
+  after the session's device time).
 
 Prints one line per workload: kernels-only GPU time (us) of segfuse, then torch eager's graph replay
 (NORM_COMPILE=1: torch.compile's too, default mode, a fresh Dynamo per workload; under ncu its
