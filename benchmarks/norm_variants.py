@@ -15,9 +15,11 @@ time. Variants come from the environment, set before segfuse is imported:
   2026-12-02 02:30 UTC the default was 32, the warp-per-row kernels' cap);
 - NORM_ONE_BARRIER=1: limits.ROW_ONE_BARRIER (sf_block_reduce1: one barrier a reduction instead of
   three);
-- NORM_CACHE=ld|st|both: the vector loads, stores or both as streaming (evict-first) accesses,
-  `__ldcs`/`__stcs` (torch.compile's Triton kernels mark their loads' eviction policy; ours mark
-  none; the weights' loads keep the default). Not yet run on the GPU (written 2026-12-02 02:45 UTC,
+- NORM_CACHE=ld|st|both: the rows' vector loads, the outputs' stores or both as streaming
+  (evict-first) accesses, `__ldcs`/`__stcs`, the weights' loads as they are; NORM_CACHE=l2: L2
+  eviction priorities the way torch.compile's Triton kernels set theirs (`createpolicy` and
+  `.L2::cache_hint`): the rows evict-first, the weights evict-last (on the H100, an RMSNorm from
+  Inductor ran 24% slower without its eviction policies: pytorch/helion issue 660). Not yet run on the GPU (written 2026-12-02 02:45 UTC,
   after the session's device time).
 
 Prints one line per workload: kernels-only GPU time (us) of segfuse, then torch eager's graph replay
@@ -63,7 +65,7 @@ def _patch():
         v = os.environ["NORM_ROWS_PER_SM"]
         row_reduction.BLOCK_ROWS_PER_SM = None if v == "none" else int(v)
     row_reduction.ROW_ONE_BARRIER = os.environ.get("NORM_ONE_BARRIER", str(int(row_reduction.ROW_ONE_BARRIER))) == "1"
-    if os.environ.get("NORM_CACHE") in ("ld", "st", "both"):
+    if os.environ.get("NORM_CACHE") in ("ld", "st", "both", "l2"):
         _stream_hints(os.environ["NORM_CACHE"])
     if os.environ.get("NORM_FASTEXP") == "1":
         from segfuse.compiler.ops import REGISTRY
@@ -83,13 +85,32 @@ template <typename T> __device__ __forceinline__ sf_v4<T> sf_vload_cs(const sf_v
   typedef typename sf_vbits<sizeof(sf_v4<T>)>::type W; W w = __ldcs((const W*)p); sf_v4<T> r; *(W*)&r = w; return r; }
 template <typename T> __device__ __forceinline__ void sf_vstore_cs(sf_v4<T>* p, sf_v4<T> v) {
   typedef typename sf_vbits<sizeof(sf_v4<T>)>::type W; __stcs((W*)p, *(const W*)&v); }
+// L2 eviction priorities as torch.compile's Triton kernels set them (createpolicy + L2::cache_hint):
+// the rows, read once, evict-first (and no L1 allocation); the weights, read by every block, evict-last
+#define SF_POLICY(NAME, PRIO) __device__ __forceinline__ unsigned long long NAME() { unsigned long long p; \
+  asm("createpolicy.fractional.L2::" PRIO ".b64 %0, 1.0;" : "=l"(p)); return p; }
+SF_POLICY(sf_pol_first, "evict_first") SF_POLICY(sf_pol_last, "evict_last")
+#undef SF_POLICY
+#define SF_LDH(NAME, L1) \
+  __device__ __forceinline__ int4 NAME(const int4* p, unsigned long long pol) { int4 r; \
+    asm("ld.global" L1 ".L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;" \
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p), "l"(pol)); return r; } \
+  __device__ __forceinline__ int2 NAME(const int2* p, unsigned long long pol) { int2 r; \
+    asm("ld.global" L1 ".L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;" : "=r"(r.x), "=r"(r.y) : "l"(p), "l"(pol)); return r; }
+SF_LDH(sf_ld_first, ".L1::no_allocate") SF_LDH(sf_ld_last, ".L1::evict_last")
+#undef SF_LDH
+template <typename T> __device__ __forceinline__ sf_v4<T> sf_vload_first(const sf_v4<T>* p) {
+  typedef typename sf_vbits<sizeof(sf_v4<T>)>::type W; W w = sf_ld_first((const W*)p, sf_pol_first()); sf_v4<T> r; *(W*)&r = w; return r; }
+template <typename T> __device__ __forceinline__ sf_v4<T> sf_vload_last(const sf_v4<T>* p) {
+  typedef typename sf_vbits<sizeof(sf_v4<T>)>::type W; W w = sf_ld_last((const W*)p, sf_pol_last()); sf_v4<T> r; *(W*)&r = w; return r; }
 """
 
 
 def _stream_hints(which: str) -> None:
     """The rows' vector loads (`ld`), the outputs' vector stores (`st`) or both as streaming
     accesses (`__ldcs`/`__stcs`: ld.global.cs / st.global.cs, evict-first), in the kernels with
-    the row in registers; the weights' loads keep the default policy (every block reads them)."""
+    the row in registers, the weights' loads as they are; or (`l2`) the rows' loads with an L2
+    evict-first policy and the weights' with evict-last."""
     from segfuse.compiler.codegen import row_reduction, segment
 
     segment.PRELUDE = segment.PRELUDE + _STREAMING
@@ -99,6 +120,10 @@ def _stream_hints(which: str) -> None:
         def _register_load(self, x, arr, row_off, *a):
             text = load(self, x, arr, row_off, *a)
             return text.replace("sf_vload(", "sf_vload_cs(") if row_off else text
+        cls._register_load = _register_load
+    if which == "l2":
+        def _register_load(self, x, arr, row_off, *a):
+            return load(self, x, arr, row_off, *a).replace("sf_vload(", "sf_vload_first(" if row_off else "sf_vload_last(")
         cls._register_load = _register_load
     if which in ("st", "both"):
         cls._row_stores_registers = lambda self, *a: store(self, *a).replace("sf_vstore(", "sf_vstore_cs(")
