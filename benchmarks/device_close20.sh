@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Issue 20's remaining GPU work in one device call (carry .whl): the GPU suite; ncu counters of the
 # weighted norms that trail torch.compile and of torch.compile's own Triton kernels beside them
-# (norm_variants.py NORM_ONCE=1 NORM_COMPILE=1; kernels sf_k_* and triton_*); the register-cap
-# variants (NORM_MIN_THREADS, limits.ROW_MIN_RESIDENT_THREADS) against the default, with
-# torch.compile in the default's lines; LayerNorm bfloat16 through `bench_gpu.py --only norm` with
-# torch.compile (not measured since the rows went into registers). Each part has its limit in
-# seconds (SUITE_S, NCU_S, VAR_S, LN_S; 0 skips it). Outputs in $OUT, at most 8 files.
+# (norm_variants.py NORM_ONCE=1 NORM_COMPILE=1; kernels sf_k_* and triton_*); code-generator
+# variants (VARIANTS: each one or more NAME=VALUE of norm_variants.py joined by '+', after
+# VAR_FIRST, by default NORM_COMPILE=1, "-" for the default alone) over VAR_LIST; LayerNorm bfloat16
+# through `bench_gpu.py --only norm` with torch.compile. Each part has its limit in seconds
+# (SUITE_S, NCU_S, VAR_S per variant, LN_S; 0 skips it). Outputs in $OUT, packed into one archive
+# past 8 files (a call returns at most 8).
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
