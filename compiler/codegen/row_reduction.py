@@ -85,10 +85,11 @@ class RowReductionKernels:
         in_regs = bool(cache) and self._rows_in_registers(region, cache, K, lanes)
         smem = 0 if in_regs else per_slot * slots
         geo = (region, R, K, lanes, slots, cache, offs, per_slot)
+        weights = self._row_weights(region, cache, K, lanes, few_rows=R <= self.sm) if in_regs else []
         if in_regs:
-            geo += (self._row_weights(region, cache, K, lanes, few_rows=R <= self.sm),)
+            geo += (weights,)
         body = self._row_body_registers if in_regs else self._row_body
-        narrow = in_regs and lanes > 32 and R > self.sm and all(self.types[x].dtype.itemsize <= 2 for x in (*cache, *geo[-1]))
+        narrow = in_regs and lanes > 32 and R > self.sm and all(self.types[x].dtype.itemsize <= 2 for x in (*cache, *weights))
         # (segment.py's __launch_bounds__; pointless while the rows do not fill the SMs)
         self.min_blocks = (ROW_MIN_RESIDENT_THREADS_2BYTE if narrow else ROW_MIN_RESIDENT_THREADS) // block
         out = []
@@ -211,9 +212,8 @@ class RowReductionKernels:
         one_barrier = ROW_ONE_BARRIER and lanes > 32
         if one_barrier:
             lines.append("  int sf_par = 0;  // sf_block_reduce1's buffer, alternating per row")
-        step = f"({I})gridDim.x * {slots}"
-        first = f"({I})blockIdx.x * {slots} + slot"
-        lines.append(f"  for ({I} row = {first}; row < ({I}){R}; row += {step}) {{")
+        lines.append(f"  for ({I} row = ({I})blockIdx.x * {slots} + slot; row < ({I}){R}; "
+                     f"row += ({I})gridDim.x * {slots}) {{")
         lines.append(f"    {delinearize('row', region.kept, I, 'r')}")
         for x in cache:
             lines.append(self._register_load(x, arrs[x], "row * ", K, N, lanes, vector, "    "))
