@@ -50,7 +50,14 @@ class DeviceBuffers:
         self.specs = tuple(specs)
         self.cached = tuple(s for s in specs if s[2] != "output" and s[1] <= _REUSE_BYTES)
         self.per_run = tuple(s for s in specs if s[2] != "output" and s[1] > _REUSE_BYTES)
-        self.outputs = tuple((s, _owner(s, plan), s[1] <= _REUSE_BYTES) for s in specs if s[2] == "output")
+        # per output buffer, decided once: (its key in a state's buffers, small, shape, dtype, and
+        # each member tensor with None when it is the buffer's array itself, else its view's shape
+        # and dtype); fill() then only looks up and hands out (host time at decode sizes)
+        self.outputs = tuple(
+            ((self.token, s[0]), s[1] <= _REUSE_BYTES, shape, dt,
+             tuple((t, None if (t == owner or (tshape == shape and tdt == dt)) else (tshape, tdt))
+                   for t, tshape, tdt in s[3]))
+            for s in specs if s[2] == "output" for owner, shape, dt in (_owner(s, plan),))
         self.key = (self.token, "intermediates")
 
     def __bool__(self) -> bool:
@@ -73,17 +80,15 @@ class DeviceBuffers:
                 for spec in self.per_run:
                     env.update(_views(self.cp.empty(spec[1], np.uint8), spec[3]))
         buffers = st.buffers
-        token = self.token
-        for (bid, _, _, members), (owner, shape, dt), small in self.outputs:
-            key = (token, bid)
+        for key, small, shape, dt, members in self.outputs:
             a = buffers.get(key) if small else None
             if a is None or getrefcount(a) > _FREE_REFS:
                 with ctx.stream:
                     a = self.cp.empty(shape, dt)
                 if small:
                     buffers[key] = a
-            for t, tshape, tdt in members:
-                env[t] = a if (t == owner or (tshape == shape and tdt == dt)) else _view(a, tshape, tdt)
+            for t, view in members:
+                env[t] = a if view is None else _view(a, *view)
 
 
 def _owner(spec, plan):
