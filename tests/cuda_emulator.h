@@ -65,13 +65,20 @@ struct Warp {
     unsigned long long slot[32];
 };
 
+struct Cluster;
 struct Block {
     sfemu_dim3 idx;
     unsigned char* dyn = nullptr;
+    size_t dyn_size = 0;
     Barrier bar;
     std::vector<Warp*> warps;
     std::map<std::pair<int, size_t>, void*> statics;  // (declaration, size): a template's instances apart
     int acc[2] = {0, 0};
+    Cluster* cl = nullptr;
+};
+struct Cluster {  // a thread-block cluster: its blocks in rank order, one barrier for all their threads
+    Barrier bar;
+    std::vector<Block*> blocks;
 };
 
 inline thread_local sfemu_dim3 t_thread, t_block, t_bdim, t_gdim;
@@ -92,10 +99,25 @@ inline void yield() {
 }
 
 inline unsigned char* dyn_smem() { return t_blk->dyn; }
-inline void* static_smem(int id, size_t size) {
-    void*& p = t_blk->statics[{id, size}];
+inline void* static_smem_of(Block* b, int id, size_t size) {
+    void*& p = b->statics[{id, size}];
     if (!p) { p = aligned_alloc(64, (size + 63) / 64 * 64); memset(p, 0, (size + 63) / 64 * 64); }
     return p;
+}
+inline void* static_smem(int id, size_t size) { return static_smem_of(t_blk, id, size); }
+// barrier.cluster.arrive + wait: every thread of the cluster's blocks
+inline void cluster_sync() { t_blk->cl->bar.wait(); }
+// mapa: the address of this block's shared variable at `p` in block `rank` of the cluster
+inline unsigned long long mapa(unsigned long long p, unsigned rank) {
+    Block* to = t_blk->cl->blocks.at(rank);
+    unsigned char* a = (unsigned char*)p;
+    if (a >= t_blk->dyn && a < t_blk->dyn + t_blk->dyn_size) return (unsigned long long)(to->dyn + (a - t_blk->dyn));
+    for (auto& kv : t_blk->statics) {
+        unsigned char* b = (unsigned char*)kv.second;
+        if (a >= b && a < b + kv.first.second)
+            return (unsigned long long)((unsigned char*)static_smem_of(to, kv.first.first, kv.first.second) + (a - b));
+    }
+    abort();  // not a shared-memory address
 }
 inline int lane() { return (int)(t_thread.x & 31); }
 inline Warp& warp() { return *t_blk->warps[t_thread.x >> 5]; }
@@ -161,6 +183,7 @@ inline unsigned ld_acquire(const unsigned* p) {
 #define __noinline__ __attribute__((noinline))
 #define __restrict__ __restrict
 #define __launch_bounds__(...)
+#define __cluster_dims__(...)
 #define __align__(n) __attribute__((aligned(n)))
 
 inline void __syncthreads() { sfemu::t_blk->bar.wait(); }
@@ -264,6 +287,7 @@ inline void fiber_main() {
     Fiber* f = t_cur;
     f->blk->warps[f->tid.x >> 5]->bar.leave();
     f->blk->bar.leave();
+    f->blk->cl->bar.leave();
     ++t_progress;
     f->done = true;
     _longjmp(t_sched, 1);  // never resumed
@@ -274,9 +298,10 @@ inline void fiber_main() {
 // grid barriers needs them all at once), kernel args as 64-bit words (pointers and integers only).
 // `seed` != 0: the threads run in a new random order in every round (a missing barrier then shows
 // as a read that runs before the write it needed, in some rounds). 0: done; -1: out of memory;
-// -2: deadlock (every thread waits at a barrier no other reaches).
+// -2: deadlock (every thread waits at a barrier no other reaches). `cluster`: blocks of a
+// thread-block cluster (consecutive blocks; `wave` a multiple of it).
 extern "C" int sfemu_launch(void* fn, unsigned grid, unsigned block, unsigned smem, const unsigned long long* args,
-                            unsigned wave, unsigned seed) {
+                            unsigned wave, unsigned seed, unsigned cluster) {
     using namespace sfemu;
     const size_t STACK = 96 * 1024;
     ucontext_t sched;
@@ -288,10 +313,18 @@ extern "C" int sfemu_launch(void* fn, unsigned grid, unsigned block, unsigned sm
     for (unsigned b0 = 0; b0 < grid && rc == 0; b0 += wave) {
         unsigned nb = grid - b0 < wave ? grid - b0 : wave;
         std::vector<Block*> blocks;
+        std::vector<Cluster*> clusters;
         std::vector<Fiber> fibers(nb * block);
         for (unsigned j = 0; j < nb; ++j) {
             Block* blk = new Block();
             blk->idx = {b0 + j, 0, 0};
+            if (j % cluster == 0) {
+                clusters.push_back(new Cluster());
+                clusters.back()->bar.size = (int)(block * (nb - j < cluster ? nb - j : cluster));
+            }
+            blk->cl = clusters.back();
+            blk->cl->blocks.push_back(blk);
+            blk->dyn_size = smem;
             blk->dyn = (unsigned char*)aligned_alloc(256, (smem + 255) / 256 * 256 + 256);
             blk->bar.size = (int)block;
             for (unsigned w = 0; w < (block + 31) / 32; ++w) {
@@ -344,6 +377,7 @@ extern "C" int sfemu_launch(void* fn, unsigned grid, unsigned block, unsigned sm
             free(blk->dyn);
             delete blk;
         }
+        for (Cluster* c : clusters) delete c;
     }
     return rc;
 }

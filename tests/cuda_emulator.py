@@ -36,7 +36,13 @@ _ASM = [  # the prelude's PTX, as C
      r"\2 = sfemu::\1_nan(\3, \4);"),
     (re.compile(r'asm volatile\("ld\.acquire\.gpu\.global\.u32 %0, \[%1\];" : "=r"\((\w+)\) : "l"\((\w+)\) : "memory"\);'),
      r"\1 = sfemu::ld_acquire(\2);"),
+    (re.compile(r'asm volatile\("barrier\.cluster\.arrive\.release\.aligned;\\n\\tbarrier\.cluster\.wait\.acquire\.aligned;" ::: "memory"\);'),
+     "sfemu::cluster_sync();"),
+    (re.compile(r'asm volatile\("mapa\.u64 %0, %1, %2;" : "=l"\((\w+)\) : "l"\(([^"]+)\), "r"\((\w+)\)\);'),
+     r"\1 = sfemu::mapa(\2, \3);"),
 ]
+# a kernel's compile-time cluster size (launches run its blocks in clusters of it)
+_CLUSTER = re.compile(r"__cluster_dims__\((\d+), 1, 1\) __launch_bounds__\([^)]*\) (\w+)\(")
 _DYN = re.compile(r"extern __shared__ (?:__align__\(\d+\) )?unsigned char (\w+)\[\];")
 _STATIC = re.compile(r"__shared__ (?:__align__\(\d+\) )?([A-Za-z_][\w ]*?) (\w+)((?:\[[^\]]+\])?);")
 
@@ -66,11 +72,12 @@ def host_source(src: str) -> str:
 
 
 class Module:
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, clusters: dict | None = None):
         self.lib = ctypes.CDLL(str(path))
         self.lib.sfemu_launch.restype = ctypes.c_int
         self.lib.sfemu_launch.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.c_uint,
-                                          ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_uint, ctypes.c_uint]
+                                          ctypes.POINTER(ctypes.c_ulonglong), ctypes.c_uint, ctypes.c_uint, ctypes.c_uint]
+        self.clusters = clusters or {}  # kernel name -> blocks of its cluster (__cluster_dims__)
 
     def launch(self, name: str, grid: int, block: int, smem: int, args: list, wave: int | None = None) -> None:
         """Run kernel `name`; `args`: NumPy arrays (their memory is the device memory), ints, or
@@ -82,7 +89,11 @@ class Module:
             words[i] = 0 if a is None else a.ctypes.data if isinstance(a, np.ndarray) else int(a) & (2**64 - 1)
         fn = ctypes.cast(getattr(self.lib, name), ctypes.c_void_p).value
         wave = grid if wave is None else wave
-        rc = self.lib.sfemu_launch(fn, grid, block, smem, words, max(1, min(wave, grid)), SHUFFLE)
+        cl = self.clusters.get(name, 1)
+        if grid % cl:
+            raise ValueError(f"a grid of {grid} blocks is no multiple of the kernel's cluster of {cl}")
+        wave = max(cl, min(wave, grid) // cl * cl)
+        rc = self.lib.sfemu_launch(fn, grid, block, smem, words, wave, SHUFFLE, cl)
         if rc != 0:
             raise RuntimeError({-1: "the emulator ran out of memory for the kernel's threads",
                                 -2: "deadlock: every thread waits at a barrier no other thread reaches"}.get(rc, str(rc)))
@@ -108,5 +119,5 @@ def compile_source(src: str) -> Module:
         if p.returncode != 0:
             raise RuntimeError(f"host compile failed:\n{p.stderr[-4000:]}")
         os.replace(tmp, so)
-    _MODULES[key] = Module(so)
+    _MODULES[key] = Module(so, {name: int(n) for n, name in _CLUSTER.findall(src)})
     return _MODULES[key]
