@@ -54,6 +54,23 @@ ROW_MIN_RESIDENT_THREADS_2BYTE = 2048
 # bfloat16 softmax [32768, 8192] 335 -> 398 us.
 ROW_ONE_BARRIER = False
 
+# Few long rows split over a thread-block cluster (sm_90; codegen/row_reduction.py): the blocks of
+# a cluster each hold a contiguous part of one row in registers, reduce it, and combine their
+# partials through distributed shared memory at the cluster barrier, so 8 rows still use 64 SMs
+# instead of 8. Up to ROW_SPLIT_MAX blocks a row (8: the portable cluster size), doubling while the
+# rows times the blocks a row stay within the SM count and each block keeps more than ROW_WARP_MAX
+# elements (a block's work, not a warp's).
+ROW_SPLIT_MAX = 8
+
+
+def row_split(length: int, rows: int, sm_count: int, most: int = ROW_SPLIT_MAX) -> int:
+    """Blocks (a cluster, at most `most`) that share each row of a row-persistent kernel: 1 (a block
+    per row) unless the rows leave most SMs idle."""
+    s = 1
+    while s < most and rows * s * 2 <= sm_count and -(-length // (2 * s)) > ROW_WARP_MAX:
+        s *= 2
+    return s
+
 
 def row_threads(length: int, rows: int, sm_count: int) -> int:
     """Threads working on one row: a warp for short rows; else about 16 elements per thread (4 when

@@ -242,11 +242,34 @@ def test_random_graphs(emulated, case, seed):
 # ---- row normalizations: the row-persistent kernels (a warp per row, a block per row with the
 # row in registers -- rows of a multiple of 4, and not (the scalar variant only) --, in shared
 # memory (bfloat16 rows of 40000: more than 32 elements a thread), and rows too long for it that
-# re-read global memory (float32 rows of 40000) ----------------------------------------------
+# re-read global memory (float32 rows of 40000); here without splitting rows over clusters
+# (row_reduction.ROW_SPLIT_MAX = 1), which the next test runs ----------------------------------
 @pytest.mark.parametrize("kind", ["softmax", "log_softmax", "rmsnorm", "layernorm"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("R,D", [(37, 300), (6, 4096), (5, 1001), (3, 30000), (2, 40000)])
-def test_row_normalizations_against_torch(emulated, kind, dtype, R, D):
+def test_row_normalizations_against_torch(emulated, monkeypatch, kind, dtype, R, D):
+    from segfuse.compiler.codegen import row_reduction
+
+    monkeypatch.setattr(row_reduction, "ROW_SPLIT_MAX", 1)
+    _check_norm(emulated, kind, dtype, R, D)
+
+
+@pytest.mark.parametrize("kind", ["softmax", "log_softmax", "rmsnorm", "layernorm"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("R,D,split", [(6, 4096, 4), (1, 8192, 8), (3, 30000, 8), (2, 5003, 8), (2, 40000, 8)])
+def test_split_rows_against_torch(emulated, kind, dtype, R, D, split):
+    """Few rows split over a thread-block cluster (limits.row_split): each block holds its part of
+    the row in registers (the last part shorter: rows of 30000 in parts of 3752, 5003 -- no
+    multiple of 4, the scalar kernel -- in parts of 628), the partials meet through the cluster's
+    shared memory (the emulator's clusters: consecutive blocks, one barrier, mapa to another
+    block's shared variable), against PyTorch. A combine that skips a block's partial fails here."""
+    from norm_graphs import norm_graph
+    from segfuse.compiler.cuda.prepare import modules_without_device
+
+    f = norm_graph(kind, dtype)
+    shapes = {"x": (R, D), **({"w": (D,)} if kind in ("rmsnorm", "layernorm") else {}), **({"b": (D,)} if kind == "layernorm" else {})}
+    (_, mod), = modules_without_device(f, PLANS.plan(f, shapes), f.bind(shapes))
+    assert f"__cluster_dims__({split}, 1, 1)" in mod.source and all(ln.grid == R * split for ln in mod.launches)
     _check_norm(emulated, kind, dtype, R, D)
 
 
@@ -288,6 +311,7 @@ def test_row_loop(emulated, monkeypatch, kind, dtype, R, D, one_barrier):
     from segfuse.compiler.cuda.prepare import modules_without_device
 
     monkeypatch.setattr(row_reduction, "BLOCK_ROWS_PER_SM", 0)
+    monkeypatch.setattr(row_reduction, "ROW_SPLIT_MAX", 1)  # (7 rows would be split over clusters)
     monkeypatch.setattr(row_reduction, "ROW_ONE_BARRIER", one_barrier)
     f = norm_graph(kind, dtype)
     shapes = {"x": (R, D), **({"w": (D,)} if kind != "softmax" else {}), **({"b": (D,)} if kind == "layernorm" else {})}
@@ -346,6 +370,8 @@ def test_row_regions_in_registers_or_shared_memory(emulated, name):
         assert [sg.kind.value for sg in plan.segments] == ["row_reduction"]
         (_, mod), = modules_without_device(f, plan, f.bind({"x": shape}))
         assert ("xr0[sf_t]" in mod.source) == in_registers, shape
+        # (two rows of 8 x 1001: split over clusters of 8 blocks, the per-row sum stored by the first)
+        assert ("__cluster_dims__(8, 1, 1)" in mod.source) == (shape == (2, 8, 1001)), shape
         got, _ = rt.run(f, _device(ins, Array), plan)
         want = run_graph(f, copy.deepcopy(ins))
         for k in want:

@@ -309,3 +309,34 @@ template <typename T, typename F> __device__ __forceinline__ T sf_block_reduce1(
   return sf_shfl(x, 0);
 }
 """
+
+
+# Emitted only when a kernel splits its rows over a thread-block cluster (codegen/row_reduction.py,
+# limits.row_split); sm_90's cluster barrier and distributed shared memory, in PTX (CUDA's
+# cooperative_groups::cluster_group does the same through headers NVRTC does not ship).
+CLUSTER_REDUCE = r"""
+// Every thread of every block of the cluster: arrive, then wait (release, then acquire: the
+// shared-memory writes before it are visible to the cluster's blocks after it).
+__device__ __forceinline__ void sf_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+// *p (a __shared__ variable of this block) in block `rank` of the cluster: mapa gives its generic
+// address there.
+template <typename T> __device__ __forceinline__ T sf_cluster_ld(const T* p, unsigned rank) {
+  unsigned long long q;
+  asm volatile("mapa.u64 %0, %1, %2;" : "=l"(q) : "l"((unsigned long long)p), "r"(rank));
+  return *(const T*)q;
+}
+// The cluster-wide reduction of `v` (the block's reduction, every thread holding it): thread 0
+// puts it in the block's `slot`, and after the cluster barrier every thread combines the n blocks'
+// slots in rank order, so every block computes the same value. The caller reaches a second
+// cluster barrier before a slot is written again or a block exits (its slots read by the others).
+template <typename T, typename F> __device__ __forceinline__ T sf_cluster_reduce(T v, F f, T* slot, unsigned n) {
+  static_assert(sizeof(T) <= 16, "a cluster slot holds 16 bytes");
+  if (threadIdx.x == 0) *slot = v;
+  sf_cluster_sync();
+  T acc = sf_cluster_ld(slot, 0u);
+  for (unsigned r = 1; r < n; ++r) acc = f(acc, sf_cluster_ld(slot, r));
+  return acc;
+}
+"""

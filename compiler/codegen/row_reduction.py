@@ -34,7 +34,9 @@ from ..limits import (
     ROW_ONE_BARRIER,
     ROW_REGISTER_ELEMS,
     ROW_REGISTER_WEIGHTS,
+    ROW_SPLIT_MAX,
     SMEM_PER_BLOCK,
+    row_split,
     row_threads,
 )
 from ..ops.pointwise import opmath
@@ -68,26 +70,42 @@ class RowReductionKernels:
             raise Unsupported(f"not a row-persistent region: {why}")
         self.scratch_used = 0  # reduction results live in registers
         R, K = numel(region.kept), numel(region.row)
-        lanes = row_threads(K, R, self.sm)
+        split = row_split(K, R, self.sm, ROW_SPLIT_MAX)
+        if split > 1:  # (a split needs the row in registers: else a block per row after all)
+            out = self._row_kernels_in(region, R, K, split)
+            if out is not None:
+                return out
+        return self._row_kernels_in(region, R, K, 1)
+
+    def _row_kernels_in(self, region, R, K, S):
+        """`_row_kernels` with S blocks (a cluster) a row; None when S > 1 and the parts of the row
+        do not fit registers."""
+        Kc = K if S == 1 else -(-K // (4 * S)) * 4  # a block's part: a multiple of 4 (vector loads)
+        lanes = row_threads(Kc, R * S, self.sm)
         block = WARP_BLOCK if lanes == 32 else lanes
         slots = block // lanes
         cache = [x for x in region.cacheable if self.strides[x] == contiguous_strides(self.types[x].shape)]
         offs, per_slot = {}, 0
         for x in cache:
             offs[x] = per_slot
-            per_slot = align(per_slot + K * self.types[x].dtype.itemsize)
+            per_slot = align(per_slot + Kc * self.types[x].dtype.itemsize)
         if per_slot * slots > min(ROW_CACHE_BYTES, SMEM_PER_BLOCK) or K == 0:
             cache, offs, per_slot = [], {}, 0
         # (a block per row has rows of more than ROW_WARP_MAX elements, so under 32-bit indexing
         # R < 2^22 and the row loop's step past the end, at most R, cannot overflow)
         per_sm = ROWS_PER_SM if lanes == 32 else BLOCK_ROWS_PER_SM
         grid = max(1, min(-(-R // slots), 2**31 - 1 if per_sm is None else self.sm * per_sm))
-        in_regs = bool(cache) and self._rows_in_registers(region, cache, K, lanes)
+        in_regs = bool(cache) and self._rows_in_registers(region, cache, Kc, lanes)
+        if S > 1:
+            if not in_regs or lanes == 32:
+                return None
+            grid = R * S  # (R * S <= the SM count: limits.row_split)
+        self.cluster = S  # (segment.py's __cluster_dims__)
         smem = 0 if in_regs else per_slot * slots
         geo = (region, R, K, lanes, slots, cache, offs, per_slot)
-        weights = self._row_weights(region, cache, K, lanes, few_rows=R <= self.sm) if in_regs else []
+        weights = self._row_weights(region, cache, Kc, lanes, few_rows=R <= self.sm) if in_regs else []
         if in_regs:
-            geo += (weights,)
+            geo += (weights, S, Kc)
         body = self._row_body_registers if in_regs else self._row_body
         narrow = in_regs and lanes > 32 and R > self.sm and all(self.types[x].dtype.itemsize <= 2 for x in (*cache, *weights))
         # (segment.py's __launch_bounds__; pointless while the rows do not fill the SMs)
@@ -99,8 +117,9 @@ class RowReductionKernels:
         return out
 
     def _rows_in_registers(self, region, cache, K, lanes) -> bool:
-        """Registers hold the cached rows: each thread's share fits, every reader reads them in
-        place, and every reduction and row-shaped output runs over the same K elements."""
+        """Registers hold the cached rows (K elements a block: a row, or its part of a split row):
+        each thread's share fits, every reader reads them in place, and every reduction and
+        row-shaped output runs over the same elements."""
         per_thread = _share(K, lanes)
         if per_thread * len(cache) > ROW_REGISTER_ELEMS:
             return False
@@ -174,12 +193,18 @@ class RowReductionKernels:
 
     def _row_body_registers(self, geo, vector: bool) -> str:
         """The row kept in registers: thread `lane` owns elements (lane + i * lanes) * V + e; the
-        weights (`_row_weights`) likewise, loaded once before the row loop."""
-        region, R, K, lanes, slots, cache, _offs, _per_slot, weights = geo
+        weights (`_row_weights`) likewise, loaded once before the row loop. A row split over a
+        cluster of S blocks (S > 1): block `sf_rank` of the cluster owns elements [sf_c0, sf_c1)
+        of its row, Kc of them (the last block fewer), and each reduction combines the blocks'
+        partials through distributed shared memory (sf_cluster_reduce)."""
+        region, R, K, lanes, slots, cache, _offs, _per_slot, weights, S, Kc = geo
         I = self.I
         r, k = region.rank, len(region.dims)
         V = 4 if vector else 1
-        N = -(-K // (V * lanes))  # vectors (elements) per thread
+        N = -(-Kc // (V * lanes))  # vectors (elements) per thread
+        split = S > 1
+        first = "sf_c0 + " if split else ""  # a block's first element of the row
+        end = "sf_c1" if split else f"({I}){K}"
         red_nodes = [self.fusion.nodes[p] for p in region.reductions]
         regs = {nd.outputs[0]: f"rv{i}" for i, nd in enumerate(red_nodes)}
         arrs = {x: f"xr{i}" for i, x in enumerate(cache)}
@@ -197,66 +222,81 @@ class RowReductionKernels:
         def each(var, body) -> str:  # the thread's elements, unrolled; `sf_t` indexes its arrays
             head = (f"      #pragma unroll\n      for (int sf_i = 0; sf_i < {N}; ++sf_i) {{\n"
                     f"        #pragma unroll\n        for (int sf_e = 0; sf_e < {V}; ++sf_e) {{ "
-                    f"const {I} {var} = (lane + ({I})sf_i * {lanes}) * {V} + sf_e; sf_t = sf_i * {V} + sf_e;\n")
-            return head + (f"          if ({var} < ({I}){K}) {{ {delinearize(var, region.row, I, 's')} {body} }} }} }}")
+                    f"const {I} {var} = {first}(lane + ({I})sf_i * {lanes}) * {V} + sf_e; sf_t = sf_i * {V} + sf_e;\n")
+            return head + (f"          if ({var} < {end}) {{ {delinearize(var, region.row, I, 's')} {body} }} }} }}")
 
         lam, names = self._lambdas(leaf=leaf)
         lines = [f"  const int lane = threadIdx.x % {lanes}, slot = threadIdx.x / {lanes};", "  int sf_t = 0;"]
+        if split:
+            lines += [f"  const unsigned sf_rank = blockIdx.x % {S};  // the block's part of its row: its rank in the cluster",
+                      f"  const {I} sf_c0 = ({I})sf_rank * {Kc}, sf_c1 = min(sf_c0 + ({I}){Kc}, ({I}){K});",
+                      f"  __shared__ __align__(16) unsigned char sf_cl[{16 * len(red_nodes)}];  // the block's partials, for the cluster"]
         for nd in red_nodes:
             lines.append(f"  {ct.value(self.types[nd.outputs[0]].dtype)} {regs[nd.outputs[0]]} = 0;")
         for x in (*cache, *weights):
             lines.append(f"  {ct.storage(self.types[x].dtype)} {arrs[x]}[{N * V}];")
         lines.append(lam)
         for x in weights:
-            lines.append(self._register_load(x, arrs[x], "", K, N, lanes, vector, "  "))
+            lines.append(self._register_load(x, arrs[x], "", K, N, lanes, vector, "  ", split))
         one_barrier = ROW_ONE_BARRIER and lanes > 32
         if one_barrier:
             lines.append("  int sf_par = 0;  // sf_block_reduce1's buffer, alternating per row")
-        lines.append(f"  for ({I} row = ({I})blockIdx.x * {slots} + slot; row < ({I}){R}; "
-                     f"row += ({I})gridDim.x * {slots}) {{")
+        if split:
+            lines.append(f"  for ({I} row = ({I})(blockIdx.x / {S}); row < ({I}){R}; row += ({I})(gridDim.x / {S})) {{")
+        else:
+            lines.append(f"  for ({I} row = ({I})blockIdx.x * {slots} + slot; row < ({I}){R}; "
+                         f"row += ({I})gridDim.x * {slots}) {{")
         lines.append(f"    {delinearize('row', region.kept, I, 'r')}")
         for x in cache:
-            lines.append(self._register_load(x, arrs[x], "row * ", K, N, lanes, vector, "    "))
-        for nd in red_nodes:
+            lines.append(self._register_load(x, arrs[x], "row * ", K, N, lanes, vector, "    ", split))
+        for i, nd in enumerate(red_nodes):
             lines.append(self._row_reduce(nd, names, rowc, regs[nd.outputs[0]], lanes, loop=lambda body: each("k", body),
-                                          parity="sf_par" if one_barrier else None))
-        lines.append(self._row_stores_registers(region, names, rowc, sc, K, N, V, lanes, each))
+                                          parity="sf_par" if one_barrier else None,
+                                          cluster=(S, f"sf_cl + {16 * i}") if split else None))
+        lines.append(self._row_stores_registers(region, names, rowc, sc, K, N, V, lanes, each, split))
         if one_barrier:
             lines.append("    sf_par ^= 1;")
+        if split:  # (no block leaves, or writes its partials again, while another reads them)
+            lines.append("    sf_cluster_sync();")
         lines.append("  }")
         return "\n".join(lines)
 
-    def _register_load(self, x, arr, row_off, K, N, lanes, vector, pad) -> str:
+    def _register_load(self, x, arr, row_off, K, N, lanes, vector, pad, split=False) -> str:
         """A thread's elements of input x into `arr`: of row `row` (`row_off` "row * "), or of its
-        only row ("": a weight)."""
+        only row ("": a weight); of the block's part [sf_c0, sf_c1) of it when `split`."""
         I = self.I
         src, st = self.loc[x].ref, ct.storage(self.types[x].dtype)
         head = f"{pad}#pragma unroll\n{pad}for (int sf_i = 0; sf_i < {N}; ++sf_i) {{ const {I} q = lane + ({I})sf_i * {lanes}; "
         if vector:
             v = f"sf_v4<{st}>"
-            at = f"{row_off}{K // 4} + q" if row_off else "q"
-            return head + (f"if (q < ({I}){K // 4}) {{ const {v} w = sf_vload((const {v}*){src} + {at}); "
+            q = "sf_c0 / 4 + q" if split else "q"
+            at = f"{row_off}{K // 4} + {q}" if row_off else q
+            n = "(sf_c1 - sf_c0) / 4" if split else f"({I}){K // 4}"
+            return head + (f"if (q < {n}) {{ const {v} w = sf_vload((const {v}*){src} + {at}); "
                            f"for (int sf_e = 0; sf_e < 4; ++sf_e) {arr}[sf_i * 4 + sf_e] = w.v[sf_e]; }} }}")
-        at = f"{row_off}{K} + q" if row_off else "q"
-        return head + f"if (q < ({I}){K}) {arr}[sf_i] = {src}[{at}]; }}"
+        q = "sf_c0 + q" if split else "q"
+        at = f"{row_off}{K} + {q}" if row_off else q
+        n = "sf_c1 - sf_c0" if split else f"({I}){K}"
+        return head + f"if (q < {n}) {arr}[sf_i] = {src}[{at}]; }}"
 
-    def _row_stores_registers(self, region, names, rowc, sc, K, N, V, lanes, each) -> str:
+    def _row_stores_registers(self, region, names, rowc, sc, K, N, V, lanes, each, split=False) -> str:
         I = self.I
         out = []
+        q0, n4 = ("sf_c0 / 4 + q", "(sf_c1 - sf_c0) / 4") if split else ("q", f"({I}){K // 4}")
         if region.full_outputs and V == 4:  # one vector store per output and 4 elements
             vals = {o: f"w{i}" for i, o in enumerate(region.full_outputs)}
             decl = " ".join(f"sf_v4<{ct.storage(self.types[o].dtype)}> {w};" for o, w in vals.items())
             fill = " ".join(f"{w}.v[sf_e] = {ct.cvt(f'{names[o]}({chr(44).join(rowc + sc)})', ct.storage(self.types[o].dtype))};"
                             for o, w in vals.items())
-            put = " ".join(f"sf_vstore((sf_v4<{ct.storage(self.types[o].dtype)}>*){self.loc[o].ref} + row * {K // 4} + q, {w});"
+            put = " ".join(f"sf_vstore((sf_v4<{ct.storage(self.types[o].dtype)}>*){self.loc[o].ref} + row * {K // 4} + {q0}, {w});"
                            for o, w in vals.items())
             out.append(f"    #pragma unroll\n    for (int sf_i = 0; sf_i < {N}; ++sf_i) {{ const {I} q = lane + ({I})sf_i * {lanes};\n"
-                       f"      if (q < ({I}){K // 4}) {{ {decl}\n        #pragma unroll\n"
-                       f"        for (int sf_e = 0; sf_e < 4; ++sf_e) {{ const {I} j = q * 4 + sf_e; sf_t = sf_i * 4 + sf_e; "
+                       f"      if (q < {n4}) {{ {decl}\n        #pragma unroll\n"
+                       f"        for (int sf_e = 0; sf_e < 4; ++sf_e) {{ const {I} j = {'sf_c0 + ' if split else ''}q * 4 + sf_e; sf_t = sf_i * 4 + sf_e; "
                        f"{delinearize('j', region.row, I, 's')} {fill} }}\n        {put} }} }}")
         elif region.full_outputs:
             out.append(each("j", self._element_stores(region, names, rowc, sc, K)))
-        out.extend(self._per_row_stores(region, names, rowc))
+        out.extend(self._per_row_stores(region, names, rowc, split))
         return "\n".join(out)
 
     def _element_stores(self, region, names, rowc, sc, K) -> str:
@@ -265,14 +305,15 @@ class RowReductionKernels:
                         f"{ct.cvt(f'{names[o]}({chr(44).join(rowc + sc)})', ct.storage(self.types[o].dtype))};"
                         for o in region.full_outputs)
 
-    def _per_row_stores(self, region, names, rowc) -> list:
-        """The per-row outputs, stored once by lane 0."""
+    def _per_row_stores(self, region, names, rowc, split=False) -> list:
+        """The per-row outputs, stored once by lane 0 (of the cluster's first block when `split`)."""
         per = []
         for o in region.row_outputs:
             t = self.types[o]
             cs = rowc + ["0"] * (t.rank - len(rowc))
             per.append(f"{self.loc[o].ref}[row] = {ct.cvt(f'{names[o]}({chr(44).join(cs)})', ct.storage(t.dtype))};")
-        return ["    if (lane == 0) { " + " ".join(per) + " }"] if per else []
+        who = "lane == 0 && sf_rank == 0" if split else "lane == 0"
+        return [f"    if ({who}) {{ " + " ".join(per) + " }"] if per else []
 
     def _row_load(self, x, ch, K, lanes, vector) -> str:
         I = self.I
@@ -283,10 +324,12 @@ class RowReductionKernels:
                     f"sf_vload((const {v}*){src} + row * {K // 4} + q);")
         return f"    for ({I} j = lane; j < ({I}){K}; j += {lanes}) {ch}[j] = {src}[row * {K} + j];"
 
-    def _row_reduce(self, nd, names, rowc, reg, lanes, loop=None, parity=None) -> str:
+    def _row_reduce(self, nd, names, rowc, reg, lanes, loop=None, parity=None, cluster=None) -> str:
         """One reduction over the row, then the block (warp) reduction. `loop(body)`: the loop
         over the thread's elements (default: strided over the row, for rows not in registers);
-        `parity`: the variable naming sf_block_reduce1's buffer (one barrier instead of three)."""
+        `parity`: the variable naming sf_block_reduce1's buffer (one barrier instead of three);
+        `cluster`: (S, the block's shared slot) of a row split over S blocks, whose partials are then
+        combined across the cluster."""
         I = self.I
         x = nd.inputs[0]
         xt, ot = self.types[x], self.types[nd.outputs[0]]
@@ -301,6 +344,8 @@ class RowReductionKernels:
             red = "sf_shfl(sf_warp_reduce(acc, comb), 0)"
         else:
             red = f"sf_block_reduce1(acc, comb, {parity})" if parity else "sf_block_reduce(acc, comb)"
+        if cluster is not None:
+            red = f"sf_cluster_reduce({red}, comb, ({W}*)({cluster[1]}), {cluster[0]}u)"
         rounded = ct.cvt(ct.cvt(post, ct.storage(ot.dtype)), ct.value(ot.dtype))
         if loop is None:
             def loop(body):

@@ -36,7 +36,7 @@ from .geometry import THREADS, align
 from .layout import contiguous_strides, numel
 from .lazy import Unsupported
 from .pointwise import PointwiseKernels
-from .prelude import BLOCK_REDUCE1, PRELUDE
+from .prelude import BLOCK_REDUCE1, CLUSTER_REDUCE, PRELUDE
 from .reduction import ReductionKernels
 from .row_reduction import RowReductionKernels
 from .scatter_block import BlockScatterKernels
@@ -149,6 +149,7 @@ class SegmentCodegen(PointwiseKernels, ReductionKernels, RowReductionKernels, So
         self.smem_used = 0
         self.scratch_used = 0
         self.min_blocks = 0  # __launch_bounds__'s minimum of resident blocks an SM (0: none)
+        self.cluster = 1  # blocks of a thread-block cluster (__cluster_dims__; 1: none)
         for nd in self.anchors:
             for o in nd.outputs:
                 if o in self.loc:
@@ -217,11 +218,14 @@ class SegmentCodegen(PointwiseKernels, ReductionKernels, RowReductionKernels, So
         text = []
         for i, (body, _grid, block, _smem, _vec) in enumerate(body_fns):
             bounds = f"{block}, {self.min_blocks}" if self.min_blocks > 1 else f"{block}"
-            text.append(f"extern \"C\" __global__ void __launch_bounds__({bounds}) SFNAME_{i}({plist}) {{\n"
+            dims = f"__cluster_dims__({self.cluster}, 1, 1) " if self.cluster > 1 else ""
+            text.append(f"extern \"C\" __global__ void {dims}__launch_bounds__({bounds}) SFNAME_{i}({plist}) {{\n"
                         f"  extern __shared__ __align__(16) unsigned char sf_smem[];\n{body}\n}}\n")
         src_body = "\n".join(text)
         if "sf_block_reduce1(" in src_body:
             src_body = BLOCK_REDUCE1 + "\n" + src_body
+        if "sf_cluster_reduce(" in src_body:
+            src_body = CLUSTER_REDUCE + "\n" + src_body
         h = hashlib.sha256((PRELUDE + src_body).encode()).hexdigest()[:16]
         kname = f"sf_k_{h}"
         source = PRELUDE + "\n" + src_body.replace("SFNAME_", f"{kname}_")

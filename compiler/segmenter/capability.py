@@ -16,7 +16,14 @@ import os
 from dataclasses import dataclass, field
 
 from ..dtypes import DType
-from ..limits import INDEX32_MAX, ROW_CACHE_BYTES, ROW_WARP_MAX, SMEM_PER_BLOCK, bitonic_sort_bytes
+from ..limits import (
+    INDEX32_MAX,
+    ROW_CACHE_BYTES,
+    ROW_SPLIT_MAX,
+    ROW_WARP_MAX,
+    SMEM_PER_BLOCK,
+    bitonic_sort_bytes,
+)
 from ..ops.registry import OpKind
 
 GRID = "grid"
@@ -145,7 +152,8 @@ def can_schedule_rows(region, fusion, cap: Capability = DEFAULT_CAPABILITY, chec
     row = " x ".join(str(d) for d in region.row)
     return True, (f"row-persistent reduction: {names} over dim{'s' if len(region.dims) > 1 else ''} {dims} and "
                   f"the pointwise work between and after them run as one kernel ({rows} rows of {row}): a block "
-                  f"per row (a warp for rows of at most {cap.row_warp_max}), the row's inputs read once into "
+                  f"per row (a warp for rows of at most {cap.row_warp_max}; a cluster of up to {ROW_SPLIT_MAX} blocks "
+                  "sharing each row when the rows are too few to fill the SMs), the row's inputs read once into "
                   f"shared memory while they fit {cap.row_cache_bytes // 1024} KiB, and each reduction's result "
                   "is complete for the whole row after a block reduction")
 

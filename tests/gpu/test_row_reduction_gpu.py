@@ -3,7 +3,8 @@ RMSNorm and LayerNorm graphs (and the composite softmax ops) through Engine("cup
 NumPy backend executing the same plan and against PyTorch on the GPU, float32 and bfloat16, at
 [8, 4096], [32768, 4096], [37, 1000], [3, 8192], [1, 5] and odd lengths; -inf rows, empty rows,
 a non-contiguous (transposed) input, a misaligned input (the scalar twin of the vector kernel);
-one launch each."""
+one launch each. Few rows split over thread-block clusters (limits.row_split): their parts, the
+partials combined through distributed shared memory, the same results call after call."""
 
 from __future__ import annotations
 
@@ -120,3 +121,35 @@ def test_row_loop(monkeypatch, one_barrier, kind, dtype, R, D):
     prep = rt.prepared_for(f, dev)
     src = "".join(m.source for _, m in prep.modules)
     assert prep.kernels == 1 and ("sf_block_reduce1(acc" in src) == one_barrier
+
+
+SPLIT_SHAPES = [(1, 65536), (2, 40000), (3, 30000), (16, 4096), (33, 8192), (64, 8192), (2, 5003), (8, 65536)]
+
+
+@pytest.mark.parametrize("kind,dtype", [(k, dt) for k in NORMS for dt in ("float32", "bfloat16")])
+@pytest.mark.parametrize("R,D", SPLIT_SHAPES)
+def test_split_rows(kind, dtype, R, D):
+    """Rows split over a cluster of 2-8 blocks (the last part shorter; 5003: the scalar kernel)
+    against the NumPy backend and PyTorch: one kernel, with `__cluster_dims__`."""
+    f, dev = _check(kind, dtype, False, R, D)
+    prep = get_runtime().prepared_for(f, dev)
+    assert prep.kernels == 1, prep.fallbacks
+    assert "__cluster_dims__(" in "".join(m.source for _, m in prep.modules)
+
+
+@pytest.mark.parametrize("kind,dtype,R,D", [("softmax", "bfloat16", 16, 4096), ("layernorm", "float32", 8, 65536)])
+def test_split_rows_repeat_exactly(kind, dtype, R, D):
+    """200 calls back to back, one synchronize: every call's output has the same bits (a block
+    that left, or rewrote its partials, while another cluster block still read them would change
+    some), and they match the NumPy backend."""
+    f = norm_graph(kind, dtype)
+    ins = norm_inputs(kind, R, D, dtype, seed=5, special=False)
+    want = Engine("numpy").run(f, ins).outputs["y"]
+    dev = {k: _gpu(v) for k, v in ins.items()}
+    eng = Engine("cupy")
+    outs = [eng.run(f, dev).outputs["y"] for _ in range(200)]
+    cp.cuda.runtime.deviceSynchronize()
+    first = cp.asnumpy(outs[0])
+    assert all(bool((o == outs[0]).all()) for o in outs[1:])
+    np.testing.assert_allclose(_f32(_host(outs[0], dtype)), _f32(want), **_tol(dtype))
+    assert first.shape == (R, D)
