@@ -19,8 +19,11 @@ time. Variants come from the environment, set before segfuse is imported:
   (evict-first) accesses, `__ldcs`/`__stcs`, the weights' loads as they are; NORM_CACHE=l2: L2
   eviction priorities the way torch.compile's Triton kernels set theirs (`createpolicy` and
   `.L2::cache_hint`): the rows evict-first, the weights evict-last (on the H100, an RMSNorm from
-  Inductor ran 24% slower without its eviction policies: pytorch/helion issue 660). Not yet run on the GPU (written 2026-12-02 02:45 UTC,
-  after the session's device time).
+  Inductor ran 24% slower without its eviction policies: pytorch/helion issue 660). Measured on
+  the H200 2026-12-02 03:28 UTC: `l2`, `ld` and `both` 3-5% slower at 32768 rows (RMSNorm float32
+  [32768, 8192] 509 -> 533 us), `st` unchanged; none adopted;
+- NORM_SPLIT=N: row_reduction.ROW_SPLIT_MAX, the most blocks (a thread-block cluster) that share a
+  row when the rows do not fill the SMs (default 8; 1: a block per row).
 
 Prints one line per workload: kernels-only GPU time (us) of segfuse, then torch eager's graph replay
 (NORM_COMPILE=1: torch.compile's too, default mode, a fresh Dynamo per workload; under ncu its
@@ -64,6 +67,8 @@ def _patch():
     if "NORM_ROWS_PER_SM" in os.environ:  # a persistent grid for block-per-row kernels ("none": a block per row)
         v = os.environ["NORM_ROWS_PER_SM"]
         row_reduction.BLOCK_ROWS_PER_SM = None if v == "none" else int(v)
+    if "NORM_SPLIT" in os.environ:
+        row_reduction.ROW_SPLIT_MAX = int(os.environ["NORM_SPLIT"])
     row_reduction.ROW_ONE_BARRIER = os.environ.get("NORM_ONE_BARRIER", str(int(row_reduction.ROW_ONE_BARRIER))) == "1"
     if os.environ.get("NORM_CACHE") in ("ld", "st", "both", "l2"):
         _stream_hints(os.environ["NORM_CACHE"])
@@ -141,7 +146,7 @@ def main(argv):
 
     once = os.environ.get("NORM_ONCE") == "1"
     tag = " ".join(f"{k}={os.environ[k]}" for k in ("NORM_PER", "NORM_PER_SMALL", "NORM_FASTEXP", "NORM_WEIGHTS", "NORM_MIN_THREADS",
-                                                      "NORM_ROWS_PER_SM", "NORM_ONE_BARRIER", "NORM_CACHE")
+                                                      "NORM_ROWS_PER_SM", "NORM_ONE_BARRIER", "NORM_CACHE", "NORM_SPLIT")
                    if k in os.environ)
     eng, rt = Engine("cupy"), get_runtime()
     for spec in argv:
