@@ -56,18 +56,24 @@ ROW_ONE_BARRIER = False
 
 # Few long rows split over a thread-block cluster (sm_90; codegen/row_reduction.py): the blocks of
 # a cluster each hold a contiguous part of one row in registers, reduce it, and combine their
-# partials through distributed shared memory at the cluster barrier, so 8 rows still use 64 SMs
-# instead of 8. Up to ROW_SPLIT_MAX blocks a row (8: the portable cluster size), doubling while the
+# partials through distributed shared memory at the cluster barrier, so 8 rows of 65536 still use
+# 64 SMs instead of 8. Up to ROW_SPLIT_MAX blocks a row (8: the portable cluster size), doubling while the
 # rows times the blocks a row stay within the SM count and each block keeps more than ROW_WARP_MAX
-# elements (a block's work, not a warp's).
+# elements (a block's work, not a warp's). Only rows longer than ROW_SPLIT_MIN_LENGTH: on the H200
+# (2026-12-02 03:43 UTC, benchmarks/norm_variants.py NORM_SPLIT=1 against the default) the split
+# took 2 rows of 40000 from 13.3 to 6.4 us (LayerNorm float32), 1 row of 65536 from 15.4 to 5.0 us
+# (RMSNorm) and 8 from 21.1 to 7.7 us (softmax), but rows of 4096 and 8192 0.9-1.3 us slower (8
+# rows, 16 and 64: 2.5-3.7 us a block per row, the cluster's launch and barriers cost more than
+# they spread).
 ROW_SPLIT_MAX = 8
+ROW_SPLIT_MIN_LENGTH = 8192
 
 
 def row_split(length: int, rows: int, sm_count: int, most: int = ROW_SPLIT_MAX) -> int:
     """Blocks (a cluster, at most `most`) that share each row of a row-persistent kernel: 1 (a block
-    per row) unless the rows leave most SMs idle."""
+    per row) unless the rows are long and leave most SMs idle."""
     s = 1
-    while s < most and rows * s * 2 <= sm_count and -(-length // (2 * s)) > ROW_WARP_MAX:
+    while length > ROW_SPLIT_MIN_LENGTH and s < most and rows * s * 2 <= sm_count and -(-length // (2 * s)) > ROW_WARP_MAX:
         s *= 2
     return s
 

@@ -45,15 +45,11 @@ def test_one_row_kernel_per_normalization(kind, dtype, composite, R, D):
     assert len(mods) == 1
     launches = mods[0][1].launches
     assert [ln.vector_of is not None for ln in launches] == [True, False]  # D % 4 == 0: a vector twin
-    # 16 elements a thread when the rows fill the SMs; 8 rows are split over a cluster of 4 blocks
-    # (rows of 4096) or 8 (8192), 1024 elements a block, 4 a thread (limits.row_split, row_threads)
-    # (not the composite softmax ops: their -inf pad for rows that may be empty reads along the row,
-    # so the row stays in shared memory, a block per row)
-    split = 1 if composite else {(8, 4096): 4, (8, 8192): 8}.get((R, D), 1)
-    assert all(ln.block == (D // 16 if R > 132 else 256 if split > 1 else 1024) for ln in launches)
-    # a block per row (no persistent grid: row_reduction.BLOCK_ROWS_PER_SM), or a cluster per row
-    assert all(ln.grid == R * split for ln in launches)
-    assert (f"__cluster_dims__({split}, 1, 1)" in mods[0][1].source) == (split > 1)
+    # 16 elements a thread when the rows fill the SMs, 4 when they do not (limits.row_threads)
+    assert all(ln.block == (D // 16 if R > 132 else 1024) for ln in launches)
+    # a block per row (no persistent grid: row_reduction.BLOCK_ROWS_PER_SM; rows of at most 8192
+    # are not split over clusters: limits.ROW_SPLIT_MIN_LENGTH)
+    assert all(ln.grid == R for ln in launches) and "__cluster_dims__" not in mods[0][1].source
 
 
 def test_the_old_lowering_without_the_capability():
@@ -166,8 +162,7 @@ def test_a_register_cap_asks_for_resident_threads(monkeypatch):
 
     assert sources("layernorm", "float32", 32768, 4096).count("__launch_bounds__(256)") == 2  # vector and scalar
     assert sources("layernorm", "bfloat16", 32768, 4096).count("__launch_bounds__(256, 8)") == 2
-    # rows that do not fill the SMs (split over clusters of 4 blocks)
-    assert sources("softmax", "bfloat16", 8, 4096).count("__cluster_dims__(4, 1, 1) __launch_bounds__(256)") == 2
+    assert sources("softmax", "bfloat16", 8, 4096).count("__launch_bounds__(1024)") == 2  # rows do not fill the SMs
     assert sources("softmax", "bfloat16", 32768, 512).count("__launch_bounds__(256)") == 2  # a warp a row
     assert sources("softmax", "bfloat16", 100, 40000).count("__launch_bounds__(1024)") == 2  # shared memory
     monkeypatch.setattr(row_reduction, "ROW_MIN_RESIDENT_THREADS", 2048)
@@ -177,12 +172,12 @@ def test_a_register_cap_asks_for_resident_threads(monkeypatch):
 
 
 @pytest.mark.parametrize("R,D,split,block", [
-    (1, 4096, 4, 256), (8, 4096, 4, 256), (8, 8192, 8, 256), (8, 65536, 8, 1024), (33, 8192, 4, 512),
-    (64, 8192, 2, 1024), (66, 8192, 2, 1024), (67, 8192, 1, 1024), (8, 1024, 1, 256), (2, 5003, 8, 256)])
+    (1, 16384, 8, 512), (8, 65536, 8, 1024), (33, 16384, 4, 1024), (64, 16384, 2, 1024), (66, 16384, 2, 1024),
+    (67, 16384, 1, 1024), (8, 8192, 1, 1024), (1, 8200, 8, 512), (2, 16387, 8, 1024)])
 def test_few_rows_split_over_a_cluster(R, D, split, block):
-    """Rows too few to fill the GPU's 132 SMs are split over a thread-block cluster (limits.row_split):
-    the blocks a row double while rows x blocks stay within the SMs, up to 8, each block keeping
-    more than 512 elements; grid = rows x blocks, `__cluster_dims__` on the kernel, the threads
+    """Rows longer than 8192 too few to fill the GPU's 132 SMs are split over a thread-block cluster
+    (limits.row_split): the blocks a row double while rows x blocks stay within the SMs, up to 8,
+    each block keeping more than 512 elements; grid = rows x blocks, `__cluster_dims__` on the kernel, the threads
     sized for the block's part (4 elements a thread; 16 past the SMs), and the partials combined
     through the cluster (sf_cluster_reduce). The emulator and the GPU suite check the results."""
     f = norm_graph("layernorm")
@@ -202,11 +197,11 @@ def test_no_split_for_rows_outside_registers(monkeypatch):
         x = fd.define_tensor("x", shape=["R", "D"], dtype="float32")
         fd.add_output(fd.ops.pad(x - fd.ops.mean(x, [1], True), [1, 1]), "y")
     f = fd.fusion()
-    (_, mod), = modules_without_device(f, ENG.plan(f, {"x": (4, 8192)}), f.bind({"x": (4, 8192)}))
+    (_, mod), = modules_without_device(f, ENG.plan(f, {"x": (4, 16384)}), f.bind({"x": (4, 16384)}))
     assert "__cluster_dims__" not in mod.source and "xr0[sf_t]" not in mod.source
     assert all(ln.grid == 4 and ln.block == 1024 for ln in mod.launches)
     monkeypatch.setattr(row_reduction, "ROW_SPLIT_MAX", 1)
     f = norm_graph("softmax")
-    shapes = f.input_shapes({"R": 8, "D": 4096})
+    shapes = f.input_shapes({"R": 8, "D": 16384})
     (_, mod), = modules_without_device(f, ENG.plan(f, shapes), f.bind(shapes))
     assert "__cluster_dims__" not in mod.source and all(ln.grid == 8 and ln.block == 1024 for ln in mod.launches)
