@@ -60,13 +60,15 @@ ROW_ONE_BARRIER = False
 # 64 SMs instead of 8. Up to ROW_SPLIT_MAX blocks a row (8: the portable cluster size), doubling while the
 # rows times the blocks a row stay within the SM count and each block keeps more than ROW_WARP_MAX
 # elements (a block's work, not a warp's). Only rows longer than ROW_SPLIT_MIN_LENGTH: on the H200
-# (2026-12-02 03:43 UTC, benchmarks/norm_variants.py NORM_SPLIT=1 against the default) the split
-# took 2 rows of 40000 from 13.3 to 6.4 us (LayerNorm float32), 1 row of 65536 from 15.4 to 5.0 us
-# (RMSNorm) and 8 from 21.1 to 7.7 us (softmax), but rows of 4096 and 8192 0.9-1.3 us slower (8
-# rows, 16 and 64: 2.5-3.7 us a block per row, the cluster's launch and barriers cost more than
-# they spread).
+# (2026-12-02 03:43 and 03:51 UTC, benchmarks/norm_variants.py NORM_SPLIT=1 against the default)
+# the split took 2 rows of 40000 from 13.4 to 6.3 us (LayerNorm float32), 1 row of 65536 from 15.5
+# to 4.8 us (RMSNorm), 8 from 21.3 to 7.6 us (softmax), bfloat16 softmax [8, 32768] 7.2 -> 6.5 us
+# and RMSNorm [4, 32768] 5.2 -> 4.5 us, but rows of 4096 and 8192 0.9-1.3 us slower (8, 16 and
+# 64 rows: 2.5-3.7 us a block per row; the cluster's launch and barriers cost more than they
+# spread), RMSNorm float32 [8, 16384] the same (4.0 / 4.1 us) and LayerNorm bfloat16 [16, 16384]
+# slower (4.3 -> 5.7 us).
 ROW_SPLIT_MAX = 8
-ROW_SPLIT_MIN_LENGTH = 8192
+ROW_SPLIT_MIN_LENGTH = 16384
 
 
 def row_split(length: int, rows: int, sm_count: int, most: int = ROW_SPLIT_MAX) -> int:

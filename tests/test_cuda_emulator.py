@@ -256,11 +256,11 @@ def test_row_normalizations_against_torch(emulated, monkeypatch, kind, dtype, R,
 
 @pytest.mark.parametrize("kind", ["softmax", "log_softmax", "rmsnorm", "layernorm"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("R,D,split", [(1, 16384, 8), (1, 8200, 8), (3, 30000, 8), (2, 16387, 8), (2, 40000, 8)])
+@pytest.mark.parametrize("R,D,split", [(1, 16400, 8), (3, 30000, 8), (2, 16387, 8), (2, 40000, 8)])
 def test_split_rows_against_torch(emulated, kind, dtype, R, D, split):
     """Few rows split over a thread-block cluster (limits.row_split): each block holds its part of
-    the row in registers (the last part shorter: rows of 30000 in parts of 3752, 8200 in parts of
-    1028, 16387 -- no multiple of 4, the scalar kernel -- in parts of 2052), the partials meet through the cluster's
+    the row in registers (the last part shorter: rows of 30000 in parts of 3752, 16400 in parts of
+    2052, 16387 -- no multiple of 4, the scalar kernel -- in parts of 2052, the last 2023), the partials meet through the cluster's
     shared memory (the emulator's clusters: consecutive blocks, one barrier, mapa to another
     block's shared variable), against PyTorch. A combine that skips a block's partial fails here."""
     from norm_graphs import norm_graph

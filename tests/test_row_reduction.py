@@ -47,7 +47,7 @@ def test_one_row_kernel_per_normalization(kind, dtype, composite, R, D):
     assert [ln.vector_of is not None for ln in launches] == [True, False]  # D % 4 == 0: a vector twin
     # 16 elements a thread when the rows fill the SMs, 4 when they do not (limits.row_threads)
     assert all(ln.block == (D // 16 if R > 132 else 1024) for ln in launches)
-    # a block per row (no persistent grid: row_reduction.BLOCK_ROWS_PER_SM; rows of at most 8192
+    # a block per row (no persistent grid: row_reduction.BLOCK_ROWS_PER_SM; rows of at most 16384
     # are not split over clusters: limits.ROW_SPLIT_MIN_LENGTH)
     assert all(ln.grid == R for ln in launches) and "__cluster_dims__" not in mods[0][1].source
 
@@ -172,10 +172,10 @@ def test_a_register_cap_asks_for_resident_threads(monkeypatch):
 
 
 @pytest.mark.parametrize("R,D,split,block", [
-    (1, 16384, 8, 512), (8, 65536, 8, 1024), (33, 16384, 4, 1024), (64, 16384, 2, 1024), (66, 16384, 2, 1024),
-    (67, 16384, 1, 1024), (8, 8192, 1, 1024), (1, 8200, 8, 512), (2, 16387, 8, 1024)])
+    (1, 32768, 8, 1024), (8, 65536, 8, 1024), (33, 32768, 4, 1024), (64, 32768, 2, 1024), (66, 32768, 2, 1024),
+    (67, 32768, 1, 1024), (8, 16384, 1, 1024), (1, 16400, 8, 1024), (2, 16387, 8, 1024), (3, 30000, 8, 1024)])
 def test_few_rows_split_over_a_cluster(R, D, split, block):
-    """Rows longer than 8192 too few to fill the GPU's 132 SMs are split over a thread-block cluster
+    """Rows longer than 16384 too few to fill the GPU's 132 SMs are split over a thread-block cluster
     (limits.row_split): the blocks a row double while rows x blocks stay within the SMs, up to 8,
     each block keeping more than 512 elements; grid = rows x blocks, `__cluster_dims__` on the kernel, the threads
     sized for the block's part (4 elements a thread; 16 past the SMs), and the partials combined
@@ -197,11 +197,11 @@ def test_no_split_for_rows_outside_registers(monkeypatch):
         x = fd.define_tensor("x", shape=["R", "D"], dtype="float32")
         fd.add_output(fd.ops.pad(x - fd.ops.mean(x, [1], True), [1, 1]), "y")
     f = fd.fusion()
-    (_, mod), = modules_without_device(f, ENG.plan(f, {"x": (4, 16384)}), f.bind({"x": (4, 16384)}))
+    (_, mod), = modules_without_device(f, ENG.plan(f, {"x": (4, 32768)}), f.bind({"x": (4, 32768)}))
     assert "__cluster_dims__" not in mod.source and "xr0[sf_t]" not in mod.source
     assert all(ln.grid == 4 and ln.block == 1024 for ln in mod.launches)
     monkeypatch.setattr(row_reduction, "ROW_SPLIT_MAX", 1)
     f = norm_graph("softmax")
-    shapes = f.input_shapes({"R": 8, "D": 16384})
+    shapes = f.input_shapes({"R": 8, "D": 32768})
     (_, mod), = modules_without_device(f, ENG.plan(f, shapes), f.bind(shapes))
     assert "__cluster_dims__" not in mod.source and all(ln.grid == 8 and ln.block == 1024 for ln in mod.launches)
