@@ -98,6 +98,13 @@ def graphs(draw):
     return graph, draw(st.sampled_from(SIZES_N)), draw(st.sampled_from(SIZES_M))
 
 
+def unspecified_write(op: dict) -> bool:
+    """A write whose result with duplicate indices is unspecified (one of the duplicates wins, as
+    in PyTorch; docs/graph-format.md): a GPU kernel may pick another than the NumPy interpreter."""
+    return (op["op"] == "scatter" and op.get("reduce", "none") == "none") or \
+        (op["op"] == "index_put" and not op.get("accumulate", False))
+
+
 def make_inputs(n, m, seed):
     rng = np.random.default_rng(seed)
     # small integers as floats: exact sums, and ties for argsort's stability

@@ -23,7 +23,7 @@ from segfuse.compiler.cuda import buffers  # noqa: E402
 from segfuse.compiler.cuda.runtime import CupyRuntime  # noqa: E402
 from segfuse.compiler.dtypes import from_numpy  # noqa: E402
 from test_cuda_buffers import _chain, runnable  # noqa: E402  (the scan chain whose plan reuses a buffer)
-from test_plan_executor import BIG_N, graphs  # noqa: E402
+from test_plan_executor import BIG_N, graphs, unspecified_write  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -154,7 +154,7 @@ def test_fast_path_and_graph_replays_on_reused_buffers(deferred):
                                                                   HealthCheck.function_scoped_fixture])
 @given(graphs(), st.integers(0, 2**16))
 def test_random_plans_with_reuse_on_the_gpu(monkeypatch, case, seed):
-    found = None if any(_unspecified(op) for op in case[0]["ops"]) else runnable(case, seed)
+    found = None if any(unspecified_write(op) for op in case[0]["ops"]) else runnable(case, seed)
     if found is None:
         return
     f, ins, _ = found
@@ -166,8 +166,3 @@ def test_random_plans_with_reuse_on_the_gpu(monkeypatch, case, seed):
 _RT: dict = {}
 
 
-def _unspecified(op: dict) -> bool:
-    """A write whose result with duplicate indices is unspecified (one of the duplicates wins, as
-    in PyTorch; docs/graph-format.md): the GPU may pick another than the NumPy interpreter."""
-    return (op["op"] == "scatter" and op.get("reduce", "none") == "none") or \
-        (op["op"] == "index_put" and not op.get("accumulate", False))
