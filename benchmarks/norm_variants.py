@@ -23,7 +23,9 @@ time. Variants come from the environment, set before segfuse is imported:
   the H200 2026-12-02 03:28 UTC: `l2`, `ld` and `both` 3-5% slower at 32768 rows (RMSNorm float32
   [32768, 8192] 509 -> 533 us), `st` unchanged; none adopted;
 - NORM_SPLIT=N: row_reduction.ROW_SPLIT_MAX, the most blocks (a thread-block cluster) that share a
-  row when the rows do not fill the SMs (default 8; 1: a block per row).
+  row when the rows do not fill the SMs (default 8; 1: a block per row);
+- NORM_COMPOSITE=1: softmax and log_softmax through the ops of those names (their expansion, with
+  its -inf pad before amax) instead of written out; torch's side is the same.
 
 Prints one line per workload: kernels-only GPU time (us) of segfuse, then torch eager's graph replay
 (NORM_COMPILE=1: torch.compile's too, default mode, a fresh Dynamo per workload; under ncu its
@@ -146,13 +148,13 @@ def main(argv):
 
     once = os.environ.get("NORM_ONCE") == "1"
     tag = " ".join(f"{k}={os.environ[k]}" for k in ("NORM_PER", "NORM_PER_SMALL", "NORM_FASTEXP", "NORM_WEIGHTS", "NORM_MIN_THREADS",
-                                                      "NORM_ROWS_PER_SM", "NORM_ONE_BARRIER", "NORM_CACHE", "NORM_SPLIT")
+                                                      "NORM_ROWS_PER_SM", "NORM_ONE_BARRIER", "NORM_CACHE", "NORM_SPLIT", "NORM_COMPOSITE")
                    if k in os.environ)
     eng, rt = Engine("cupy"), get_runtime()
     for spec in argv:
         kind, dtype, shape = spec.split(":")
         R, D = (int(v) for v in shape.split("x"))
-        f = norm_graph(kind, dtype)
+        f = norm_graph(kind, dtype, os.environ.get("NORM_COMPOSITE") == "1" and "softmax" in kind)
         host = norm_inputs(kind, R, D, dtype, seed=1)
         tdt = torch.float32 if dtype == "float32" else torch.bfloat16
         t_ins = {k: torch.from_numpy(np.asarray(v).astype(np.float32)).to(tdt).cuda() for k, v in host.items()}

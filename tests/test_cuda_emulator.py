@@ -322,13 +322,61 @@ def test_row_loop(emulated, monkeypatch, kind, dtype, R, D, one_barrier):
     _check_norm(emulated, kind, dtype, R, D)
 
 
-def _check_norm(emulated, kind, dtype, R, D):
+@pytest.mark.parametrize("kind", ["softmax", "log_softmax"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("R,D", [(37, 300), (6, 4096), (5, 1001), (2, 40000)])
+def test_composite_softmax_rows_in_registers(emulated, kind, dtype, R, D):
+    """The `softmax` / `log_softmax` ops expand with a -inf pad before their amax (rows that may be
+    empty); the pad is amax's identity, so the kernel reads the row in place from registers (a warp
+    a row, a block, a cluster) and agrees with PyTorch, -inf and NaN rows included."""
+    from norm_graphs import norm_graph
+    from segfuse.compiler.cuda.prepare import modules_without_device
+
+    f = norm_graph(kind, dtype, True)
+    (_, mod), = modules_without_device(f, PLANS.plan(f, {"x": (R, D)}), f.bind({"x": (R, D)}))
+    assert "xr0[sf_t]" in mod.source and "-sf_inf()" in mod.source
+    _check_norm(emulated, kind, dtype, R, D, composite=True)
+
+
+def _padded_reductions(fill: float, op: str):
+    from segfuse.compiler.builder import FusionDefinition
+
+    with FusionDefinition(f"pad_{op}") as fd:
+        x = fd.define_tensor("x", shape=["R", "D"], dtype="float32")
+        p = fd.ops.pad(x, [0, 2], fill)
+        red = getattr(fd.ops, op)(p, [1], True)
+        fd.add_output(fd.ops.exp(x - red), "y")
+    return fd.fusion()
+
+
+@pytest.mark.parametrize("fill,op,in_place", [(float("-inf"), "amax", True), (0.0, "amax", False), (0.0, "sum", True),
+                                              (0.0, "mean", True), (1.0, "sum", False)])
+@pytest.mark.parametrize("R,D", [(6, 4096), (2, 40000)])
+def test_reductions_of_padded_rows(emulated, fill, op, in_place, R, D):
+    """A reduction of a row padded at its end reads the row in place from registers only when the
+    fill is the reduction's identity (-inf for amax, 0 for sum and mean, whose count still includes
+    the pad); any other fill keeps the row in shared memory or global memory. Against the NumPy
+    interpreter, either way."""
+    from segfuse.compiler.cuda.prepare import modules_without_device
+
+    f = _padded_reductions(fill, op)
+    plan = PLANS.plan(f, {"x": (R, D)})
+    assert [s.kind.value for s in plan.segments] == ["row_reduction"]
+    (_, mod), = modules_without_device(f, plan, f.bind({"x": (R, D)}))
+    assert ("xr0[sf_t]" in mod.source) == in_place
+    rt, Array = emulated
+    ins = {"x": (np.random.default_rng(R).standard_normal((R, D)) * 3).astype(np.float32)}
+    got, _ = rt.run(f, _device(ins, Array), plan)
+    _close(np.array(got["y"]), run_graph(f, copy.deepcopy(ins))["y"], f"{op} of a pad of {fill}")
+
+
+def _check_norm(emulated, kind, dtype, R, D, composite=False):
     import ml_dtypes
     import torch
     from norm_graphs import norm_graph, norm_inputs, torch_norm
 
     rt, Array = emulated
-    f = norm_graph(kind, dtype)
+    f = norm_graph(kind, dtype, composite)
     ins = norm_inputs(kind, R, D, dtype, seed=R + D, special=True)
     plan = PLANS.plan(f, {k: np.shape(v) for k, v in ins.items()})
     assert [s.kind.value for s in plan.segments] == ["row_reduction"]

@@ -50,6 +50,9 @@ def test_one_row_kernel_per_normalization(kind, dtype, composite, R, D):
     # a block per row (no persistent grid: row_reduction.BLOCK_ROWS_PER_SM; rows of at most 16384
     # are not split over clusters: limits.ROW_SPLIT_MIN_LENGTH)
     assert all(ln.grid == R for ln in launches) and "__cluster_dims__" not in mods[0][1].source
+    # the row in registers, the composite softmax ops too (their -inf pad for rows that may be
+    # empty is an identity of amax: row_fusion.identity_pad_source)
+    assert "xr0[sf_t]" in mods[0][1].source
 
 
 def test_the_old_lowering_without_the_capability():

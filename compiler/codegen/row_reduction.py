@@ -40,7 +40,7 @@ from ..limits import (
     row_threads,
 )
 from ..ops.pointwise import opmath
-from ..segmenter.row_fusion import analyze, read_in_place
+from ..segmenter.row_fusion import analyze, identity_pad_source, read_in_place
 from . import ctypes_ as ct
 from .geometry import align
 from .layout import contiguous_strides, numel
@@ -124,8 +124,13 @@ class RowReductionKernels:
         if per_thread * len(cache) > ROW_REGISTER_ELEMS:
             return False
         k = len(region.dims)
-        if any(tuple(self.types[self.fusion.nodes[p].inputs[0]].shape[region.rank - k:]) != tuple(region.row)
-               for p in region.reductions):
+
+        def row_of(p):  # the row a reduction combines (an identity pad's: its source's)
+            x = self.fusion.nodes[p].inputs[0]
+            x = identity_pad_source(self.fusion, self.seg.nodes, x, self.types) or x
+            return tuple(self.types[x].shape[region.rank - k:])
+
+        if any(row_of(p) != tuple(region.row) for p in region.reductions):
             return False  # (the outputs' rows are longer: a pad along the row)
         return all(read_in_place(self.fusion, self.seg.nodes, x, self.types) for x in cache)
 

@@ -76,6 +76,15 @@ class Combiner(str, Enum):
     amax = "amax"
     amin = "amin"
 
+    def is_identity(self, value, is_float: bool) -> bool:
+        """Whether `value` (a pad's fill, say) leaves every combine unchanged: 0 for add, 1 for
+        mul, -inf (+inf) for a floating-point amax (amin)."""
+        if isinstance(value, bool):
+            return False
+        if self is Combiner.add or self is Combiner.mul:
+            return value == (0 if self is Combiner.add else 1)
+        return is_float and value == (float("-inf") if self is Combiner.amax else float("inf"))
+
 
 class LibrarySort(str, Enum):
     """Which library sort a sort op's library segment runs on the GPU (compiler/cuda/library_sorts.py

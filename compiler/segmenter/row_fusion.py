@@ -173,10 +173,11 @@ def _caches(fusion, region, x, types, r, k, kept, row) -> bool:
 
 def read_in_place(fusion, region, x, types, rank: int | None = None) -> bool:
     """Whether every op of the region that reads input x, or a tensor computed from it below the
-    rows' rank, reads it at the element it computes (pointwise, expand, reduce: no pad / slice /
-    cat along the row, no reshape), so a kernel may hold x in registers, each thread its own
-    elements (codegen/row_reduction.py). `rank`: the rank of the region's rows, for an x broadcast
-    over them (a weight of the row's shape, cast first in bfloat16); default x's own."""
+    rows' rank, reads it at the element it computes (pointwise, expand, reduce, an identity pad:
+    no other pad / slice / cat along the row, no reshape), so a kernel may hold x in registers,
+    each thread its own elements (codegen/row_reduction.py). `rank`: the rank of the region's
+    rows, for an x broadcast over them (a weight of the row's shape, cast first in bfloat16);
+    default x's own."""
     r = types[x].rank if rank is None else rank
     derived = {x}
     for p in sorted(region):
@@ -190,8 +191,32 @@ def read_in_place(fusion, region, x, types, rank: int | None = None) -> bool:
             if types[nd.outputs[0]].rank < r:
                 derived.update(nd.outputs)  # (still broadcast over the rows: its readers count)
             continue
+        if low is Lowering.pad and identity_pad_source(fusion, region, nd.outputs[0], types) is not None:
+            continue
         return False
     return True
+
+
+def identity_pad_source(fusion, region, t, types):
+    """The tensor that tensor t pads when a pad in the region makes t by appending elements (no
+    padding before any dim, none removed) that leave every reader's combine unchanged: all its
+    readers in the region are reductions of the pad's fill as identity (amax of -inf: the
+    composite softmax's guard for rows that may be empty, compiler/ops/composites.py). Such a
+    reduction equals its combine over the source's elements alone (a mean still divides by the
+    padded count), so a kernel may read the source in place. Else None."""
+    made = [fusion.nodes[p] for p in region if t in fusion.nodes[p].outputs]
+    if len(made) != 1 or made[0].op.lowering is not Lowering.pad:
+        return None
+    nd = made[0]
+    pads = nd.attrs.pad
+    if any(pads[2 * j] != 0 or pads[2 * j + 1] < 0 for j in range(len(pads) // 2)) or not isinstance(nd.inputs[0], str):
+        return None
+    readers = [fusion.nodes[p] for p in region if t in fusion.nodes[p].inputs]
+    is_float = types[t].dtype.is_float
+    if not readers or any(rd.op.lowering is not Lowering.reduce or rd.inputs[0] != t or
+                          not rd.op.combiner.is_identity(nd.attrs.value, is_float) for rd in readers):
+        return None
+    return nd.inputs[0]
 
 
 def _candidate(seg) -> bool:
