@@ -16,6 +16,10 @@ Where the row is kept:
   (benchmarks/README.md, ncu of 2026-12-01 21:53 UTC). Inputs of the row's shape broadcast over the
   rows (weights) may be held the same way, loaded once before the row loop
   (`limits.ROW_REGISTER_WEIGHTS`; 2-byte ones only while the rows do not fill the SMs);
+  Few rows longer than `limits.ROW_SPLIT_MIN_LENGTH` are split over a thread-block cluster
+  (`limits.row_split`): each block holds a contiguous part of its row in registers, and each
+  reduction combines the blocks' partials through distributed shared memory (prelude
+  CLUSTER_REDUCE), so 8 rows use up to 64 SMs;
 - shared memory otherwise (16-byte vector loads in the vector variant), element by element;
 - global memory, re-read in each pass, for rows that do not fit `limits.ROW_CACHE_BYTES` (two
   passes or more: the formulation nvFuser falls back to past its persistent buffer limit).
