@@ -20,8 +20,9 @@ for a in "$@"; do
     *) echo "usage: $0 [--no-wheels] [--no-wrk]" >&2; exit 2 ;;
   esac
 done
+# asgi-lifespan (and its sniffio): the server tests of the GPU suite (tests/conftest.py asgi_server);
 # lazy-importer: importlib-metadata 10 (fetched by fetch-wheels.sh, first on PYTHONPATH there) needs it
-EXTRA_WHEELS=(httptools orjson py-spy lazy-importer fastapi-offline)
+EXTRA_WHEELS=(httptools orjson py-spy lazy-importer fastapi-offline asgi-lifespan sniffio)
 
 if [ "$wheels" = 1 ]; then
   fetch="$root/../shared/gpu-machine/fetch-wheels.sh"
