@@ -1,6 +1,7 @@
 """The three ways a serving stack calls GPU work, measured alike for segfuse and its alternatives
 (benchmarks/bench_norms.py, benchmarks/bench_prologue.py): per call (a call, then a synchronize),
-pipelined (PIPE calls back to back, one synchronize at the end, wall time per call) and GPU time
+pipelined (PIPE calls back to back, one synchronize at the end, wall time per call; the median of
+PIPE_ROUNDS rounds, taken in turns) and GPU time
 (work that only enqueues, such as a CUDA-graph replay, timed by CUDA events with the stream held
 first, so the events see the kernels back to back, not the host's launch cost)."""
 
@@ -10,20 +11,28 @@ import os
 import time
 
 PIPE = 200
+PIPE_ROUNDS = int(os.environ.get("SEGFUSE_PIPE_ROUNDS", "5"))
 
 
 def measure(rows: list, bench: str, impls: dict, samples, reps: int, **extra) -> dict:
     """Time each implementation in the three modes and append its row: `impls` maps a name to
     (call, pipelined call, GPU us, launches); `samples(fn, reps, warm)` gives per-call times (host
-    work and a synchronize included). `speedup`: the row's GPU time over segfuse's. Returns the
-    rows by implementation."""
+    work and a synchronize included). Pipelined times are the median of PIPE_ROUNDS rounds, the
+    implementations taking turns in each round, so a slow phase of the host (the H200 machine's
+    varies by 1.5x from minute to minute) weighs on all of them alike. `speedup`: the row's GPU
+    time over segfuse's. Returns the rows by implementation."""
     import numpy as np
 
     base = {}
-    for impl, (call, pipe, gpu_us, launches) in impls.items():
-        row = {"bench": bench, "impl": impl, "us": float(np.median(samples(call, reps=reps, warm=5))),
-               "pipelined us": pipelined_us(pipe), "gpu us": gpu_us, **extra, "launches": launches}
-        base[impl] = row
+    for impl, (call, _pipe, gpu_us, launches) in impls.items():
+        base[impl] = {"bench": bench, "impl": impl, "us": float(np.median(samples(call, reps=reps, warm=5))),
+                      "pipelined us": None, "gpu us": gpu_us, **extra, "launches": launches}
+    rounds = {impl: [] for impl in impls}
+    for _ in range(PIPE_ROUNDS):
+        for impl, (_call, pipe, _gpu, _launches) in impls.items():
+            rounds[impl].append(pipelined_us(pipe))
+    for impl, row in base.items():
+        row["pipelined us"] = float(np.median(rounds[impl]))
         rows.append(row)
     s = base["segfuse"]
     for impl, row in base.items():
