@@ -24,6 +24,8 @@ time. Variants come from the environment, set before segfuse is imported:
   [32768, 8192] 509 -> 533 us), `st` unchanged; none adopted;
 - NORM_SPLIT=N: row_reduction.ROW_SPLIT_MAX, the most blocks (a thread-block cluster) that share a
   row when the rows do not fill the SMs (default 8; 1: a block per row);
+- NORM_HINTS=0: limits.ROW_LOAD_HINTS off (rows in registers load without the evict-last hints of
+  prelude VLOAD_LAST, as before 2026-12-02 12:30 UTC);
 - NORM_COMPOSITE=1: softmax and log_softmax through the ops of those names (their expansion, with
   its -inf pad before amax) instead of written out; torch's side is the same.
 
@@ -69,6 +71,8 @@ def _patch():
     if "NORM_ROWS_PER_SM" in os.environ:  # a persistent grid for block-per-row kernels ("none": a block per row)
         v = os.environ["NORM_ROWS_PER_SM"]
         row_reduction.BLOCK_ROWS_PER_SM = None if v == "none" else int(v)
+    if "NORM_HINTS" in os.environ:
+        row_reduction.ROW_LOAD_HINTS = os.environ["NORM_HINTS"] == "1"
     if "NORM_SPLIT" in os.environ:
         row_reduction.ROW_SPLIT_MAX = int(os.environ["NORM_SPLIT"])
     row_reduction.ROW_ONE_BARRIER = os.environ.get("NORM_ONE_BARRIER", str(int(row_reduction.ROW_ONE_BARRIER))) == "1"
@@ -148,7 +152,8 @@ def main(argv):
 
     once = os.environ.get("NORM_ONCE") == "1"
     tag = " ".join(f"{k}={os.environ[k]}" for k in ("NORM_PER", "NORM_PER_SMALL", "NORM_FASTEXP", "NORM_WEIGHTS", "NORM_MIN_THREADS",
-                                                      "NORM_ROWS_PER_SM", "NORM_ONE_BARRIER", "NORM_CACHE", "NORM_SPLIT", "NORM_COMPOSITE")
+                                                      "NORM_ROWS_PER_SM", "NORM_ONE_BARRIER", "NORM_CACHE", "NORM_SPLIT", "NORM_COMPOSITE",
+                                                      "NORM_HINTS")
                    if k in os.environ)
     eng, rt = Engine("cupy"), get_runtime()
     for spec in argv:

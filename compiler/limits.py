@@ -53,6 +53,14 @@ ROW_MIN_RESIDENT_THREADS_2BYTE = 2048
 # (a second set of registers) was measured and dropped: 2026-12-02 02:1x UTC, no faster in float32,
 # bfloat16 softmax [32768, 8192] 335 -> 398 us.
 ROW_ONE_BARRIER = False
+# Rows (and weights) held in registers load with L1/L2 evict-last hints, as torch.compile's kernels
+# load theirs (codegen/prelude.py VLOAD_LAST). On the H200 (2026-12-02 12:09-12:13 UTC,
+# benchmarks/norm_variants.py NORM_HINTS=0 against the default) at 32768 rows: RMSNorm float32
+# [32768, 4096] 262.1 -> 251.8 us, LayerNorm float32 266.0 -> 250.6, softmax float32 [32768, 8192]
+# 516.6 -> 498.8, RMSNorm bfloat16 [32768, 8192] 260.3 -> 251.5; LayerNorm bfloat16 [32768, 8192]
+# the one row slower, 278.1 -> 283.5; 8 rows the same. The vector variant only (the scalar one,
+# for misaligned tensors, loads plainly).
+ROW_LOAD_HINTS = True
 
 # Few long rows split over a thread-block cluster (sm_90; codegen/row_reduction.py): the blocks of
 # a cluster each hold a contiguous part of one row in registers, reduce it, and combine their

@@ -40,6 +40,15 @@ _ASM = [  # the prelude's PTX, as C
      "sfemu::cluster_sync();"),
     (re.compile(r'asm volatile\("mapa\.u64 %0, %1, %2;" : "=l"\((\w+)\) : "l"\(([^"]+)\), "r"\((\w+)\)\);'),
      r"\1 = sfemu::mapa(\2, \3);"),
+    # cache hints change nothing a program can see: the policy is a number, the loads are copies
+    (re.compile(r'asm volatile\("createpolicy\.fractional\.L2::evict_last\.b64 %0, 1\.0;" : "=l"\((\w+)\)\);'),
+     r"\1 = 0;"),
+    (re.compile(r'asm volatile\("ld\.global\.L1::evict_last\.L2::cache_hint\.u32 [^"]*" : "=r"\((\w+)\[0\]\) : "l"\((\w+)\), "l"\(\w+\)\);'),
+     r"__builtin_memcpy(\1, \2, 4);"),
+    (re.compile(r'asm volatile\("ld\.global\.L1::evict_last\.L2::cache_hint\.v2\.u32 [^"]*" : "=r"\((\w+)\[0\]\)[^:]* : "l"\((\w+)\), "l"\(\w+\)\);'),
+     r"__builtin_memcpy(\1, \2, 8);"),
+    (re.compile(r'asm volatile\("ld\.global\.L1::evict_last\.L2::cache_hint\.v4\.u32 [^"]*" : "=r"\((\w+)\[0\]\)[^:]* : "l"\((\w+)\), "l"\(\w+\)\);'),
+     r"__builtin_memcpy(\1, \2, 16);"),
 ]
 # a kernel's compile-time cluster size (launches run its blocks in clusters of it)
 _CLUSTER = re.compile(r"__cluster_dims__\((\d+), 1, 1\) __launch_bounds__\([^)]*\) (\w+)\(")

@@ -208,3 +208,31 @@ def test_no_split_for_rows_outside_registers(monkeypatch):
     shapes = f.input_shapes({"R": 8, "D": 32768})
     (_, mod), = modules_without_device(f, ENG.plan(f, shapes), f.bind(shapes))
     assert "__cluster_dims__" not in mod.source and all(ln.grid == 8 and ln.block == 1024 for ln in mod.launches)
+
+
+def test_rows_in_registers_load_with_evict_last_hints(monkeypatch):
+    """limits.ROW_LOAD_HINTS: the vector kernel of rows held in registers loads them (and the
+    weights held with them) through prelude VLOAD_LAST's `sf_vload_last`, the scalar kernel and rows
+    in shared memory plainly; a module that does not use it leaves it out (other kernels keep their
+    sources and digests). Off, no module has it. The emulator and the GPU suite check the results."""
+    from segfuse.compiler.codegen import row_reduction
+    from segfuse.compiler.codegen.prelude import VLOAD_LAST
+
+    def kernels(kind, dtype, R, D):
+        f = norm_graph(kind, dtype)
+        shapes = f.input_shapes({"R": R, "D": D})
+        (_, mod), = modules_without_device(f, ENG.plan(f, shapes), f.bind(shapes))
+        bodies = mod.source.split('extern "C" __global__')[1:]
+        return mod.source, [b.count("sf_vload_last(") for b in bodies]
+
+    src, counts = kernels("rmsnorm", "float32", 32768, 4096)
+    assert VLOAD_LAST in src and counts == [2, 0]  # the weights' load and the row's; none in the scalar kernel
+    src, counts = kernels("softmax", "bfloat16", 8, 65536)  # split over a cluster: a part of a row
+    assert VLOAD_LAST in src and counts[0] == 1 and counts[1:] == [0]
+    src, counts = kernels("softmax", "float32", 100, 40000)  # rows re-read from global memory
+    assert VLOAD_LAST not in src and counts == [0]
+    src, counts = kernels("softmax", "bfloat16", 200, 40000)  # rows in shared memory
+    assert VLOAD_LAST not in src and counts == [0, 0]
+    monkeypatch.setattr(row_reduction, "ROW_LOAD_HINTS", False)
+    src, counts = kernels("rmsnorm", "float32", 32768, 4096)
+    assert VLOAD_LAST not in src and counts == [0, 0]

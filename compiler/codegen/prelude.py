@@ -314,6 +314,40 @@ template <typename T, typename F> __device__ __forceinline__ T sf_block_reduce1(
 # Emitted only when a kernel splits its rows over a thread-block cluster (codegen/row_reduction.py,
 # limits.row_split); sm_90's cluster barrier and distributed shared memory, in PTX (CUDA's
 # cooperative_groups::cluster_group does the same through headers NVRTC does not ship).
+# Emitted only where a kernel loads with it (row_reduction.py, rows in registers), so other
+# modules keep their sources (and digests).
+VLOAD_LAST = r"""
+// Vector loads with L1 and L2 evict-last priority (ld.global.L1::evict_last.L2::cache_hint, an
+// L2 policy from createpolicy): the hints torch.compile's Triton kernels give a row's first read.
+// On the H200 a row held in registers and loaded this way ran 2-6% faster at 32768 rows
+// (limits.ROW_LOAD_HINTS); evict-first hints made it 3-5% slower (norm_variants.py NORM_CACHE=l2).
+__device__ __forceinline__ unsigned long long sf_policy_last() {
+  unsigned long long p;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(p));
+  return p;
+}
+template <int W> __device__ __forceinline__ void sf_ld_last(const unsigned* p, unsigned* u, unsigned long long pol);
+template <> __device__ __forceinline__ void sf_ld_last<1>(const unsigned* p, unsigned* u, unsigned long long pol) {
+  asm volatile("ld.global.L1::evict_last.L2::cache_hint.u32 %0, [%1], %2;" : "=r"(u[0]) : "l"(p), "l"(pol));
+}
+template <> __device__ __forceinline__ void sf_ld_last<2>(const unsigned* p, unsigned* u, unsigned long long pol) {
+  asm volatile("ld.global.L1::evict_last.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;" : "=r"(u[0]), "=r"(u[1]) : "l"(p), "l"(pol));
+}
+template <> __device__ __forceinline__ void sf_ld_last<4>(const unsigned* p, unsigned* u, unsigned long long pol) {
+  asm volatile("ld.global.L1::evict_last.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;" : "=r"(u[0]), "=r"(u[1]), "=r"(u[2]), "=r"(u[3]) : "l"(p), "l"(pol));
+}
+template <> __device__ __forceinline__ void sf_ld_last<8>(const unsigned* p, unsigned* u, unsigned long long pol) {
+  sf_ld_last<4>(p, u, pol);
+  sf_ld_last<4>(p + 4, u + 4, pol);
+}
+template <typename T> __device__ __forceinline__ sf_v4<T> sf_vload_last(const sf_v4<T>* p) {
+  sf_v4<T> r;
+  sf_ld_last<sizeof(sf_v4<T>) / 4>((const unsigned*)p, (unsigned*)&r, sf_policy_last());
+  return r;
+}
+"""
+
+
 CLUSTER_REDUCE = r"""
 // Every thread of every block of the cluster: arrive, then wait (release, then acquire: the
 // shared-memory writes before it are visible to the cluster's blocks after it).

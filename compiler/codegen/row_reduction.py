@@ -13,7 +13,8 @@ Where the row is kept:
   `sf_t` of the thread's array, a constant once unrolled. No shared memory, no barrier per row,
   and the compiler computes what two passes share (softmax's exp) once. On the H200 this halved
   the instructions per element of the bfloat16 rows, which were bound by issue, not bandwidth
-  (benchmarks/README.md, ncu of 2026-12-01 21:53 UTC). Inputs of the row's shape broadcast over the
+  (benchmarks/README.md, ncu of 2026-12-01 21:53 UTC). The vector loads carry L1/L2 evict-last
+  hints (`sf_vload_last`, limits.ROW_LOAD_HINTS), as torch.compile's loads of a row do. Inputs of the row's shape broadcast over the
   rows (weights) may be held the same way, loaded once before the row loop
   (`limits.ROW_REGISTER_WEIGHTS`; 2-byte ones only while the rows do not fill the SMs);
   Few rows longer than `limits.ROW_SPLIT_MIN_LENGTH` are split over a thread-block cluster
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 from ..limits import (
     ROW_CACHE_BYTES,
+    ROW_LOAD_HINTS,
     ROW_MIN_RESIDENT_THREADS,
     ROW_MIN_RESIDENT_THREADS_2BYTE,
     ROW_ONE_BARRIER,
@@ -281,7 +283,8 @@ class RowReductionKernels:
             q = "sf_c0 / 4 + q" if split else "q"
             at = f"{row_off}{K // 4} + {q}" if row_off else q
             n = "(sf_c1 - sf_c0) / 4" if split else f"({I}){K // 4}"
-            return head + (f"if (q < {n}) {{ const {v} w = sf_vload((const {v}*){src} + {at}); "
+            load = "sf_vload_last" if ROW_LOAD_HINTS else "sf_vload"  # (limits.ROW_LOAD_HINTS)
+            return head + (f"if (q < {n}) {{ const {v} w = {load}((const {v}*){src} + {at}); "
                            f"for (int sf_e = 0; sf_e < 4; ++sf_e) {arr}[sf_i * 4 + sf_e] = w.v[sf_e]; }} }}")
         q = "sf_c0 + q" if split else "q"
         at = f"{row_off}{K} + {q}" if row_off else q

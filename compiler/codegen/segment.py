@@ -36,7 +36,7 @@ from .geometry import THREADS, align
 from .layout import contiguous_strides, numel
 from .lazy import Unsupported
 from .pointwise import PointwiseKernels
-from .prelude import BLOCK_REDUCE1, CLUSTER_REDUCE, PRELUDE
+from .prelude import BLOCK_REDUCE1, CLUSTER_REDUCE, PRELUDE, VLOAD_LAST
 from .reduction import ReductionKernels
 from .row_reduction import RowReductionKernels
 from .scatter_block import BlockScatterKernels
@@ -226,6 +226,8 @@ class SegmentCodegen(PointwiseKernels, ReductionKernels, RowReductionKernels, So
             src_body = BLOCK_REDUCE1 + "\n" + src_body
         if "sf_cluster_reduce(" in src_body:
             src_body = CLUSTER_REDUCE + "\n" + src_body
+        if "sf_vload_last(" in src_body:
+            src_body = VLOAD_LAST + "\n" + src_body
         h = hashlib.sha256((PRELUDE + src_body).encode()).hexdigest()[:16]
         kname = f"sf_k_{h}"
         source = PRELUDE + "\n" + src_body.replace("SFNAME_", f"{kname}_")
