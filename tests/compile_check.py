@@ -408,10 +408,10 @@ def compile_all(items: list, opts: list, jobs: int) -> dict:
 
 
 def _compile_unit(unit: list, opts: list) -> dict:
-    from segfuse.compiler.codegen.prelude import PRELUDE
+    from segfuse.compiler.codegen.prelude import one_program
     from segfuse.compiler.cuda.nvrtc import CompileError, compile_cubin
 
-    src = unit[0][1] if len(unit) == 1 else PRELUDE + "".join(s[len(PRELUDE):] for _, s in unit)
+    src = unit[0][1] if len(unit) == 1 else one_program(s for _, s in unit)
     try:
         compile_cubin(src, opts)
         return {}

@@ -36,12 +36,12 @@ def sources(fusion, inputs: dict) -> set[str]:
 def compile_sources(srcs, batch: int = 48) -> int:
     """Compiles the kernels, many to one NVRTC program (one prelude each; kernel names are hashes of
     their bodies, so they do not clash); raises CompileError with NVRTC's log. Returns how many."""
-    from segfuse.compiler.codegen.prelude import PRELUDE
+    from segfuse.compiler.codegen.prelude import one_program
     from segfuse.compiler.cuda.nvrtc import compile_cubin
 
     items = sorted(set(srcs))
     for k in range(0, len(items), batch):
-        cubin, _ = compile_cubin(PRELUDE + "".join(src[len(PRELUDE):] for src in items[k:k + batch]))
+        cubin, _ = compile_cubin(one_program(items[k:k + batch]))
         assert cubin[:4] == b"\x7fELF"
     return len(items)
 

@@ -17,7 +17,7 @@ pytest.importorskip("cuda.bindings.nvrtc")
 
 from corpus import all_cases, case_inputs, modules_for, moe_graphs  # noqa: E402
 from segfuse.compiler.codegen.lazy import Unsupported  # noqa: E402
-from segfuse.compiler.codegen.prelude import PRELUDE  # noqa: E402
+from segfuse.compiler.codegen.prelude import one_program  # noqa: E402
 from segfuse.compiler.codegen.segment import generate  # noqa: E402
 from segfuse.compiler.cuda.nvrtc import CompileError, compile_cubin  # noqa: E402
 from segfuse.compiler.engine import Engine  # noqa: E402
@@ -99,7 +99,7 @@ def test_no_user_names_in_source(sources):
 
 
 def _compile_batch(batch):
-    src = PRELUDE + "".join(s[len(PRELUDE):] for s in batch)
+    src = one_program(batch)
     try:
         cubin, _ = compile_cubin(src)
     except CompileError as e:

@@ -236,3 +236,30 @@ def test_rows_in_registers_load_with_evict_last_hints(monkeypatch):
     monkeypatch.setattr(row_reduction, "ROW_LOAD_HINTS", False)
     src, counts = kernels("rmsnorm", "float32", 32768, 4096)
     assert VLOAD_LAST not in src and counts == [0, 0]
+
+
+def test_modules_with_optional_parts_compile_as_one_program(monkeypatch):
+    """prelude.one_program, the tests' batched compiles: the prelude and each optional part
+    (VLOAD_LAST, CLUSTER_REDUCE, BLOCK_REDUCE1) once, however many modules carry it; NVRTC
+    compiles the batch for sm_90 (joined naively, the parts are defined twice)."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    from segfuse.compiler.codegen import row_reduction
+    from segfuse.compiler.codegen.prelude import OPTIONAL_PARTS, PRELUDE, one_program
+    from segfuse.compiler.cuda.nvrtc import compile_cubin
+
+    def source(kind, dtype, R, D):
+        f = norm_graph(kind, dtype)
+        shapes = f.input_shapes({"R": R, "D": D})
+        (_, mod), = modules_without_device(f, ENG.plan(f, shapes), f.bind(shapes))
+        return mod.source
+
+    srcs = [source("rmsnorm", "float32", 32768, 4096), source("softmax", "bfloat16", 8, 65536),
+            source("softmax", "float32", 100, 40000)]  # hints; a split row and hints; neither
+    monkeypatch.setattr(row_reduction, "ROW_ONE_BARRIER", True)  # (+ BLOCK_REDUCE1)
+    srcs += [source("layernorm", "float32", 32768, 8192), source("softmax", "float32", 8, 65536)]
+    assert all(sum(p in s for s in srcs) >= 2 for p in OPTIONAL_PARTS)  # each part in several modules
+    program = one_program(srcs)
+    assert program.startswith(PRELUDE) and all(program.count(p) == 1 for p in OPTIONAL_PARTS)
+    assert program.count('extern "C" __global__') == sum(s.count('extern "C" __global__') for s in srcs)
+    cubin, _ = compile_cubin(program)
+    assert cubin[:4] == b"\x7fELF"

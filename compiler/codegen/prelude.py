@@ -374,3 +374,23 @@ template <typename T, typename F> __device__ __forceinline__ T sf_cluster_reduce
   return acc;
 }
 """
+
+
+# The parts segment.py emits only into modules that use them
+OPTIONAL_PARTS = (VLOAD_LAST, CLUSTER_REDUCE, BLOCK_REDUCE1)
+
+
+def one_program(sources) -> str:
+    """Many generated modules as one NVRTC program (the tests compile thousands in batches): the
+    prelude and each optional part once, then every module's kernels (their names are hashes of
+    their bodies, so they do not clash)."""
+    used, bodies = [], []
+    for src in sources:
+        body = src[len(PRELUDE):]
+        for part in OPTIONAL_PARTS:
+            if part + "\n" in body:
+                body = body.replace(part + "\n", "")
+                if part not in used:
+                    used.append(part)
+        bodies.append(body)
+    return PRELUDE + "".join(p + "\n" for p in OPTIONAL_PARTS if p in used) + "".join(bodies)
