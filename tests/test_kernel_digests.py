@@ -12,7 +12,10 @@ Covered, per graph and input shapes (key: graph | shapes | what | segment index)
   compiles nothing;
 - `grid` / `block`: the corpus's forced lowerings (corpus.modules_for, block mode skipped for the
   pw_/mv_ cases like the compile test);
-- `radix|<dtype>`: the library radix sort's plain template per key dtype.
+- `radix|<dtype>`: the library radix sort's plain template per key dtype;
+- `norm/<graph>`: the row normalizations of tests/norm_graphs.py (issue 20) at NORM_SHAPES: rows in
+  registers (with the evict-last loads), few rows, a row split over a cluster, rows in shared
+  memory, rows re-read from global memory, a warp a row.
 A segment the codegen refuses is stored as "unsupported" (the runtime splits it).
 Not covered: what only the CUDA runtime derives from real arrays (input strides of non-contiguous
 inputs).
@@ -31,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 from corpus import all_cases, case_inputs, modules_for, moe_graphs
+from norm_graphs import NORMS, norm_graph
 from segfuse.compiler.codegen import radix_sort, sort_epilogue
 from segfuse.compiler.codegen.lazy import Unsupported
 from segfuse.compiler.codegen.segment import generate
@@ -46,6 +50,8 @@ UNSUPPORTED = "unsupported"
 # Symbol sizes the examples are planned at: decode-sized and benchmark-sized.
 EXAMPLE_ENVS = [{"T": 128, "K": 8, "N": 4096, "M": 64, "E": 256},
                 {"T": 65536, "K": 8, "N": 1 << 26, "M": 1 << 24, "E": 256}]
+# (R, D) of the row normalizations: registers at 32768 rows, few rows, a split row, shared memory, re-read, a warp a row
+NORM_SHAPES = [(32768, 4096), (8, 4096), (8, 65536), (200, 40000), (100, 40000), (32768, 512)]
 
 
 def _sha(source: str) -> str:
@@ -110,6 +116,13 @@ def compute() -> dict[str, str]:
         for env in EXAMPLE_ENVS:
             shapes = f.input_shapes({s: env[s] for s in f.symbols})
             _plan_digests(eng, f, {k: tuple(v) for k, v in shapes.items()}, f"examples/{path.name}", out)
+    for kind in NORMS:
+        for dtype in ("float32", "bfloat16"):
+            for composite in ((False, True) if "softmax" in kind else (False,)):
+                f = norm_graph(kind, dtype, composite)
+                for R, D in NORM_SHAPES:
+                    shapes = {k: tuple(v) for k, v in f.input_shapes({"R": R, "D": D}).items()}
+                    _plan_digests(eng, f, shapes, f"norm/{f.name}", out)
     for dt in sorted(radix_sort._DTYPES):
         out[f"radix|{dt}"] = _sha(radix_sort.source(np.dtype(dt))[0])
     return dict(sorted(out.items()))
