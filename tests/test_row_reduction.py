@@ -257,9 +257,10 @@ def test_modules_with_optional_parts_compile_as_one_program(monkeypatch):
             source("softmax", "float32", 100, 40000)]  # hints; a split row and hints; neither
     monkeypatch.setattr(row_reduction, "ROW_ONE_BARRIER", True)  # (+ BLOCK_REDUCE1)
     srcs += [source("layernorm", "float32", 32768, 8192), source("softmax", "float32", 8, 65536)]
-    assert all(sum(p in s for s in srcs) >= 2 for p in OPTIONAL_PARTS)  # each part in several modules
+    parts = [p for _, p in OPTIONAL_PARTS]
+    assert all(sum(p in s for s in srcs) >= 2 for p in parts)  # each part in several modules
     program = one_program(srcs)
-    assert program.startswith(PRELUDE) and all(program.count(p) == 1 for p in OPTIONAL_PARTS)
+    assert program.startswith(PRELUDE) and all(program.count(p) == 1 for p in parts)
     assert program.count('extern "C" __global__') == sum(s.count('extern "C" __global__') for s in srcs)
     cubin, _ = compile_cubin(program)
     assert cubin[:4] == b"\x7fELF"

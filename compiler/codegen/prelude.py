@@ -311,9 +311,6 @@ template <typename T, typename F> __device__ __forceinline__ T sf_block_reduce1(
 """
 
 
-# Emitted only when a kernel splits its rows over a thread-block cluster (codegen/row_reduction.py,
-# limits.row_split); sm_90's cluster barrier and distributed shared memory, in PTX (CUDA's
-# cooperative_groups::cluster_group does the same through headers NVRTC does not ship).
 # Emitted only where a kernel loads with it (row_reduction.py, rows in registers), so other
 # modules keep their sources (and digests).
 VLOAD_LAST = r"""
@@ -348,6 +345,9 @@ template <typename T> __device__ __forceinline__ sf_v4<T> sf_vload_last(const sf
 """
 
 
+# Emitted only when a kernel splits its rows over a thread-block cluster (codegen/row_reduction.py,
+# limits.row_split); sm_90's cluster barrier and distributed shared memory, in PTX (CUDA's
+# cooperative_groups::cluster_group does the same through headers NVRTC does not ship).
 CLUSTER_REDUCE = r"""
 // Every thread of every block of the cluster: arrive, then wait (release, then acquire: the
 // shared-memory writes before it are visible to the cluster's blocks after it).
@@ -376,8 +376,10 @@ template <typename T, typename F> __device__ __forceinline__ T sf_cluster_reduce
 """
 
 
-# The parts segment.py emits only into modules that use them
-OPTIONAL_PARTS = (VLOAD_LAST, CLUSTER_REDUCE, BLOCK_REDUCE1)
+# The parts segment.py emits only into modules that use them: (what a kernel that uses it calls,
+# the part), in the order they come before the kernels
+OPTIONAL_PARTS = (("sf_vload_last(", VLOAD_LAST), ("sf_cluster_reduce(", CLUSTER_REDUCE),
+                  ("sf_block_reduce1(", BLOCK_REDUCE1))
 
 
 def one_program(sources) -> str:
@@ -387,10 +389,10 @@ def one_program(sources) -> str:
     used, bodies = [], []
     for src in sources:
         body = src[len(PRELUDE):]
-        for part in OPTIONAL_PARTS:
+        for _, part in OPTIONAL_PARTS:
             if part + "\n" in body:
                 body = body.replace(part + "\n", "")
                 if part not in used:
                     used.append(part)
         bodies.append(body)
-    return PRELUDE + "".join(p + "\n" for p in OPTIONAL_PARTS if p in used) + "".join(bodies)
+    return PRELUDE + "".join(p + "\n" for _, p in OPTIONAL_PARTS if p in used) + "".join(bodies)

@@ -14,8 +14,8 @@ Where the row is kept:
   and the compiler computes what two passes share (softmax's exp) once. On the H200 this halved
   the instructions per element of the bfloat16 rows, which were bound by issue, not bandwidth
   (benchmarks/README.md, ncu of 2026-12-01 21:53 UTC). The vector loads carry L1/L2 evict-last
-  hints (`sf_vload_last`, limits.ROW_LOAD_HINTS), as torch.compile's loads of a row do. Inputs of the row's shape broadcast over the
-  rows (weights) may be held the same way, loaded once before the row loop
+  hints (`sf_vload_last`, limits.ROW_LOAD_HINTS), as torch.compile's loads of a row do. Inputs of
+  the row's shape broadcast over the rows (weights) may be held the same way, loaded once before the row loop
   (`limits.ROW_REGISTER_WEIGHTS`; 2-byte ones only while the rows do not fill the SMs);
   Few rows longer than `limits.ROW_SPLIT_MIN_LENGTH` are split over a thread-block cluster
   (`limits.row_split`): each block holds a contiguous part of its row in registers, and each

@@ -36,7 +36,7 @@ from .geometry import THREADS, align
 from .layout import contiguous_strides, numel
 from .lazy import Unsupported
 from .pointwise import PointwiseKernels
-from .prelude import BLOCK_REDUCE1, CLUSTER_REDUCE, PRELUDE, VLOAD_LAST
+from .prelude import OPTIONAL_PARTS, PRELUDE
 from .reduction import ReductionKernels
 from .row_reduction import RowReductionKernels
 from .scatter_block import BlockScatterKernels
@@ -222,12 +222,9 @@ class SegmentCodegen(PointwiseKernels, ReductionKernels, RowReductionKernels, So
             text.append(f"extern \"C\" __global__ void {dims}__launch_bounds__({bounds}) SFNAME_{i}({plist}) {{\n"
                         f"  extern __shared__ __align__(16) unsigned char sf_smem[];\n{body}\n}}\n")
         src_body = "\n".join(text)
-        if "sf_block_reduce1(" in src_body:
-            src_body = BLOCK_REDUCE1 + "\n" + src_body
-        if "sf_cluster_reduce(" in src_body:
-            src_body = CLUSTER_REDUCE + "\n" + src_body
-        if "sf_vload_last(" in src_body:
-            src_body = VLOAD_LAST + "\n" + src_body
+        for marker, part in reversed(OPTIONAL_PARTS):  # only the parts its kernels use
+            if marker in src_body:
+                src_body = part + "\n" + src_body
         h = hashlib.sha256((PRELUDE + src_body).encode()).hexdigest()[:16]
         kname = f"sf_k_{h}"
         source = PRELUDE + "\n" + src_body.replace("SFNAME_", f"{kname}_")
