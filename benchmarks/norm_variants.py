@@ -25,7 +25,7 @@ time. Variants come from the environment, set before segfuse is imported:
 - NORM_SPLIT=N: row_reduction.ROW_SPLIT_MAX, the most blocks (a thread-block cluster) that share a
   row when the rows do not fill the SMs (default 8; 1: a block per row);
 - NORM_HINTS=0: limits.ROW_LOAD_HINTS off (rows in registers load without the evict-last hints of
-  prelude VLOAD_LAST, as before 2026-12-02 12:30 UTC);
+  prelude VLOAD_LAST, as before f1abef4);
 - NORM_COMPOSITE=1: softmax and log_softmax through the ops of those names (their expansion, with
   its -inf pad before amax) instead of written out; torch's side is the same.
 
