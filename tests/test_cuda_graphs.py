@@ -73,7 +73,7 @@ def _fake_cupy():
 _LIVE: dict = {}  # address -> weak reference to the array there (what a pointer reaches)
 
 
-def _hist_step(launches: list):
+def _hist_step(launches: list, binds: list):
     """A kernel step with the runtime's bind/fire protocol: parameters are the input's and the
     output's addresses and the error block; running writes the histogram, or the error words of
     the first bad index into the block it was launched with. A launch keeps addresses, not the
@@ -81,6 +81,7 @@ def _hist_step(launches: list):
     token = object()
 
     def bind(env, ctx):
+        binds.append(1)
         st = ctx.state
         rec = st.params.get(token)
         if rec is None:
@@ -145,7 +146,9 @@ class _Setup:
         cp.cuda.Stream = stream
         self.fusion = Fusion.from_json(GRAPH)
         self.launches: list = []
-        prep = types.SimpleNamespace(steps=[types.SimpleNamespace(kind="kernel", run=_hist_step(self.launches))],
+        self.binds: list = []
+        prep = types.SimpleNamespace(steps=[types.SimpleNamespace(kind="kernel",
+                                                                  run=_hist_step(self.launches, self.binds))],
                                      may_fail=True, outputs=(Commit("c"),))
         tls = threading.local()
         tls.st = self.st
@@ -283,3 +286,70 @@ def test_a_failed_capture_turns_graphs_off_and_the_run_still_happens():
     assert len(s.st.graph_free) == free0  # the block it had taken is free again
     np.testing.assert_array_equal(s.run(ids), [0, 0, 0, 2])
     assert s.rt.graph_captures == 0
+
+
+@pytest.mark.parametrize("defer", [False, True])
+def test_a_replay_on_the_same_input_with_the_result_dropped_binds_nothing(defer):
+    s = _Setup(defer)
+    ids = _ids(0, 1, 1, 3)
+    s.run(ids)
+    s.run(ids)  # captured (and remembered)
+    binds = len(s.binds)
+    for k in range(4):
+        ids[0] = k % BINS  # same buffer, new data: the replay computes it
+        np.testing.assert_array_equal(s.run(ids), np.bincount(ids, minlength=BINS))
+    assert len(s.binds) == binds  # the memo replayed the graph: no parameter block was bound
+    (graph, _blk), = s.ctx().graphs.values()
+    assert graph.launches == 5
+
+
+@pytest.mark.parametrize("hold", ["result", "view"])
+def test_a_result_the_caller_still_holds_is_never_overwritten(hold):
+    s = _Setup(True)
+    ids = _ids(0, 1, 1, 3)
+    s.run(ids)
+    s.run(ids)
+    s.run(ids)
+    out = s.call({"i": ids})["c"]
+    kept = out if hold == "result" else out[1:]
+    del out
+    want = np.array(kept)
+    binds = len(s.binds)
+    ids[...] = [2, 2, 2, 2]
+    np.testing.assert_array_equal(s.run(ids), [0, 0, 4, 0])
+    np.testing.assert_array_equal(kept, want)  # the held buffer kept the earlier run's counts
+    assert len(s.binds) == binds + 1  # the memo saw the reference and the run bound a new buffer
+
+
+def test_new_input_buffers_miss_the_memo_and_compute_their_own_result():
+    s = _Setup(False)
+    a, b = _ids(0, 0, 1), _ids(3, 3, 3)
+    s.run(a)
+    s.run(a)
+    s.run(a)
+    np.testing.assert_array_equal(s.run(b), [0, 0, 0, 3])
+    np.testing.assert_array_equal(s.run(a), [2, 1, 0, 0])
+
+
+def test_a_run_holding_more_than_the_memo_limit_is_not_remembered(monkeypatch):
+    monkeypatch.setattr(graphs, "MEMO_BYTES", 8)
+    s = _Setup(False)
+    ids = _ids(0, 1, 2)
+    for _ in range(4):
+        np.testing.assert_array_equal(s.run(ids), [1, 1, 1, 0])
+    assert s.ctx().memo is None and s.ctx().memo_wait == -1
+    assert len(s.binds) == 4
+
+
+def test_a_failing_remembered_replay_raises_and_the_next_run_recovers():
+    s = _Setup(False)
+    ids = _ids(0, 1, 2)
+    s.run(ids)
+    s.run(ids)
+    s.run(ids)
+    assert s.ctx().memo is not None
+    ids[0] = 7
+    with pytest.raises(RunError, match="index 7"):
+        s.run(ids)
+    ids[0] = 3
+    np.testing.assert_array_equal(s.run(ids), [0, 1, 1, 1])

@@ -106,12 +106,20 @@ def shape_proxies(fusion, inputs: dict) -> dict:
     return out
 
 
+def plain_outputs(commits) -> tuple | None:
+    """The output names when no output needs a copy or a write (the results are the run's arrays
+    themselves), else None."""
+    if all(not c.copy and c.alias_of is None for c in commits):
+        return tuple(c.name for c in commits)
+    return None
+
+
 def committer(commits, device_array):
     """`commit_outputs` for these commits, decided once per prepared call: when no output needs a
     copy or a write, the results are the run's arrays themselves (the same result as the rule,
     without it: 0.5 us a call instead of 1.5 on a CPU, for the prologue's four outputs)."""
-    if all(not c.copy and c.alias_of is None for c in commits):
-        names = tuple(c.name for c in commits)
+    names = plain_outputs(commits)
+    if names is not None:
         return lambda env, inputs, st: {n: env[n] for n in names}
     return lambda env, inputs, st: commit_outputs(commits, env, inputs, st, device_array)
 

@@ -259,6 +259,11 @@ class ThreadState:
         if self.word0.value != 0:
             raise device_error(fusion, [int(x) for x in self.host])
 
+    @property
+    def scratch(self):
+        """The thread's scratch buffer now (None before a step needed one)."""
+        return self._scratch
+
     def scratch_for(self, nbytes: int):
         """One scratch buffer per thread, grown on demand: steps of a run use it one after another
         on this thread's stream, so stream order keeps them apart."""
@@ -286,7 +291,7 @@ class RunCtx:
     stream, error word, scratch, parameter blocks and reusable buffers). It does not hold the
     prepared entry: a state keeping the context must not keep an evicted entry alive."""
 
-    __slots__ = ("rt", "stream", "sp", "state", "graphs", "last_key")
+    __slots__ = ("rt", "stream", "sp", "state", "graphs", "last_key", "memo", "memo_wait")
 
     def __init__(self, rt, state):
         self.rt, self.stream, self.state = rt, state.stream, state
@@ -295,6 +300,10 @@ class RunCtx:
         # error block or None); and the parameters of the last run that launched directly
         self.graphs: dict = {}
         self.last_key = None
+        # the last replayed graph with its arrays (graphs.graphed_call's replay memo), and how many
+        # calls store none (after a miss; -1: never, the run holds too much)
+        self.memo = None
+        self.memo_wait = 0
 
 
 _ERROR_TEXT = {
