@@ -26,13 +26,13 @@ def host_view(a: np.ndarray, dt: DType) -> np.ndarray:
 def signature(fusion, inputs: dict):
     """Hashable key of a run's inputs (graph, names, shapes, strides, dtypes) when all are CuPy
     arrays; None otherwise (host arrays take the general path)."""
-    nd = _ndarray_type()
-    key = [fusion.id]
-    for k, a in inputs.items():
+    nd = _ND[0] if _ND else _ndarray_type()
+    key = (fusion.id,)
+    for k, a in inputs.items():  # (flat: four entries an input; hashes faster than nested tuples)
         if type(a) is not nd:
             return None
-        key.append((k, a.shape, a.strides, a.dtype))
-    return tuple(key)
+        key += (k, a.shape, a.strides, a.dtype)
+    return key
 
 
 _ND = []
