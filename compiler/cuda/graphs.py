@@ -110,15 +110,8 @@ def graphed_call(rt, fusion, prep, defer, tls, new_state, token, new_ctx):
             ctx.memo = m + (tuple(map(getrefcount, objs)),)
         return dict(zip(names, objs))
 
-    def replay(st, g, results):
-        """The graph's launch, with a direct run's error checks (below); `results()` makes what
-        the call returns (None: the caller makes them, after)."""
-        if checked:
-            st.reset()
-            g[0].launch(st.stream)
-            res = results() if results is not None else None  # (no input writes: while the GPU works)
-            st.outcome(fusion)
-            return res
+    def replay_unchecked(st, g):
+        """The graph's launch with a direct run's error checks (below) when it does not wait."""
         if defer and (st.pending or st.graph_runs):
             st.settle()
         g[0].launch(st.stream)
@@ -126,19 +119,35 @@ def graphed_call(rt, fusion, prep, defer, tls, new_state, token, new_ctx):
             st.graph_replayed(g[1])
         if not defer and (st.pending or st.graph_runs):
             st.settle()
-        return results() if results is not None else None
+
+    def replay(st, g, results):
+        """The graph's launch with a direct run's error checks; `results()` makes what the call
+        returns (None: the caller makes them, after)."""
+        if not checked:
+            replay_unchecked(st, g)
+            return results() if results is not None else None
+        st.reset()
+        g[0].launch(st.stream)
+        res = results() if results is not None else None  # (no input writes: while the GPU works)
+        st.outcome(fusion)
+        return res
+
+    replay_memo = replay_unchecked if not checked else lambda st, g: replay(st, g, None)
 
     def call(ins: dict) -> dict:
         st = getattr(tls, "st", None) or new_state()
         ctx = st.params.get(token) or new_ctx(st)
         m = ctx.memo
         if m is not None:
-            ctx.memo = None  # (a failure below leaves none)
             if (ctx.graphs.get(m[1]) is m[2] and list(map(_ptr, ins.values())) == m[0]
                     and tuple(map(getrefcount, m[4])) == m[5]):
-                replay(st, m[2], None)
-                ctx.memo = m
+                try:
+                    replay_memo(st, m[2])
+                except BaseException:
+                    ctx.memo = None  # (a failure leaves no memo)
+                    raise
                 return dict(zip(names, m[4]))
+            ctx.memo = None
             del m  # its arrays are free for this run's binding
             ctx.memo_wait = MEMO_WAIT
         env = dict(ins)

@@ -196,7 +196,7 @@ def test_threads_capture_and_replay_while_others_use_the_default_stream():
 @pytest.mark.parametrize("mode", ["raise", "deferred"])
 @pytest.mark.parametrize("T", [1, 128])
 @pytest.mark.parametrize("idt", ["int32", "int64"])
-def test_the_replay_memo_never_hands_out_a_result_still_held(mode, T, idt):
+def test_the_replay_memo_never_hands_out_a_result_still_held(mode, T, idt, monkeypatch):
     """The whole MoE prologue (four outputs, two of them views of one buffer's neighbours) on one
     input buffer: runs whose results are dropped replay through the memo (graphs.graphed_call),
     runs whose results (or a view of one) are kept get new buffers; every result, kept ones
@@ -204,6 +204,7 @@ def test_the_replay_memo_never_hands_out_a_result_still_held(mode, T, idt):
     from segfuse.compiler.cuda.thread_state import RunCtx
     from torch_graphs import E, K, prologue_graph
 
+    monkeypatch.setattr(graphs, "MEMO_WAIT", 2)  # (a miss stores no memo for 32 calls otherwise)
     f = Fusion.from_json(prologue_graph(idt))
     eng = Engine("cupy", errors=mode)
     rng = np.random.default_rng(T)
