@@ -376,6 +376,9 @@ def main():
             traceback.print_exc()
             rows.append({"bench": name, "impl": "segfuse", "us": float("nan"), "fallbacks": f"FAILED: {e}"})
         print(table(rows), flush=True)
+    from modes import count_launches  # (torch's profiler last: it slows every later launch)
+
+    count_launches(rows)
     os.makedirs(os.path.join(HERE, "out"), exist_ok=True)
     meta = {"gpu": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "torch": torch.__version__,
             "cupy": cp.__version__, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}

@@ -97,14 +97,46 @@ def graph_of(fn):
     return g
 
 
-def torch_launches(fn) -> int:
-    """Kernels (and copies) one call of `fn` runs on the GPU, counted by torch's profiler."""
+class Launches:
+    """Kernels (and copies) one call of a torch callable runs on the GPU, counted by torch's profiler
+    only once the process's timing is done (`count_launches`): the profiler leaves CUPTI running
+    after it ends (pytorch/pytorch#144455), which made every later CUDA launch of the process
+    slower (torch eager's pipelined T = 1 prologue took 344 us in bench_gpu of 16:03 UTC
+    2026-12-02 against 146 us without the profiler; segfuse's 11-16 us against 8)."""
+
+    def __init__(self, fn):
+        self.fn, self.count = fn, None
+        _LATER.append(self)
+
+    def __str__(self) -> str:
+        return str(self.count) if self.count is not None else "(counted last)"
+
+    __repr__ = __str__
+
+
+_LATER: list = []
+
+
+def torch_launches(fn) -> Launches:
+    """The launch count of `fn`, for a row's "launches" (see `Launches`)."""
+    return Launches(fn)
+
+
+def count_launches(rows: list) -> None:
+    """Count every pending `Launches` with torch's profiler and put the numbers into `rows`
+    (call it after the last timing of the process: later launches run slower)."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
+    for later in _LATER:
+        later.fn()
         torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            later.fn()
+            torch.cuda.synchronize()
+        later.count = sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+        later.fn = None  # (its inputs can go)
+    _LATER.clear()
+    for r in rows:
+        if isinstance(r.get("launches"), Launches):
+            r["launches"] = r["launches"].count
