@@ -5,10 +5,13 @@ machine, so only same-process turns compare):
 - `eng.run`, replay memo off (every call binds its parameter blocks) and on (compiler/cuda/graphs.py);
 - the prepared call alone (the engine's signature lookup and RunResult skipped), memo off and on;
 - `Graph.launch` of the call's captured one-kernel graph alone (the driver's floor);
+- the engine's signature of the inputs, alone and with the prepared call's lookup;
 - torch's CUDA-graph replay of the same step, for the ratio the target is stated in.
 
 Each part runs ROUNDS rounds of CALLS calls back to back, one synchronize per round, parts in
-turns; the median round's time per call is printed, with min and max.
+turns; the median round's time per call is printed, with min and max. Then the host's own time
+(the GPU cannot be the limit): HOST_CALLS calls queued behind a spin kernel that holds the stream
+longer than they take to issue, median of the rounds.
 Environment: PROLOGUE_T (default 1), PROLOGUE_IDT (int32,int64), ROUNDS (7), CALLS (2000)."""
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ def main():
 def _one(T, idt, rounds, calls):
     import cupy as cp
     from segfuse.compiler.cuda import graphs
+    from segfuse.compiler.cuda.arrays import signature
     from segfuse.compiler.cuda.runtime import get_runtime
     from segfuse.compiler.engine import Engine
     from segfuse.compiler.ir import Fusion
@@ -51,6 +55,7 @@ def _one(T, idt, rounds, calls):
         engines[memo] = eng
     cp.cuda.runtime.deviceSynchronize()
     prepared = {m: next(iter(e._calls.values())) for m, e in engines.items()}
+    calls = engines[True]._calls
     st = get_runtime()._tls.st
     graph = next(g for c in st.params.values() for g in getattr(c, "graphs", {}).values())[0]
     stream = st.stream
@@ -60,9 +65,14 @@ def _one(T, idt, rounds, calls):
         "prepared call, memo off": lambda: prepared[False](ins),
         "prepared call, memo on": lambda: prepared[True](ins),
         "Graph.launch alone": lambda: graph.launch(stream),
+        "the signature alone": lambda: signature(f, ins),
+        "signature and lookup": lambda: calls.get(signature(f, ins)),
     }
     parts.update(_torch_parts(T, idt))
     times = {k: [] for k in parts}
+    host = {k: [] for k in parts}
+    spin = _spin(cp)
+    n_host = int(os.environ.get("HOST_CALLS", "400"))
     for _ in range(rounds):
         for name, fn in parts.items():
             for _ in range(50):
@@ -73,15 +83,32 @@ def _one(T, idt, rounds, calls):
                 fn()
             cp.cuda.runtime.deviceSynchronize()
             times[name].append((time.perf_counter() - t0) / calls * 1e6)
-    print(f"T={T} {idt}: {rounds} rounds of {calls} calls, us per call (median [min, max])")
+            with stream:  # (the legacy stream torch replays on waits for it too)
+                spin((1,), (1,), (cp.uint64(n_host * 40_000),))  # 40 us a call: longer than any issues
+            t0 = time.perf_counter()
+            for _ in range(n_host):
+                fn()
+            host[name].append((time.perf_counter() - t0) / n_host * 1e6)
+            cp.cuda.runtime.deviceSynchronize()
+    print(f"T={T} {idt}: {rounds} rounds of {calls} calls, us per call (median [min, max]); "
+          f"host only: {n_host} calls behind a spin kernel")
     for name, ts in times.items():
-        print(f"  {name:28s} {statistics.median(ts):7.2f}  [{min(ts):.2f}, {max(ts):.2f}]")
+        print(f"  {name:28s} {statistics.median(ts):7.2f}  [{min(ts):.2f}, {max(ts):.2f}]"
+              f"   host only {statistics.median(host[name]):6.2f}")
     torch_t = times.get("torch + CUDA graph replay")
     if torch_t:
         tm = statistics.median(torch_t)
         for name in ("eng.run, memo off", "eng.run, memo on"):
             print(f"  torch + CUDA graph / {name}: {tm / statistics.median(times[name]):.2f}x")
     sys.stdout.flush()
+
+
+def _spin(cp):
+    """A one-thread kernel that waits `ns` nanoseconds of GPU time (the global timer)."""
+    return cp.RawKernel(
+        'extern "C" __global__ void spin(unsigned long long ns) { unsigned long long t0, t;'
+        ' asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));'
+        ' do { asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); } while (t - t0 < ns); }', "spin")
 
 
 def _torch_parts(T, idt):
