@@ -32,6 +32,7 @@ def bench_one(rows, kind, dtype, R, D, samples):
     import cupy as cp
     import ml_dtypes
     import numpy as np
+    import segfuse.torch as sft
     import torch
     from norm_graphs import norm_graph, norm_inputs, torch_norm
     from segfuse.compiler.cuda.runtime import get_runtime
@@ -59,6 +60,10 @@ def bench_one(rows, kind, dtype, R, D, samples):
     copy_us = held_events_us(lambda: dst.copy_(src))
     impls = {"segfuse": (lambda: eng.run(f, ins), lambda: deferred.run(f, ins), rt.kernel_time_us(f, ins, reps=50),
                          prep.kernels if prep else None)}
+    op = sft.fusion(f)  # the same kernels inside the caller's CUDA graph, timed as torch's rows are
+    sg = graph_of(lambda: op(**t_ins))
+    impls["segfuse.torch in a CUDA graph"] = (sg.replay, sg.replay,
+                                              held_events_us(sg.replay), prep.kernels if prep else None)
     eager = lambda: torch_norm(kind, t_ins)  # noqa: E731
     g = graph_of(eager)
     impls["torch eager"] = (eager, eager, held_events_us(g.replay), torch_launches(eager))

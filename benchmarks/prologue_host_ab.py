@@ -55,7 +55,7 @@ def _one(T, idt, rounds, calls):
         engines[memo] = eng
     cp.cuda.runtime.deviceSynchronize()
     prepared = {m: next(iter(e._calls.values())) for m, e in engines.items()}
-    calls = engines[True]._calls
+    fast_calls = engines[True]._calls
     st = get_runtime()._tls.st
     graph = next(g for c in st.params.values() for g in getattr(c, "graphs", {}).values())[0]
     stream = st.stream
@@ -66,7 +66,7 @@ def _one(T, idt, rounds, calls):
         "prepared call, memo on": lambda: prepared[True](ins),
         "Graph.launch alone": lambda: graph.launch(stream),
         "the signature alone": lambda: signature(f, ins),
-        "signature and lookup": lambda: calls.get(signature(f, ins)),
+        "signature and lookup": lambda: fast_calls.get(signature(f, ins)),
     }
     parts.update(_torch_parts(T, idt))
     times = {k: [] for k in parts}
