@@ -331,7 +331,7 @@ def bench_compile_and_overhead(rows):
 
 
 def table(rows) -> str:
-    keys = ["bench", "impl", "us", "pipelined us", "gpu us", "copy limit us", "vs copy limit", "TB/s", "torch eager us", "speedup", "p50 us", "torch eager p50 us", "p50 speedup",
+    keys = ["bench", "impl", "us", "pipelined us", "gpu us", "gpu us min", "gpu us max", "graph calls", "copy limit us", "vs copy limit", "TB/s", "torch eager us", "speedup", "p50 us", "torch eager p50 us", "p50 speedup",
             "launches", "kernel us", "host overhead us", "plan", "fallbacks"]
     used = [k for k in keys if any(k in r for r in rows)]
     out = ["| " + " | ".join(used) + " |", "|" + " --- |" * len(used)]

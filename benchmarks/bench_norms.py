@@ -8,11 +8,16 @@ input bytes + output bytes), measured in the same run in three modes:
 - pipelined: PIPE calls back to back, one synchronize at the end, wall time per call
   (segfuse with errors="deferred", as a serving loop runs it);
 - GPU time: kernels only (segfuse's `kernel_time_us`; torch's CUDA-graph replays with the stream
-  held first, so the events see the kernels back to back; the copy's events likewise).
+  held first, so the events see the kernels back to back; the copy's events likewise), and
+  segfuse's kernels captured in a CUDA graph through segfuse.torch, timed exactly as torch's rows
+  are. Each implementation's GPU time is the median of modes.GPU_ROUNDS rounds taken in turns.
+  Where the output is at most GRAPH_CALLS_BYTES, every graph holds GRAPH_CALLS calls (per-call
+  time = replay / calls): an 8-row kernel of 2-3 us is then timed between kernels of its own
+  graph, as a model's graph runs it, not behind a graph launch of its own.
 
 Environment knobs (to fit a short lease): SEGFUSE_NORM_KINDS, SEGFUSE_NORM_SHAPES ("32768x4096,8x4096"),
 SEGFUSE_NORM_DTYPES, SEGFUSE_NORM_COMPILE=0 (skip torch.compile, whose compiles take most of the time),
-SEGFUSE_COMPILE_MODES ("default" to skip reduce-overhead).
+SEGFUSE_COMPILE_MODES ("default" to skip reduce-overhead), SEGFUSE_GRAPH_CALLS (20).
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
-from modes import env_list, graph_of, held_events_us, measure, torch_launches  # noqa: E402
+from modes import env_list, graph_of, held_events_us, measure, replay_us, stop_compile_workers, torch_launches  # noqa: E402
 
 SHAPES = [(32768, 4096), (32768, 8192), (8, 4096), (8, 8192)]
+GRAPH_CALLS = int(os.environ.get("SEGFUSE_GRAPH_CALLS", "20"))
+GRAPH_CALLS_BYTES = 32 << 20  # (bigger outputs: one call a graph; 20 would hold 20 outputs)
 
 
 def bench_one(rows, kind, dtype, R, D, samples):
@@ -57,17 +64,19 @@ def bench_one(rows, kind, dtype, R, D, samples):
     in_bytes = sum(int(np.prod(v.shape)) * v.dtype.itemsize for v in ins.values())
     src = torch.empty((in_bytes + out_bytes) // 2, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    copy_us = held_events_us(lambda: dst.copy_(src))
-    impls = {"segfuse": (lambda: eng.run(f, ins), lambda: deferred.run(f, ins), rt.kernel_time_us(f, ins, reps=50),
-                         prep.kernels if prep else None)}
+    copy_us = sorted(held_events_us(lambda: dst.copy_(src)) for _ in range(3))[1]
+    calls = GRAPH_CALLS if out_bytes <= GRAPH_CALLS_BYTES else 1
+    impls = {"segfuse": (lambda: eng.run(f, ins), lambda: deferred.run(f, ins),
+                         lambda: rt.kernel_time_us(f, ins, reps=50), prep.kernels if prep else None)}
     op = sft.fusion(f)  # the same kernels inside the caller's CUDA graph, timed as torch's rows are
     sg = graph_of(lambda: op(**t_ins))
-    impls["segfuse.torch in a CUDA graph"] = (sg.replay, sg.replay,
-                                              held_events_us(sg.replay), prep.kernels if prep else None)
+    impls["segfuse.torch in a CUDA graph"] = (sg.replay, sg.replay, replay_us(lambda: op(**t_ins), calls),
+                                              prep.kernels if prep else None)
     eager = lambda: torch_norm(kind, t_ins)  # noqa: E731
     g = graph_of(eager)
-    impls["torch eager"] = (eager, eager, held_events_us(g.replay), torch_launches(eager))
-    impls["torch + CUDA graph"] = (g.replay, g.replay, held_events_us(g.replay), None)
+    eager_gpu = replay_us(eager, calls)
+    impls["torch eager"] = (eager, eager, eager_gpu, torch_launches(eager))
+    impls["torch + CUDA graph"] = (g.replay, g.replay, eager_gpu, None)  # (the same kernels, replayed)
     if os.environ.get("SEGFUSE_NORM_COMPILE", "1") != "0":
         # A fresh Dynamo for each workload: it caches compiled code by the function's code object, and
         # past its recompile limit (8) it silently runs the function eagerly (the 22:23 UTC run's
@@ -77,11 +86,17 @@ def bench_one(rows, kind, dtype, R, D, samples):
             c = torch.compile(lambda ti: torch_norm(kind, ti), mode=None if mode == "default" else mode, dynamic=False)
             fn = lambda c=c: c(t_ins)  # noqa: E731
             fn()
-            gpu = held_events_us(graph_of(fn).replay) if mode == "default" else float("nan")
+            gpu = replay_us(fn, calls) if mode == "default" else float("nan")
             impls[f"torch.compile {mode}"] = (fn, fn, gpu, torch_launches(fn) if mode == "default" else None)
-    s = measure(rows, name, impls, samples, 30, **{"copy limit us": copy_us})["segfuse"]
+        stop_compile_workers()
+    base = measure(rows, name, impls, samples, 30, **{"copy limit us": copy_us, "graph calls": calls})
+    s, sg_row = base["segfuse"], base["segfuse.torch in a CUDA graph"]
     s["vs copy limit"] = s["gpu us"] / copy_us
-    return {f"{name} gpu us": s["gpu us"], f"{name} / copy limit": s["vs copy limit"]}
+    out = {f"{name} gpu us": s["gpu us"], f"{name} / copy limit": s["vs copy limit"]}
+    for other in ("torch eager", "torch.compile default"):
+        if other in base:  # like for like: both in a CUDA graph, timed the same way
+            out[f"{name} in a CUDA graph, vs {other}"] = base[other]["gpu us"] / sg_row["gpu us"]
+    return out
 
 
 def run(rows, samples):

@@ -25,7 +25,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 
-from modes import env_list, graph_of, held_events_us, measure, torch_launches  # noqa: E402
+from modes import env_list, graph_of, held_events_us, measure, replay_us, stop_compile_workers, torch_launches  # noqa: E402
 
 TOKENS = [1, 128, 4096, 16384, 65536]
 
@@ -57,7 +57,7 @@ def bench_one(rows, idt, T, samples):
     def seg_pipe():
         deferred.run(f, ins)
 
-    impls = {"segfuse": (seg_call, seg_pipe, rt.kernel_time_us(f, ins, reps=50), prep.kernels if prep else None)}
+    impls = {"segfuse": (seg_call, seg_pipe, lambda: rt.kernel_time_us(f, ins, reps=50), prep.kernels if prep else None)}
     if T * K > 16384:  # the histogram in a kernel of its own (Capability.fuse_sort_histograms off)
         import dataclasses
 
@@ -72,7 +72,7 @@ def bench_one(rows, idt, T, samples):
             assert torch.equal(torch.as_tensor(hgot[nm], device="cuda").long(), w.long()), f"two launches: {nm} T={T} {idt}"
         plan = cache.get(hf, hf.bind({"topk_ids": (T, K)}))[0]
         impls["segfuse, histogram in its own kernel"] = (lambda: he.run(hf, ins), lambda: hd.run(hf, ins),
-                                                   rt.kernel_time_us(hf, ins, reps=50, plan=plan),
+                                                   lambda: rt.kernel_time_us(hf, ins, reps=50, plan=plan),
                                                    rt.prepared_for(hf, ins).kernels)
     try:  # the segfuse.torch op inside the caller's CUDA graph
         import segfuse.torch as sft
@@ -80,15 +80,15 @@ def bench_one(rows, idt, T, samples):
         op = sft.fusion(prologue_graph(idt))
         sg = graph_of(lambda: op(ids_t))
         impls["segfuse.torch in a CUDA graph"] = (lambda: (sg.replay(), torch.cuda.synchronize()), sg.replay,
-                                                  held_events_us(sg.replay), prep.kernels if prep else None)
+                                                  lambda: held_events_us(sg.replay), prep.kernels if prep else None)
     except Exception as e:  # report and go on
         rows.append({"bench": name, "impl": "segfuse.torch in a CUDA graph", "us": float("nan"),
                      "fallbacks": f"FAILED: {type(e).__name__}: {e}"})
     eager = lambda: torch_prologue(ids_t)  # noqa: E731
     g = graph_of(eager)
-    impls["torch eager"] = (lambda: (eager(), torch.cuda.synchronize()), eager, held_events_us(g.replay),
+    impls["torch eager"] = (lambda: (eager(), torch.cuda.synchronize()), eager, lambda: held_events_us(g.replay),
                             torch_launches(eager))
-    impls["torch + CUDA graph"] = (lambda: (g.replay(), torch.cuda.synchronize()), g.replay, held_events_us(g.replay),
+    impls["torch + CUDA graph"] = (lambda: (g.replay(), torch.cuda.synchronize()), g.replay, lambda: held_events_us(g.replay),
                                    None)  # (eager's kernels, replayed)
     if os.environ.get("SEGFUSE_PROLOGUE_COMPILE", "1") != "0":
         # A fresh Dynamo for each workload: it caches compiled code by the function's code object, and
@@ -100,9 +100,10 @@ def bench_one(rows, idt, T, samples):
             fn = lambda c=c: c(ids_t)  # noqa: E731
             for _ in range(3):
                 fn()
-            gpu = held_events_us(graph_of(fn).replay) if mode == "default" else float("nan")
+            gpu = replay_us(fn) if mode == "default" else float("nan")
             impls[f"torch.compile {mode}"] = (lambda fn=fn: (fn(), torch.cuda.synchronize()), fn, gpu,
                                               torch_launches(fn) if mode == "default" else None)
+        stop_compile_workers()
     base = measure(rows, name, impls, samples, 50)
     tg = base["torch + CUDA graph"]
     out = {}

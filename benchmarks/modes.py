@@ -3,7 +3,9 @@
 pipelined (PIPE calls back to back, one synchronize at the end, wall time per call; the median of
 PIPE_ROUNDS rounds, taken in turns) and GPU time
 (work that only enqueues, such as a CUDA-graph replay, timed by CUDA events with the stream held
-first, so the events see the kernels back to back, not the host's launch cost)."""
+first, so the events see the kernels back to back, not the host's launch cost; the median of
+GPU_ROUNDS rounds, taken in turns as well, for each implementation that gives its GPU time as a
+function)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,9 @@ import time
 
 PIPE = 200
 PIPE_ROUNDS = int(os.environ.get("SEGFUSE_PIPE_ROUNDS", "5"))
+# GPU time moves by a few percent between minutes and processes on the H200 (torch.compile's own
+# RMSNorm kernel: 250.7 to 263.6 us on 2026-12-02), so GPU times are taken in turns too
+GPU_ROUNDS = int(os.environ.get("SEGFUSE_GPU_ROUNDS", "7"))
 
 
 def measure(rows: list, bench: str, impls: dict, samples, reps: int, **extra) -> dict:
@@ -19,20 +24,30 @@ def measure(rows: list, bench: str, impls: dict, samples, reps: int, **extra) ->
     (call, pipelined call, GPU us, launches); `samples(fn, reps, warm)` gives per-call times (host
     work and a synchronize included). Pipelined times are the median of PIPE_ROUNDS rounds, the
     implementations taking turns in each round, so a slow phase of the host (the H200 machine's
-    varies by 1.5x from minute to minute) weighs on all of them alike. `speedup`: the row's GPU
-    time over segfuse's. Returns the rows by implementation."""
+    varies by 1.5x from minute to minute) weighs on all of them alike. "GPU us" given as a function
+    (returning us) is the median of GPU_ROUNDS rounds taken the same way, with its smallest and
+    largest in "gpu us min"/"gpu us max". `speedup`: the row's GPU time over segfuse's. Returns the
+    rows by implementation."""
     import numpy as np
 
     base = {}
     for impl, (call, _pipe, gpu_us, launches) in impls.items():
         base[impl] = {"bench": bench, "impl": impl, "us": float(np.median(samples(call, reps=reps, warm=5))),
-                      "pipelined us": None, "gpu us": gpu_us, **extra, "launches": launches}
+                      "pipelined us": None, "gpu us": None if callable(gpu_us) else gpu_us, **extra,
+                      "launches": launches}
     rounds = {impl: [] for impl in impls}
     for _ in range(PIPE_ROUNDS):
         for impl, (_call, pipe, _gpu, _launches) in impls.items():
             rounds[impl].append(pipelined_us(pipe))
+    timed = {impl: [] for impl, v in impls.items() if callable(v[2])}
+    for _ in range(GPU_ROUNDS if timed else 0):
+        for impl in timed:
+            timed[impl].append(impls[impl][2]())
     for impl, row in base.items():
         row["pipelined us"] = float(np.median(rounds[impl]))
+        if impl in timed:
+            row["gpu us"] = float(np.median(timed[impl]))
+            row["gpu us min"], row["gpu us max"] = float(min(timed[impl])), float(max(timed[impl]))
         rows.append(row)
     s = base["segfuse"]
     for impl, row in base.items():
@@ -81,8 +96,9 @@ def held_events_us(fn, reps=50) -> float:
     return a.elapsed_time(b) * 1000.0 / reps
 
 
-def graph_of(fn):
-    """A torch.cuda.CUDAGraph capturing one call of `fn` (after three warm-up calls on a side stream)."""
+def graph_of(fn, calls: int = 1):
+    """A torch.cuda.CUDAGraph capturing `calls` calls of `fn` (after three warm-up calls on a side
+    stream)."""
     import torch
 
     side = torch.cuda.Stream()
@@ -93,8 +109,18 @@ def graph_of(fn):
     torch.cuda.current_stream().wait_stream(side)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        fn()
+        for _ in range(calls):
+            fn()
     return g
+
+
+def replay_us(fn, calls: int = 1):
+    """A function giving the GPU time of one call of `fn` inside a CUDA graph of `calls` calls,
+    the graph's replays back to back (`held_events_us`): with `calls` > 1 a kernel of a few
+    microseconds is timed the way a model's graph runs it (between other kernels of the same
+    graph), not behind a graph launch of its own."""
+    g = graph_of(fn, calls)
+    return lambda: held_events_us(g.replay) / calls
 
 
 class Launches:
@@ -140,3 +166,16 @@ def count_launches(rows: list) -> None:
     for r in rows:
         if isinstance(r.get("launches"), Launches):
             r["launches"] = r["launches"].count
+
+
+def stop_compile_workers() -> None:
+    """Shut Inductor's compile worker processes down before timing (a later compile starts them
+    again), so that only the timed work runs on the host: the T = 1 prologue, bound by the host,
+    pipelined at 8.0 us a call in the run with torch.compile's workers alive against 6.1 us in the
+    run without torch.compile (2026-12-02 17:10 and 16:14 UTC; whether the workers or the lent
+    host made that difference was not measured). Nothing in the timing needs them."""
+    try:
+        from torch._inductor.async_compile import shutdown_compile_workers
+    except ImportError:  # (an older torch: nothing to stop)
+        return
+    shutdown_compile_workers()

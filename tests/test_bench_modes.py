@@ -75,3 +75,29 @@ def test_device_scripts_parse(script):
         pytest.skip("no bash")
     p = subprocess.run([bash, "-n", str(ROOT / "benchmarks" / script)], capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
+
+
+def test_measure_takes_gpu_times_in_turns(monkeypatch):
+    """GPU times given as functions are the median of GPU_ROUNDS rounds, the implementations taking
+    turns in each round; a plain number is kept as it is; `speedup` is over segfuse's median."""
+    import modes
+
+    order = []
+    monkeypatch.setattr(modes, "pipelined_us", lambda fn: fn() or 1.0)
+    monkeypatch.setattr(modes, "GPU_ROUNDS", 5)
+
+    def gpu(name, values):
+        it = iter(values)
+        return lambda: (order.append(name), next(it))[1]
+
+    impls = {"segfuse": (None, lambda: None, gpu("s", [5.0, 1.0, 4.0, 2.0, 3.0]), 1),
+             "torch": (None, lambda: None, gpu("t", [9.0, 6.0, 8.0, 7.0, 60.0]), 3),
+             "fixed": (None, lambda: None, 12.0, None)}
+    rows: list = []
+    base = modes.measure(rows, "w", impls, lambda call, reps, warm: [2.0, 4.0], 2)
+    assert order == ["s", "t"] * 5
+    assert base["segfuse"]["gpu us"] == 3.0 and base["torch"]["gpu us"] == 8.0 and base["fixed"]["gpu us"] == 12.0
+    assert (base["torch"]["gpu us min"], base["torch"]["gpu us max"]) == (6.0, 60.0)
+    assert "gpu us min" not in base["fixed"]
+    assert base["torch"]["speedup"] == 8.0 / 3.0 and base["fixed"]["speedup"] == 4.0
+    assert [r["impl"] for r in rows] == ["segfuse", "torch", "fixed"] and rows[0]["us"] == 3.0
