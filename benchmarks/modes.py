@@ -9,6 +9,7 @@ function)."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -53,6 +54,8 @@ def measure(rows: list, bench: str, impls: dict, samples, reps: int, **extra) ->
     for impl, row in base.items():
         if impl != "segfuse":
             row["speedup"] = row["gpu us"] / s["gpu us"] if s["gpu us"] else float("nan")
+        # each row as soon as it is measured: a time limit may end the process before its JSON
+        print("row:", json.dumps(row, default=str), flush=True)
     return base
 
 
