@@ -88,13 +88,18 @@ def row_split(length: int, rows: int, sm_count: int, most: int = ROW_SPLIT_MAX) 
     return s
 
 
-def row_threads(length: int, rows: int, sm_count: int) -> int:
-    """Threads working on one row: a warp for short rows; else about 16 elements per thread (4 when
-    the rows do not fill the SMs), 128 to 1024. (16 rather than 8: on the H200, rows of 4096 and
-    8192 in registers ran 3-18% faster in bfloat16 and within 3% in float32, benchmarks/README.md.)"""
+def row_threads(length: int, rows: int, sm_count: int, split: int = 1) -> int:
+    """Threads working on one row (or on a block's part of a row split over `split` blocks): a warp
+    for short rows; else about 16 elements per thread while the rows fill the SMs, 8 when they do
+    not (4 for the parts of a split row), 128 to 1024. On the H200 (benchmarks/README.md): 16
+    rather than 8 for rows that fill the SMs, since rows of 4096 and 8192 in registers ran 3-18%
+    faster in bfloat16 and within 3% in float32 (8 a thread cost LayerNorm float32 [32768, 4096]
+    6.5%, 2026-12-02 18:45 UTC); 8 rather than 4 for few rows, since every norm at [8, 4096] ran
+    1.6-10% faster with 512 threads than with 1024 (2026-12-02 18:34 and 18:44 UTC, one process,
+    paired rounds). Split parts keep 4, as their split rule was measured."""
     if length <= ROW_WARP_MAX:
         return 32
-    per = 4 if rows <= sm_count else 16
+    per = 16 if rows > sm_count else 8 if split == 1 else 4
     t = 128
     while t < 1024 and t * per < length:
         t *= 2

@@ -38,7 +38,7 @@ segfuse.compiler.codegen:segment
 segfuse.compiler.codegen:row_reduction segfuse.compiler.segmenter:pipeline segfuse.compiler:limits
 segfuse.compiler.codegen.segment:VEC_BLOCKS_PER_SM segfuse.compiler.codegen.segment:generate
 segfuse.compiler.cuda.runtime:CupyRuntime segfuse.compiler.cuda.runtime:get_runtime segfuse.compiler.cuda:graphs
-segfuse.compiler.cuda.arrays:signature
+segfuse.compiler.cuda.arrays:signature segfuse.compiler.cuda.prepare:modules_without_device
 segfuse.compiler.segmenter.reference:simple_plan segfuse.compiler.segmenter.cache:PlanCache
 segfuse.compiler.segmenter.capability:DEFAULT_CAPABILITY
 segfuse.compiler.dtypes:DType segfuse.compiler.engine:Engine segfuse.compiler.errors:OpError

@@ -87,7 +87,7 @@ class RowReductionKernels:
         """`_row_kernels` with S blocks (a cluster) a row; None when S > 1 and the parts of the row
         do not fit registers."""
         Kc = K if S == 1 else -(-K // (4 * S)) * 4  # a block's part: a multiple of 4 (vector loads)
-        lanes = row_threads(Kc, R * S, self.sm)
+        lanes = row_threads(Kc, R * S, self.sm, S)
         block = WARP_BLOCK if lanes == 32 else lanes
         slots = block // lanes
         cache = [x for x in region.cacheable if self.strides[x] == contiguous_strides(self.types[x].shape)]
