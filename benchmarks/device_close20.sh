@@ -5,7 +5,7 @@
 # variants (VARIANTS: each one or more NAME=VALUE of norm_variants.py joined by '+', after
 # VAR_FIRST, by default NORM_COMPILE=1, "-" for the default alone) over VAR_LIST; LayerNorm bfloat16
 # through `bench_gpu.py --only norm` with torch.compile. Each part has its limit in seconds
-# (SUITE_S, NCU_S, VAR_S per variant, LN_S; 0 skips it); NCU_LIST: the workloads ncu profiles. Outputs in $OUT, packed into one archive
+# (SUITE_S, NCU_S, VAR_S per variant, LN_S; 0 skips it); NCU_LIST: the workloads ncu profiles, NCU_EXTRA more ncu options. Outputs in $OUT, packed into one archive
 # past 8 files (a call returns at most 8).
 set -u
 OUT=${OUT:-/tmp/out}
@@ -19,7 +19,7 @@ if [ "${NCU_S:-90}" != 0 ]; then
   echo "== ncu $(date -u +%H:%M:%S)"
   NORM_ONCE=1 NORM_COMPILE=1 timeout -s INT "${NCU_S:-90}" ncu --clock-control none --target-processes all \
     -k "regex:sf_k_|triton_" --section SpeedOfLight --section LaunchStats --section Occupancy \
-    --section WarpStateStats --section MemoryWorkloadAnalysis --csv --page details --log-file "$OUT/ncu.csv" \
+    --section WarpStateStats --section MemoryWorkloadAnalysis ${NCU_EXTRA:-} --csv --page details --log-file "$OUT/ncu.csv" \
     python3 benchmarks/norm_variants.py ${NCU_LIST:-rmsnorm:float32:32768x4096 layernorm:float32:32768x4096 \
     rmsnorm:bfloat16:32768x8192 softmax:bfloat16:32768x4096} > "$OUT/ncu_run.txt" 2>&1
   echo "rc=$? $(wc -l < "$OUT/ncu.csv") csv lines"; tail -3 "$OUT/ncu_run.txt"
