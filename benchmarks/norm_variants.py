@@ -3,7 +3,8 @@
 time. Variants come from the environment, set before segfuse is imported:
 
 - NORM_PER=N: elements per thread of a row when rows fill the SMs (limits.row_threads; default 16);
-- NORM_PER_SMALL=N: the same when they do not (default 4);
+- NORM_PER_SMALL=N: the same when they do not (default 8; 4 before 2026-12-02 19:00 UTC), not for
+  the parts of a row split over a cluster;
 - NORM_FASTEXP=1: exp rendered as __expf (the hardware approximation);
 - NORM_WEIGHTS=N: limits.ROW_REGISTER_WEIGHTS (weights held in registers; default 32);
 - NORM_MIN_THREADS=N: limits.ROW_MIN_RESIDENT_THREADS and ROW_MIN_RESIDENT_THREADS_2BYTE (a
@@ -50,12 +51,12 @@ def _patch():
     from segfuse.compiler.codegen import row_reduction
     from segfuse.compiler.segmenter import pipeline
 
-    big, small = int(os.environ.get("NORM_PER", "16")), int(os.environ.get("NORM_PER_SMALL", "4"))
+    big, small = int(os.environ.get("NORM_PER", "16")), int(os.environ.get("NORM_PER_SMALL", "8"))
     orig = limits.row_threads
 
-    def row_threads(length, rows, sm_count):
-        if length <= limits.ROW_WARP_MAX:
-            return orig(length, rows, sm_count)
+    def row_threads(length, rows, sm_count, split=1):
+        if length <= limits.ROW_WARP_MAX or split > 1:  # (a split row's parts: as limits has them)
+            return orig(length, rows, sm_count, split)
         per, t = (small if rows <= sm_count else big), 128
         while t < 1024 and t * per < length:
             t *= 2
