@@ -367,7 +367,15 @@ def test_reductions_of_padded_rows(emulated, fill, op, in_place, R, D):
     rt, Array = emulated
     ins = {"x": (np.random.default_rng(R).standard_normal((R, D)) * 3).astype(np.float32)}
     got, _ = rt.run(f, _device(ins, Array), plan)
-    _close(np.array(got["y"]), run_graph(f, copy.deepcopy(ins))["y"], f"{op} of a pad of {fill}")
+    got, want = np.array(got["y"]), run_graph(f, copy.deepcopy(ins))["y"]
+    if op == "sum":
+        # exp(x - s) carries the float32 rounding of s (|s| up to ~600 here) as a relative error:
+        # 2.3e-5 between two summation orders (a block of 512 threads against NumPy's pairwise sum,
+        # CI 2026-12-02). A pad read wrongly moves s by a whole element (|x| ~ 3), far past 2e-4.
+        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=2e-4, atol=2e-5,
+                                   err_msg=f"{op} of a pad of {fill}")
+    else:
+        _close(got, want, f"{op} of a pad of {fill}")
 
 
 def _check_norm(emulated, kind, dtype, R, D, composite=False):
