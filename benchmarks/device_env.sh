@@ -15,4 +15,13 @@ for _sf_p in compiler server client cli scaleout torch_ext; do ln -sfn "$_sf_roo
 export PYTHONPATH="$_sf_root/.site:/tmp/sp${PYTHONPATH:+:$PYTHONPATH}"
 export PATH="$_sf_root/.tools/bin:$_sf_root/.site/bin:$PATH"
 command -v wrk >/dev/null && wrk -v 2>&1 | head -1
+# part NAME SECONDS COMMAND...: COMMAND's output into $OUT/NAME.txt, stopped by SIGINT after SECONDS
+# (so pytest and the benchmarks still print what they have); SECONDS 0 skips it (and returns 1)
+part() {
+  local name=$1 secs=$2; shift 2
+  [ "$secs" = 0 ] && { echo "== $name skipped"; return 1; }
+  echo "== $name ($(date -u +%H:%M:%S), limit ${secs}s)"
+  timeout -k 15 -s INT "$secs" "$@" > "$OUT/$name.txt" 2>&1
+  echo "rc=$?"
+}
 unset _sf_root _sf_p

@@ -8,13 +8,6 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 source benchmarks/device_env.sh >/dev/null
 export SEGFUSE_KERNEL_CACHE=${SEGFUSE_KERNEL_CACHE:-/tmp/sfk} PYTHONUNBUFFERED=1 SEGFUSE_COMPILE_CHECK=0
-part() {  # name, seconds (0: skip), command...
-  local name=$1 secs=$2; shift 2
-  [ "$secs" = 0 ] && { echo "== $name skipped"; return; }
-  echo "== $name ($(date -u +%H:%M:%S), limit ${secs}s)"
-  timeout -k 15 -s INT "$secs" "$@" > "$OUT/$name.txt" 2>&1
-  echo "rc=$?"
-}
 VARIANTS="${SMALL_VARIANTS:-default NORM_PER_SMALL=8 NORM_PER_SMALL=16 NORM_SPLIT_MIN=2048}" \
   part ab-small "${SMALL_S:-120}" python3 benchmarks/norm_ab.py ${SMALL_LIST:-rmsnorm:bfloat16:8x4096 rmsnorm:float32:8x4096}
 VARIANTS="${LARGE_VARIANTS:-default NORM_PER=8 NORM_WEIGHTS=0 NORM_ROWS_PER_SM=8}" \

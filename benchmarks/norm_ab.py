@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
 sys.path.insert(0, HERE)
 
 KNOBS = ("NORM_PER", "NORM_PER_SMALL", "NORM_FASTEXP", "NORM_WEIGHTS", "NORM_MIN_THREADS", "NORM_ROWS_PER_SM",
-         "NORM_ONE_BARRIER", "NORM_CACHE", "NORM_SPLIT", "NORM_HINTS", "NORM_SPLIT_MIN")
+         "NORM_ONE_BARRIER", "NORM_CACHE", "NORM_SPLIT", "NORM_HINTS", "NORM_SPLIT_MIN", "NORM_LEAD")
 
 
 def _state():

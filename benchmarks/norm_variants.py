@@ -16,6 +16,9 @@ time. Variants come from the environment, set before segfuse is imported:
   2026-12-02 02:30 UTC the default was 32, the warp-per-row kernels' cap);
 - NORM_ONE_BARRIER=1: limits.ROW_ONE_BARRIER (sf_block_reduce1: one barrier a reduction instead of
   three);
+- NORM_LEAD=0: sf_block_reduce without its first barrier (before the warps write their partials:
+  each call site has its own shared array, and the last barrier of the call before, which every
+  thread passes after reading the result, already orders that call's reads before these writes);
 - NORM_CACHE=ld|st|both: the rows' vector loads, the outputs' stores or both as streaming
   (evict-first) accesses, `__ldcs`/`__stcs`, the weights' loads as they are; NORM_CACHE=l2: L2
   eviction priorities the way torch.compile's Triton kernels set theirs (`createpolicy` and
@@ -77,6 +80,12 @@ def _patch():
     if "NORM_SPLIT" in os.environ:
         row_reduction.ROW_SPLIT_MAX = int(os.environ["NORM_SPLIT"])
     row_reduction.ROW_ONE_BARRIER = os.environ.get("NORM_ONE_BARRIER", str(int(row_reduction.ROW_ONE_BARRIER))) == "1"
+    if os.environ.get("NORM_LEAD") == "0":
+        from segfuse.compiler.codegen import segment
+
+        lead = "  v = sf_warp_reduce(v, f);\n  __syncthreads();\n  if (lane == 0) sh[warp] = v;\n"
+        assert segment.PRELUDE.count(lead) == 1, "sf_block_reduce changed: NORM_LEAD needs updating"
+        segment.PRELUDE = segment.PRELUDE.replace(lead, lead.replace("  __syncthreads();\n", ""))
     if os.environ.get("NORM_CACHE") in ("ld", "st", "both", "l2"):
         _stream_hints(os.environ["NORM_CACHE"])
     if os.environ.get("NORM_FASTEXP") == "1":
@@ -155,7 +164,7 @@ def main(argv):
     once = os.environ.get("NORM_ONCE") == "1"
     tag = " ".join(f"{k}={os.environ[k]}" for k in ("NORM_PER", "NORM_PER_SMALL", "NORM_FASTEXP", "NORM_WEIGHTS", "NORM_MIN_THREADS",
                                                       "NORM_ROWS_PER_SM", "NORM_ONE_BARRIER", "NORM_CACHE", "NORM_SPLIT", "NORM_COMPOSITE",
-                                                      "NORM_HINTS")
+                                                      "NORM_HINTS", "NORM_LEAD")
                    if k in os.environ)
     eng, rt = Engine("cupy"), get_runtime()
     for spec in argv:

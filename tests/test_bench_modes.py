@@ -101,3 +101,28 @@ def test_measure_takes_gpu_times_in_turns(monkeypatch):
     assert "gpu us min" not in base["fixed"]
     assert base["torch"]["speedup"] == 8.0 / 3.0 and base["fixed"]["speedup"] == 4.0
     assert [r["impl"] for r in rows] == ["segfuse", "torch", "fixed"] and rows[0]["us"] == 3.0
+
+
+def test_measure_times_a_timer_shared_by_two_rows_once_a_round(monkeypatch):
+    """torch eager and torch + CUDA graph replay the same graph: given the same function, measure
+    runs it once a round and gives both rows that round's time."""
+    import modes
+
+    calls = []
+    monkeypatch.setattr(modes, "pipelined_us", lambda fn: 1.0)
+    monkeypatch.setattr(modes, "GPU_ROUNDS", 3)
+    seg = iter([2.0, 2.0, 2.0])
+    shared_times = iter([10.0, 30.0, 20.0])
+
+    def shared():
+        calls.append("shared")
+        return next(shared_times)
+
+    impls = {"segfuse": (None, None, lambda: (calls.append("s"), next(seg))[1], 1),
+             "torch eager": (None, None, shared, 5),
+             "torch + CUDA graph": (None, None, shared, None)}
+    base = modes.measure([], "w", impls, lambda call, reps, warm: [1.0], 1)
+    assert calls == ["s", "shared"] * 3
+    for impl in ("torch eager", "torch + CUDA graph"):
+        assert base[impl]["gpu us"] == 20.0 and (base[impl]["gpu us min"], base[impl]["gpu us max"]) == (10.0, 30.0)
+        assert base[impl]["speedup"] == 10.0
