@@ -8,6 +8,7 @@
 #   Triton kernels they belong to (configs.txt);
 #   NCU_S:   ncu of segfuse's kernel and torch.compile's Triton kernels over NCU_LIST
 #            (norm_variants.py NORM_ONCE=1 NORM_COMPILE=1; ncu.csv);
+#   SUITE_S: the GPU suite (device_session.sh's, its other parts off);
 #   NORM_S:  bench_gpu.py --only norm (three modes, torch.compile on) over NORM_SHAPES.
 # Outputs in $OUT. Run from the repository root.
 set -u
@@ -18,10 +19,11 @@ export SEGFUSE_KERNEL_CACHE=${SEGFUSE_KERNEL_CACHE:-/tmp/sfk} PYTHONUNBUFFERED=1
 SMALL="softmax:float32:8x4096 softmax:bfloat16:8x4096 log_softmax:float32:8x4096 log_softmax:bfloat16:8x4096
   layernorm:float32:8x4096 layernorm:bfloat16:8x4096 rmsnorm:float32:8x4096 rmsnorm:bfloat16:8x4096
   rmsnorm:float32:8x8192 rmsnorm:bfloat16:8x8192"
-VARIANTS="${AB_VARIANTS:-default NORM_ONE_BARRIER=1 NORM_LEAD=0}" TORCHINDUCTOR_CACHE_DIR=/tmp/ind1 \
+AB="${AB_VARIANTS:-NORM_ONE_BARRIER=0 default NORM_ONE_BARRIER=0+NORM_LEAD=0}"
+VARIANTS="$AB" TORCHINDUCTOR_CACHE_DIR=/tmp/ind1 \
   part ab "${AB_S:-140}" python3 benchmarks/norm_ab.py ${AB_LIST:-$SMALL} && grep -v Warning "$OUT/ab.txt" | grep -v "^ *$"
-VARIANTS="${AB_VARIANTS:-default NORM_ONE_BARRIER=1 NORM_LEAD=0}" TORCHINDUCTOR_CACHE_DIR=/tmp/ind2 \
-  part ab2 "${AB2_S:-40}" python3 benchmarks/norm_ab.py ${AB2_LIST:-rmsnorm:bfloat16:8x4096 rmsnorm:bfloat16:8x8192} &&
+VARIANTS="$AB" TORCHINDUCTOR_CACHE_DIR=/tmp/ind2 \
+  part ab2 "${AB2_S:-0}" python3 benchmarks/norm_ab.py ${AB2_LIST:-rmsnorm:bfloat16:8x4096 rmsnorm:bfloat16:8x8192} &&
   grep -v Warning "$OUT/ab2.txt" | grep -v "^ *$"
 python3 - /tmp/ind1 /tmp/ind2 > "$OUT/configs.txt" 2>&1 <<'EOF'
 import glob, os, sys
@@ -35,7 +37,8 @@ for d in sys.argv[1:]:
                     print("   ", line.rstrip()[:200])
 EOF
 grep -c best_config "$OUT/configs.txt"
-if [ "${NCU_S:-60}" != 0 ]; then
+[ "${SUITE_S:-0}" != 0 ] && SUITE_S=$SUITE_S PROLOGUE_S=0 NORM_S=0 BENCH_S=0 bash benchmarks/device_session.sh
+if [ "${NCU_S:-0}" != 0 ]; then
   echo "== ncu $(date -u +%H:%M:%S)"
   NORM_ONCE=1 NORM_COMPILE=1 TORCHINDUCTOR_CACHE_DIR=/tmp/ind3 timeout -s INT "${NCU_S:-60}" ncu --clock-control none \
     --target-processes all -k "regex:sf_k_|triton_" --section SpeedOfLight --section LaunchStats --section Occupancy \

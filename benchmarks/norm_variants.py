@@ -14,8 +14,8 @@ time. Variants come from the environment, set before segfuse is imported:
 - NORM_ROWS_PER_SM=N: row_reduction.BLOCK_ROWS_PER_SM, a persistent grid of N blocks an SM for
   the kernels of a block per row, looping over the rows (default none: a block per row; before
   2026-12-02 02:30 UTC the default was 32, the warp-per-row kernels' cap);
-- NORM_ONE_BARRIER=1: limits.ROW_ONE_BARRIER (sf_block_reduce1: one barrier a reduction instead of
-  three);
+- NORM_ONE_BARRIER=1 / 0: limits.ROW_ONE_BARRIER True / False (sf_block_reduce1, one barrier a
+  reduction instead of three, for all rows / for none; unset: limits' rule, few rows only);
 - NORM_LEAD=0: sf_block_reduce without its first barrier (before the warps write their partials:
   each call site has its own shared array, and the last barrier of the call before, which every
   thread passes after reading the result, already orders that call's reads before these writes);
@@ -79,7 +79,8 @@ def _patch():
         row_reduction.ROW_LOAD_HINTS = os.environ["NORM_HINTS"] == "1"
     if "NORM_SPLIT" in os.environ:
         row_reduction.ROW_SPLIT_MAX = int(os.environ["NORM_SPLIT"])
-    row_reduction.ROW_ONE_BARRIER = os.environ.get("NORM_ONE_BARRIER", str(int(row_reduction.ROW_ONE_BARRIER))) == "1"
+    if "NORM_ONE_BARRIER" in os.environ:  # (unset: limits' rule, one barrier for few rows only)
+        row_reduction.ROW_ONE_BARRIER = os.environ["NORM_ONE_BARRIER"] == "1"
     if os.environ.get("NORM_LEAD") == "0":
         from segfuse.compiler.codegen import segment
 

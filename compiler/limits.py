@@ -48,11 +48,15 @@ ROW_REGISTER_WEIGHTS = 32
 ROW_MIN_RESIDENT_THREADS = 0
 ROW_MIN_RESIDENT_THREADS_2BYTE = 2048
 # Row kernels of a block per row reduce across the block with one barrier instead of three (two
-# shared buffers, alternating per row: sf_block_reduce1). Off until measured
-# (benchmarks/norm_variants.py NORM_ONE_BARRIER=1). Loading the next row while this one reduces
-# (a second set of registers) was measured and dropped: 2026-12-02 02:1x UTC, no faster in float32,
-# bfloat16 softmax [32768, 8192] 335 -> 398 us.
-ROW_ONE_BARRIER = False
+# shared buffers, alternating per row: sf_block_reduce1) while the rows do not fill the SMs: a
+# few-row kernel is a chain of latencies (load, reduce, store) that no other block hides, and on
+# the H200 one barrier took RMSNorm bfloat16 [8, 4096] from 2.7 to 2.5 us (2026-12-02 03:28 UTC,
+# benchmarks/norm_variants.py NORM_ONE_BARRIER=1). Rows that fill the SMs keep three: there every
+# warp's own pass over the partials cost bfloat16 softmax [32768, 4096] 12% (145.8 -> 163.2 us),
+# and the norms were within 2%. None: that rule; True or False: one barrier always or never.
+# Loading the next row while this one reduces (a second set of registers) was measured and dropped:
+# 2026-12-02 02:1x UTC, no faster in float32, bfloat16 softmax [32768, 8192] 335 -> 398 us.
+ROW_ONE_BARRIER = None
 # Rows (and weights) held in registers load with L1/L2 evict-last hints, as torch.compile's kernels
 # load theirs (codegen/prelude.py VLOAD_LAST). On the H200 (2026-12-02 12:09-12:13 UTC,
 # benchmarks/norm_variants.py NORM_HINTS=0 against the default) at 32768 rows: RMSNorm float32

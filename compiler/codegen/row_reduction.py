@@ -249,7 +249,8 @@ class RowReductionKernels:
         lines.append(lam)
         for x in weights:
             lines.append(self._register_load(x, arrs[x], "", K, N, lanes, vector, "  ", split))
-        one_barrier = ROW_ONE_BARRIER and lanes > 32
+        # (limits.ROW_ONE_BARRIER: by default one barrier while the rows, a block each, do not fill the SMs)
+        one_barrier = lanes > 32 and (ROW_ONE_BARRIER if ROW_ONE_BARRIER is not None else S == 1 and R <= self.sm)
         if one_barrier:
             lines.append("  int sf_par = 0;  // sf_block_reduce1's buffer, alternating per row")
         if split:
