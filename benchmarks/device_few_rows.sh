@@ -4,8 +4,7 @@
 #   AB_S:    norm_ab.py, the code generator's variants (AB_VARIANTS) against torch.compile in one
 #            process over AB_LIST, with a fresh Inductor cache, so its autotuner picks a config;
 #   AB2_S:   the same over AB2_LIST in a second fresh process (torch.compile's pick varies by process);
-#   the configs Inductor's autotuner chose in both (its .best_config files) and the heads of the
-#   Triton kernels they belong to (configs.txt);
+#   the configs Inductor's autotuner chose in both (its .best_config files: configs.txt);
 #   NCU_S:   ncu of segfuse's kernel and torch.compile's Triton kernels over NCU_LIST
 #            (norm_variants.py NORM_ONCE=1 NORM_COMPILE=1; ncu.csv);
 #   SUITE_S: the GPU suite (device_session.sh's, its other parts off);
@@ -30,11 +29,6 @@ import glob, os, sys
 for d in sys.argv[1:]:
     for p in sorted(glob.glob(os.path.join(d, "**", "*.best_config"), recursive=True)):
         print(f"== {p}\n{open(p).read().strip()}")
-        src = p[: -len(".best_config")] + ".py"
-        if os.path.exists(src):
-            for line in open(src):
-                if any(s in line for s in ("size_hints", "@triton", "def triton", "reduction_hint", "R0_BLOCK :", "tl.sum", "rsqrt")):
-                    print("   ", line.rstrip()[:200])
 EOF
 grep -c best_config "$OUT/configs.txt"
 [ "${SUITE_S:-0}" != 0 ] && SUITE_S=$SUITE_S PROLOGUE_S=0 NORM_S=0 BENCH_S=0 bash benchmarks/device_session.sh
@@ -46,6 +40,7 @@ if [ "${NCU_S:-0}" != 0 ]; then
     --log-file "$OUT/ncu.csv" python3 benchmarks/norm_variants.py ${NCU_LIST:-rmsnorm:bfloat16:8x4096} > "$OUT/ncu_run.txt" 2>&1
   echo "rc=$? $(wc -l < "$OUT/ncu.csv") csv lines"; tail -2 "$OUT/ncu_run.txt"
 fi
+rm -f benchmarks/out/bench_gpu.json  # (a run that dies before writing its JSON must not hand back an older one)
 SEGFUSE_NORM_COMPILE=1 SEGFUSE_NORM_SHAPES=${NORM_SHAPES:-32768x4096,32768x8192} \
   part norm "${NORM_S:-0}" python3 benchmarks/bench_gpu.py --only norm &&
   { grep -v "^row:" "$OUT/norm.txt" | tail -20; cp benchmarks/out/bench_gpu.json "$OUT/norm.json" 2>/dev/null; }

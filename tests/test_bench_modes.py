@@ -126,3 +126,35 @@ def test_measure_times_a_timer_shared_by_two_rows_once_a_round(monkeypatch):
     for impl in ("torch eager", "torch + CUDA graph"):
         assert base[impl]["gpu us"] == 20.0 and (base[impl]["gpu us min"], base[impl]["gpu us max"]) == (10.0, 30.0)
         assert base[impl]["speedup"] == 10.0
+
+
+def test_a_launch_count_that_fails_leaves_the_rows_and_the_other_counts(monkeypatch):
+    """count_launches after a time limit: one callable that raises (a torch.compile function whose
+    compile was interrupted) leaves its rows' launches None; the others are still counted."""
+    torch = pytest.importorskip("torch")
+    import modes
+    import torch.profiler
+
+    class FakeProfile:  # (torch's profiler without a GPU: three CUDA events a call)
+        def __init__(self, activities):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def events(self):
+            return [type("E", (), {"device_type": torch.autograd.DeviceType.CUDA})()] * 3
+
+    def broken():
+        raise RuntimeError("Attempting to use a closed pool")
+
+    monkeypatch.setattr(torch.profiler, "profile", FakeProfile)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    calls = []
+    rows = [{"bench": "w", "impl": "a", "launches": modes.torch_launches(broken)},
+            {"bench": "w", "impl": "b", "launches": modes.torch_launches(lambda: calls.append(1))}]
+    modes.count_launches(rows)
+    assert rows[0]["launches"] is None and rows[1]["launches"] == 3 and calls == [1, 1]
