@@ -55,7 +55,8 @@ ROW_MIN_RESIDENT_THREADS_2BYTE = 2048
 # one process) it was as fast or faster for 9 of 10 norms at [8, 4096] and [8, 8192] (softmax
 # float32 2.48 -> 2.39 us, RMSNorm float32 [8, 8192] 2.55 -> 2.43; the tenth 1.92 -> 1.93).
 # Rows that fill the SMs keep three: there every warp's own pass over the partials cost bfloat16
-# softmax [32768, 4096] 12% (145.8 -> 163.2 us), and the norms were within 2%. None: that rule; True or False: one barrier always or never.
+# softmax [32768, 4096] 12% (145.8 -> 163.2 us), and the norms were within 2%. None: that rule;
+# True or False: one barrier always or never.
 # Loading the next row while this one reduces (a second set of registers) was measured and dropped:
 # 2026-12-02 02:1x UTC, no faster in float32, bfloat16 softmax [32768, 8192] 335 -> 398 us.
 ROW_ONE_BARRIER = None
