@@ -133,7 +133,7 @@ def test_a_launch_count_that_fails_leaves_the_rows_and_the_other_counts(monkeypa
     compile was interrupted) leaves its rows' launches None; the others are still counted."""
     torch = pytest.importorskip("torch")
     import modes
-    import torch.profiler
+    from torch import profiler
 
     class FakeProfile:  # (torch's profiler without a GPU: three CUDA events a call)
         def __init__(self, activities):
@@ -151,7 +151,7 @@ def test_a_launch_count_that_fails_leaves_the_rows_and_the_other_counts(monkeypa
     def broken():
         raise RuntimeError("Attempting to use a closed pool")
 
-    monkeypatch.setattr(torch.profiler, "profile", FakeProfile)
+    monkeypatch.setattr(profiler, "profile", FakeProfile)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
     calls = []
     rows = [{"bench": "w", "impl": "a", "launches": modes.torch_launches(broken)},
