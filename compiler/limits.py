@@ -95,6 +95,10 @@ def row_split(length: int, rows: int, sm_count: int, most: int = ROW_SPLIT_MAX) 
     return s
 
 
+# The longest row that few rows (a block each) spread at 8 elements a thread; longer ones take 16.
+FEW_ROWS_8_A_THREAD_MAX = 4096
+
+
 def row_threads(length: int, rows: int, sm_count: int, split: int = 1) -> int:
     """Threads working on one row (or on a block's part of a row split over `split` blocks): a warp
     for short rows; else about 16 elements per thread while the rows fill the SMs, 8 when they do
@@ -103,10 +107,13 @@ def row_threads(length: int, rows: int, sm_count: int, split: int = 1) -> int:
     faster in bfloat16 and within 3% in float32 (8 a thread cost LayerNorm float32 [32768, 4096]
     6.5%, 2026-12-02 18:45 UTC); 8 rather than 4 for few rows, since every norm at [8, 4096] ran
     1.6-10% faster with 512 threads than with 1024 (2026-12-02 18:34 and 18:44 UTC, one process,
-    paired rounds). Split parts keep 4, as their split rule was measured."""
+    paired rounds). Few rows longer than 4096 take 16 a thread: 512 threads at 8192, the shape
+    torch.compile's autotuner picks there, as fast or 1-7% faster than 1024 for the 8 norms at
+    [8, 8192] on an H100 (2026-12-06 18:28 UTC). Split parts keep 4, as their split rule was
+    measured."""
     if length <= ROW_WARP_MAX:
         return 32
-    per = 16 if rows > sm_count else 8 if split == 1 else 4
+    per = 16 if rows > sm_count or (split == 1 and length > FEW_ROWS_8_A_THREAD_MAX) else 8 if split == 1 else 4
     t = 128
     while t < 1024 and t * per < length:
         t *= 2

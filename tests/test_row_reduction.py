@@ -45,8 +45,8 @@ def test_one_row_kernel_per_normalization(kind, dtype, composite, R, D):
     assert len(mods) == 1
     launches = mods[0][1].launches
     assert [ln.vector_of is not None for ln in launches] == [True, False]  # D % 4 == 0: a vector twin
-    # 16 elements a thread when the rows fill the SMs, 8 when they do not (limits.row_threads)
-    assert all(ln.block == (D // 16 if R > 132 else min(1024, D // 8)) for ln in launches)
+    # 16 elements a thread when the rows fill the SMs or are longer than 4096, else 8 (limits.row_threads)
+    assert all(ln.block == (D // 16 if R > 132 or D > 4096 else D // 8) for ln in launches)
     # a block per row (no persistent grid: row_reduction.BLOCK_ROWS_PER_SM; rows of at most 16384
     # are not split over clusters: limits.ROW_SPLIT_MIN_LENGTH)
     assert all(ln.grid == R for ln in launches) and "__cluster_dims__" not in mods[0][1].source
