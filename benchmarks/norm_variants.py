@@ -30,6 +30,8 @@ time. Variants come from the environment, set before segfuse is imported:
   row when the rows do not fill the SMs (default 8; 1: a block per row);
 - NORM_HINTS=0: limits.ROW_LOAD_HINTS off (rows in registers load without the evict-last hints of
   prelude VLOAD_LAST, as before f1abef4);
+- NORM_WIDE=1: limits.ROW_WIDE_2BYTE_VECTORS (rows in registers of 2-byte elements move in 16-byte
+  vectors of 8, torch.compile's width for bfloat16 rows, instead of 8-byte vectors of 4);
 - NORM_COMPOSITE=1: softmax and log_softmax through the ops of those names (their expansion, with
   its -inf pad before amax) instead of written out; torch's side is the same.
 
@@ -79,6 +81,8 @@ def _patch():
         row_reduction.ROW_LOAD_HINTS = os.environ["NORM_HINTS"] == "1"
     if "NORM_SPLIT" in os.environ:
         row_reduction.ROW_SPLIT_MAX = int(os.environ["NORM_SPLIT"])
+    if "NORM_WIDE" in os.environ:
+        row_reduction.ROW_WIDE_2BYTE_VECTORS = os.environ["NORM_WIDE"] == "1"
     if "NORM_ONE_BARRIER" in os.environ:  # (unset: limits' rule, one barrier for few rows only)
         row_reduction.ROW_ONE_BARRIER = os.environ["NORM_ONE_BARRIER"] == "1"
     if os.environ.get("NORM_LEAD") == "0":
@@ -165,7 +169,7 @@ def main(argv):
     once = os.environ.get("NORM_ONCE") == "1"
     tag = " ".join(f"{k}={os.environ[k]}" for k in ("NORM_PER", "NORM_PER_SMALL", "NORM_FASTEXP", "NORM_WEIGHTS", "NORM_MIN_THREADS",
                                                       "NORM_ROWS_PER_SM", "NORM_ONE_BARRIER", "NORM_CACHE", "NORM_SPLIT", "NORM_COMPOSITE",
-                                                      "NORM_HINTS", "NORM_LEAD")
+                                                      "NORM_HINTS", "NORM_LEAD", "NORM_WIDE")
                    if k in os.environ)
     eng, rt = Engine("cupy"), get_runtime()
     for spec in argv:

@@ -68,6 +68,11 @@ ROW_ONE_BARRIER = None
 # the one row slower, 278.1 -> 283.5; 8 rows the same. The vector variant only (the scalar one,
 # for misaligned tensors, loads plainly).
 ROW_LOAD_HINTS = True
+# Rows in registers whose every vector access (rows, weights, row-shaped outputs) is of 2-byte
+# elements, a block per row, rows of a multiple of 8: vectors of 8 (16-byte loads and stores, the
+# width of torch.compile's accesses to bfloat16 rows) instead of 4 (8 bytes). Off until measured:
+# benchmarks/norm_variants.py NORM_WIDE=1 (2026-12-06: prepared, no device time left to measure).
+ROW_WIDE_2BYTE_VECTORS = False
 
 # Few long rows split over a thread-block cluster (sm_90; codegen/row_reduction.py): the blocks of
 # a cluster each hold a contiguous part of one row in registers, reduce it, and combine their

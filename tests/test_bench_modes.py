@@ -158,3 +158,27 @@ def test_a_launch_count_that_fails_leaves_the_rows_and_the_other_counts(monkeypa
             {"bench": "w", "impl": "b", "launches": modes.torch_launches(lambda: calls.append(1))}]
     modes.count_launches(rows)
     assert rows[0]["launches"] is None and rows[1]["launches"] == 3 and calls == [1, 1]
+
+
+def test_a_norm_ab_variant_applies_its_knobs_inside_and_undoes_them():
+    """benchmarks/norm_ab.py's `variant`: the code generator's choices of its spec while its block
+    runs (here 16-byte vectors of bfloat16 and 16 elements a thread for few rows), limits' own
+    before and after."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from norm_ab import variant
+    from norm_graphs import norm_graph
+    from segfuse.compiler.cuda.prepare import modules_without_device
+    from segfuse.compiler.ir import Fusion
+    from segfuse.compiler.segmenter.cache import PlanCache
+
+    def kernel(tag):
+        base = norm_graph("rmsnorm", "bfloat16")
+        f = Fusion.from_json({**base.to_json(), "name": f"{base.name}_{tag}"})
+        b = f.bind({"x": (6, 4096), "w": (4096,)})
+        (_, mod), = modules_without_device(f, PlanCache().get(f, b)[0], b, 132)
+        return mod.launches[0].block, "sf_vload_last((const sf_v8<" in mod.source
+
+    assert kernel("before") == (512, False)
+    with variant("NORM_WIDE=1+NORM_PER_SMALL=16"):
+        assert kernel("inside") == (256, True)
+    assert kernel("after") == (512, False)

@@ -342,6 +342,41 @@ def test_row_loop(emulated, monkeypatch, kind, dtype, R, D, one_barrier):
     _check_norm(emulated, kind, dtype, R, D)
 
 
+@pytest.mark.parametrize("kind", ["softmax", "log_softmax", "rmsnorm", "layernorm"])
+@pytest.mark.parametrize("R,D", [(37, 256), (6, 4096), (3, 8192), (5, 1000), (300, 2048)])
+def test_wide_vectors_of_2byte_rows(emulated, monkeypatch, kind, R, D):
+    """limits.ROW_WIDE_2BYTE_VECTORS: bfloat16 rows in registers move in 16-byte vectors of 8 (a
+    warp a row, a block a row, rows that fill the SMs; the weights too), and agree with PyTorch."""
+    from norm_graphs import norm_graph
+    from segfuse.compiler.codegen import row_reduction
+    from segfuse.compiler.cuda.prepare import modules_without_device
+
+    monkeypatch.setattr(row_reduction, "ROW_WIDE_2BYTE_VECTORS", True)
+    f = norm_graph(kind, "bfloat16")
+    shapes = {"x": (R, D), **({"w": (D,)} if kind in ("rmsnorm", "layernorm") else {}), **({"b": (D,)} if kind == "layernorm" else {})}
+    (_, mod), = modules_without_device(f, PLANS.plan(f, shapes), f.bind(shapes))
+    assert "sf_vload_last((const sf_v8<sf_bf16>*)t0 + row * " in mod.source and "sf_vstore((sf_v8<sf_bf16>*)" in mod.source
+    assert "sf_v4<" not in mod.source[mod.source.index('extern "C"'):]  # (the kernels: no 8-byte vector left)
+    _check_norm(emulated, kind, "bfloat16", R, D)
+
+
+def test_wide_vectors_only_where_every_access_is_2byte():
+    """float32 rows, and rows of no multiple of 8, keep vectors of 4 under the knob."""
+    from norm_graphs import norm_graph
+    from segfuse.compiler.codegen import row_reduction
+    from segfuse.compiler.cuda.prepare import modules_without_device
+
+    saved, row_reduction.ROW_WIDE_2BYTE_VECTORS = row_reduction.ROW_WIDE_2BYTE_VECTORS, True
+    try:
+        for dtype, D in (("float32", 4096), ("bfloat16", 4100)):
+            f = norm_graph("rmsnorm", dtype)
+            shapes = {"x": (6, D), "w": (D,)}
+            (_, mod), = modules_without_device(f, PLANS.plan(f, shapes), f.bind(shapes))
+            assert "sf_v8<" not in mod.source and "sf_vload_last((const sf_v4<" in mod.source, (dtype, D)
+    finally:
+        row_reduction.ROW_WIDE_2BYTE_VECTORS = saved
+
+
 @pytest.mark.parametrize("kind", ["softmax", "log_softmax"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("R,D", [(37, 300), (6, 4096), (5, 1001), (2, 40000)])

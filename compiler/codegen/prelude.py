@@ -376,10 +376,28 @@ template <typename T, typename F> __device__ __forceinline__ T sf_cluster_reduce
 """
 
 
+# 16-byte vectors of 8 two-byte elements (row_reduction.py, limits.ROW_WIDE_2BYTE_VECTORS): the
+# width of torch.compile's loads of bfloat16 rows (ld.global.v4.b32), where sf_v4 moves 8 bytes.
+VEC8 = r"""
+template <typename T> struct alignas(sizeof(T) * 8) sf_v8 { T v[8]; };
+template <typename T> __device__ __forceinline__ sf_v8<T> sf_vload(const sf_v8<T>* p) { return *p; }
+template <typename T> __device__ __forceinline__ void sf_vstore(sf_v8<T>* p, sf_v8<T> v) { *p = v; }
+"""
+
+# sf_vload_last (VLOAD_LAST's hints) for sf_v8: after both parts
+VLOAD8_LAST = r"""
+template <typename T> __device__ __forceinline__ sf_v8<T> sf_vload_last(const sf_v8<T>* p) {
+  sf_v8<T> r;
+  sf_ld_last<sizeof(sf_v8<T>) / 4>((const unsigned*)p, (unsigned*)&r, sf_policy_last());
+  return r;
+}
+"""
+
+
 # The parts segment.py emits only into modules that use them: (what a kernel that uses it calls,
 # the part), in the order they come before the kernels
-OPTIONAL_PARTS = (("sf_vload_last(", VLOAD_LAST), ("sf_cluster_reduce(", CLUSTER_REDUCE),
-                  ("sf_block_reduce1(", BLOCK_REDUCE1))
+OPTIONAL_PARTS = (("sf_vload_last(", VLOAD_LAST), ("sf_v8<", VEC8), ("sf_vload_last((const sf_v8<", VLOAD8_LAST),
+                  ("sf_cluster_reduce(", CLUSTER_REDUCE), ("sf_block_reduce1(", BLOCK_REDUCE1))
 
 
 def one_program(sources) -> str:

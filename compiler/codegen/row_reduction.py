@@ -9,7 +9,7 @@ Where the row is kept:
 - registers, when each thread's share of the cached rows is at most `limits.ROW_REGISTER_ELEMS`
   and every op reads them at the element it computes (row_fusion.read_in_place): thread `lane`
   owns elements (lane + i * lanes) * V + e (V = 4 in the vector variant, 16-byte or 8-byte
-  vector loads and stores), every loop over them is unrolled, and the leaf lambda reads element
+  vector loads and stores; 8 for 2-byte rows under limits.ROW_WIDE_2BYTE_VECTORS, 16 bytes), every loop over them is unrolled, and the leaf lambda reads element
   `sf_t` of the thread's array, a constant once unrolled. No shared memory, no barrier per row,
   and the compiler computes what two passes share (softmax's exp) once. On the H200 this halved
   the instructions per element of the bfloat16 rows, which were bound by issue, not bandwidth
@@ -41,6 +41,7 @@ from ..limits import (
     ROW_REGISTER_ELEMS,
     ROW_REGISTER_WEIGHTS,
     ROW_SPLIT_MAX,
+    ROW_WIDE_2BYTE_VECTORS,
     SMEM_PER_BLOCK,
     row_split,
     row_threads,
@@ -62,9 +63,10 @@ BLOCK_ROWS_PER_SM = None  # None: no cap (a block per row); a number caps them t
 WARP_BLOCK = 256  # threads of a block of warp-per-row slots
 
 
-def _share(K: int, lanes: int) -> int:
-    """Elements of a row each thread holds: the vector variant's share, the larger one."""
-    return -(-K // (4 * lanes)) * 4
+def _share(K: int, lanes: int, width: int = 4) -> int:
+    """Elements of a row each thread holds: the vector variant's share (vectors of `width`), the
+    larger one."""
+    return -(-K // (width * lanes)) * width
 
 
 class RowReductionKernels:
@@ -111,7 +113,7 @@ class RowReductionKernels:
         geo = (region, R, K, lanes, slots, cache, offs, per_slot)
         weights = self._row_weights(region, cache, Kc, lanes, few_rows=R <= self.sm) if in_regs else []
         if in_regs:
-            geo += (weights, S, Kc)
+            geo += (weights, S, Kc, self._vector_width(region, cache, weights, K, lanes, S))
         body = self._row_body_registers if in_regs else self._row_body
         narrow = in_regs and lanes > 32 and R > self.sm and all(self.types[x].dtype.itemsize <= 2 for x in (*cache, *weights))
         # (segment.py's __launch_bounds__; pointless while the rows do not fill the SMs)
@@ -121,6 +123,14 @@ class RowReductionKernels:
             out.append((body(geo, vector=True), grid, block, smem, True))
         out.append((body(geo, vector=False), grid, block, smem, None))
         return out
+
+    def _vector_width(self, region, cache, weights, K, lanes, S) -> int:
+        """Elements a vector of the registers variant: 8 (16 bytes) where limits.ROW_WIDE_2BYTE_VECTORS
+        allows it (every vector access of 2-byte elements, a block a row, rows of a multiple of 8,
+        and a thread's share no larger than with 4), else 4."""
+        if not ROW_WIDE_2BYTE_VECTORS or S > 1 or K % 8 or _share(K, lanes, 8) != _share(K, lanes):
+            return 4
+        return 8 if all(self.types[x].dtype.itemsize == 2 for x in (*cache, *weights, *region.full_outputs)) else 4
 
     def _rows_in_registers(self, region, cache, K, lanes) -> bool:
         """Registers hold the cached rows (K elements a block: a row, or its part of a split row):
@@ -208,10 +218,10 @@ class RowReductionKernels:
         cluster of S blocks (S > 1): block `sf_rank` of the cluster owns elements [sf_c0, sf_c1)
         of its row, Kc of them (the last block fewer), and each reduction combines the blocks'
         partials through distributed shared memory (sf_cluster_reduce)."""
-        region, R, K, lanes, slots, cache, _offs, _per_slot, weights, S, Kc = geo
+        region, R, K, lanes, slots, cache, _offs, _per_slot, weights, S, Kc, width = geo
         I = self.I
         r, k = region.rank, len(region.dims)
-        V = 4 if vector else 1
+        V = width if vector else 1
         N = -(-Kc // (V * lanes))  # vectors (elements) per thread
         split = S > 1
         first = "sf_c0 + " if split else ""  # a block's first element of the row
@@ -248,7 +258,7 @@ class RowReductionKernels:
             lines.append(f"  {ct.storage(self.types[x].dtype)} {arrs[x]}[{N * V}];")
         lines.append(lam)
         for x in weights:
-            lines.append(self._register_load(x, arrs[x], "", K, N, lanes, vector, "  ", split))
+            lines.append(self._register_load(x, arrs[x], "", K, N, lanes, V, "  ", split))
         # (limits.ROW_ONE_BARRIER: by default one barrier while the rows, a block each, do not fill the SMs)
         one_barrier = lanes > 32 and (ROW_ONE_BARRIER if ROW_ONE_BARRIER is not None else S == 1 and R <= self.sm)
         if one_barrier:
@@ -260,7 +270,7 @@ class RowReductionKernels:
                          f"row += ({I})gridDim.x * {slots}) {{")
         lines.append(f"    {delinearize('row', region.kept, I, 'r')}")
         for x in cache:
-            lines.append(self._register_load(x, arrs[x], "row * ", K, N, lanes, vector, "    ", split))
+            lines.append(self._register_load(x, arrs[x], "row * ", K, N, lanes, V, "    ", split))
         for i, nd in enumerate(red_nodes):
             lines.append(self._row_reduce(nd, names, rowc, regs[nd.outputs[0]], lanes, loop=lambda body: each("k", body),
                                           parity="sf_par" if one_barrier else None,
@@ -273,20 +283,21 @@ class RowReductionKernels:
         lines.append("  }")
         return "\n".join(lines)
 
-    def _register_load(self, x, arr, row_off, K, N, lanes, vector, pad, split=False) -> str:
-        """A thread's elements of input x into `arr`: of row `row` (`row_off` "row * "), or of its
-        only row ("": a weight); of the block's part [sf_c0, sf_c1) of it when `split`."""
+    def _register_load(self, x, arr, row_off, K, N, lanes, V, pad, split=False) -> str:
+        """A thread's elements of input x into `arr`, in vectors of V (1: element by element): of
+        row `row` (`row_off` "row * "), or of its only row ("": a weight); of the block's part
+        [sf_c0, sf_c1) of it when `split`."""
         I = self.I
         src, st = self.loc[x].ref, ct.storage(self.types[x].dtype)
         head = f"{pad}#pragma unroll\n{pad}for (int sf_i = 0; sf_i < {N}; ++sf_i) {{ const {I} q = lane + ({I})sf_i * {lanes}; "
-        if vector:
-            v = f"sf_v4<{st}>"
-            q = "sf_c0 / 4 + q" if split else "q"
-            at = f"{row_off}{K // 4} + {q}" if row_off else q
-            n = "(sf_c1 - sf_c0) / 4" if split else f"({I}){K // 4}"
+        if V > 1:
+            v = f"sf_v{V}<{st}>"
+            q = f"sf_c0 / {V} + q" if split else "q"
+            at = f"{row_off}{K // V} + {q}" if row_off else q
+            n = f"(sf_c1 - sf_c0) / {V}" if split else f"({I}){K // V}"
             load = "sf_vload_last" if ROW_LOAD_HINTS else "sf_vload"  # (limits.ROW_LOAD_HINTS)
             return head + (f"if (q < {n}) {{ const {v} w = {load}((const {v}*){src} + {at}); "
-                           f"for (int sf_e = 0; sf_e < 4; ++sf_e) {arr}[sf_i * 4 + sf_e] = w.v[sf_e]; }} }}")
+                           f"for (int sf_e = 0; sf_e < {V}; ++sf_e) {arr}[sf_i * {V} + sf_e] = w.v[sf_e]; }} }}")
         q = "sf_c0 + q" if split else "q"
         at = f"{row_off}{K} + {q}" if row_off else q
         n = "sf_c1 - sf_c0" if split else f"({I}){K}"
@@ -295,17 +306,17 @@ class RowReductionKernels:
     def _row_stores_registers(self, region, names, rowc, sc, K, N, V, lanes, each, split=False) -> str:
         I = self.I
         out = []
-        q0, n4 = ("sf_c0 / 4 + q", "(sf_c1 - sf_c0) / 4") if split else ("q", f"({I}){K // 4}")
-        if region.full_outputs and V == 4:  # one vector store per output and 4 elements
+        q0, n4 = (f"sf_c0 / {V} + q", f"(sf_c1 - sf_c0) / {V}") if split else ("q", f"({I}){K // max(V, 1)}")
+        if region.full_outputs and V > 1:  # one vector store per output and V elements
             vals = {o: f"w{i}" for i, o in enumerate(region.full_outputs)}
-            decl = " ".join(f"sf_v4<{ct.storage(self.types[o].dtype)}> {w};" for o, w in vals.items())
+            decl = " ".join(f"sf_v{V}<{ct.storage(self.types[o].dtype)}> {w};" for o, w in vals.items())
             fill = " ".join(f"{w}.v[sf_e] = {ct.cvt(f'{names[o]}({chr(44).join(rowc + sc)})', ct.storage(self.types[o].dtype))};"
                             for o, w in vals.items())
-            put = " ".join(f"sf_vstore((sf_v4<{ct.storage(self.types[o].dtype)}>*){self.loc[o].ref} + row * {K // 4} + {q0}, {w});"
+            put = " ".join(f"sf_vstore((sf_v{V}<{ct.storage(self.types[o].dtype)}>*){self.loc[o].ref} + row * {K // V} + {q0}, {w});"
                            for o, w in vals.items())
             out.append(f"    #pragma unroll\n    for (int sf_i = 0; sf_i < {N}; ++sf_i) {{ const {I} q = lane + ({I})sf_i * {lanes};\n"
                        f"      if (q < {n4}) {{ {decl}\n        #pragma unroll\n"
-                       f"        for (int sf_e = 0; sf_e < 4; ++sf_e) {{ const {I} j = {'sf_c0 + ' if split else ''}q * 4 + sf_e; sf_t = sf_i * 4 + sf_e; "
+                       f"        for (int sf_e = 0; sf_e < {V}; ++sf_e) {{ const {I} j = {'sf_c0 + ' if split else ''}q * {V} + sf_e; sf_t = sf_i * {V} + sf_e; "
                        f"{delinearize('j', region.row, I, 's')} {fill} }}\n        {put} }} }}")
         elif region.full_outputs:
             out.append(each("j", self._element_stores(region, names, rowc, sc, K)))

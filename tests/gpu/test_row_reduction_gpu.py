@@ -43,8 +43,8 @@ def _host(a, dtype):
     return h.view(ml_dtypes.bfloat16) if dtype == "bfloat16" else h
 
 
-def _check(kind, dtype, composite, R, D, special=True, to_gpu=_gpu):
-    f = norm_graph(kind, dtype, composite)
+def _check(kind, dtype, composite, R, D, special=True, to_gpu=_gpu, f=None):
+    f = f or norm_graph(kind, dtype, composite)
     ins = norm_inputs(kind, R, D, dtype, seed=R * 7 + D, special=special)
     want_np = Engine("numpy").run(f, ins).outputs["y"]
     dev = {k: to_gpu(v) for k, v in ins.items()}
@@ -66,6 +66,26 @@ def test_against_numpy_and_torch(kind, dtype, composite, R, D):
     prep = get_runtime().prepared_for(f, dev)
     assert prep.kernels == 1, prep.fallbacks
     assert not any("split" in x for x in prep.fallbacks), prep.fallbacks
+
+
+@pytest.mark.parametrize("kind", NORMS)
+@pytest.mark.parametrize("R,D", [(8, 4096), (3, 8192), (32768, 4096), (37, 256), (5, 1000)])
+def test_wide_vectors_of_bfloat16_rows(monkeypatch, kind, R, D):
+    """limits.ROW_WIDE_2BYTE_VECTORS (16-byte vectors of 8 bfloat16): a warp a row, a block a row,
+    rows that fill the SMs, against NumPy and PyTorch (a fusion of its own name, so no kernel
+    prepared without the knob is reused)."""
+    from segfuse.compiler.codegen import row_reduction
+    from segfuse.compiler.cuda.prepare import modules_without_device
+    from segfuse.compiler.ir import Fusion
+
+    monkeypatch.setattr(row_reduction, "ROW_WIDE_2BYTE_VECTORS", True)
+    base = norm_graph(kind, "bfloat16")
+    f = Fusion.from_json({**base.to_json(), "name": f"{base.name}_wide"})
+    shapes = f.input_shapes({"R": R, "D": D})
+    (_, mod), = modules_without_device(f, Engine("numpy").plan(f, shapes), f.bind(shapes))
+    assert "sf_vload_last((const sf_v8<sf_bf16>*)t0" in mod.source
+    f, dev = _check(kind, "bfloat16", False, R, D, f=f)
+    assert get_runtime().prepared_for(f, dev).kernels == 1
 
 
 @pytest.mark.parametrize("kind", NORMS)
