@@ -182,3 +182,22 @@ def test_a_norm_ab_variant_applies_its_knobs_inside_and_undoes_them():
     with variant("NORM_WIDE=1+NORM_PER_SMALL=16"):
         assert kernel("inside") == (256, True)
     assert kernel("after") == (512, False)
+
+
+def test_row_kernel_ptx_counts_the_global_accesses_of_a_variant():
+    """benchmarks/row_kernel_ptx.py through NVRTC, no GPU: RMSNorm bfloat16 [8, 4096] loads its row
+    and weights in 8-byte vectors, and in half as many 16-byte ones under NORM_WIDE=1; the stores
+    halve too."""
+    pytest.importorskip("cuda.bindings.nvrtc")
+    sys.path.insert(0, str(ROOT / "tests"))
+    from norm_ab import variant
+    from row_kernel_ptx import accesses
+
+    plain = accesses("rmsnorm", "bfloat16", 8, 4096, "t0")
+    with variant("NORM_WIDE=1"):
+        wide = accesses("rmsnorm", "bfloat16", 8, 4096, "t1")
+    assert plain["block"] == wide["block"] == 512 and plain["registers"] > 0
+    (ld8, n8), = plain["loads"].items()
+    (ld16, n16), = wide["loads"].items()
+    assert ld8.endswith(".v2.u32") and ld16.endswith(".v4.u32") and n8 == 2 * n16
+    assert sum(plain["stores"].values()) == 2 * sum(wide["stores"].values())
