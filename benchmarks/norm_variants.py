@@ -31,7 +31,7 @@ time. Variants come from the environment, set before segfuse is imported:
 - NORM_HINTS=0: limits.ROW_LOAD_HINTS off (rows in registers load without the evict-last hints of
   prelude VLOAD_LAST, as before f1abef4);
 - NORM_WIDE=1: limits.ROW_WIDE_2BYTE_VECTORS (rows in registers of 2-byte elements move in 16-byte
-  vectors of 8, torch.compile's width for bfloat16 rows, instead of 8-byte vectors of 4);
+  vectors of 8, the width of torch.compile's float32 row accesses, instead of 8-byte vectors of 4);
 - NORM_COMPOSITE=1: softmax and log_softmax through the ops of those names (their expansion, with
   its -inf pad before amax) instead of written out; torch's side is the same.
 

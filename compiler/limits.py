@@ -69,9 +69,10 @@ ROW_ONE_BARRIER = None
 # for misaligned tensors, loads plainly).
 ROW_LOAD_HINTS = True
 # Rows in registers whose every vector access (rows, weights, row-shaped outputs) is of 2-byte
-# elements, a block per row, rows of a multiple of 8: vectors of 8 (16-byte loads and stores, the
-# width of torch.compile's accesses to bfloat16 rows) instead of 4 (8 bytes). Off until measured:
-# benchmarks/norm_variants.py NORM_WIDE=1 (2026-12-06: prepared, no device time left to measure).
+# elements, not split over a cluster, rows of a multiple of 8: vectors of 8 (16-byte loads and
+# stores, the width of torch.compile's float32 row accesses in its PTX) instead of 4 (8 bytes).
+# Off until measured: benchmarks/norm_variants.py NORM_WIDE=1 (2026-12-06: prepared, no device
+# time left to measure).
 ROW_WIDE_2BYTE_VECTORS = False
 
 # Few long rows split over a thread-block cluster (sm_90; codegen/row_reduction.py): the blocks of

@@ -376,8 +376,8 @@ template <typename T, typename F> __device__ __forceinline__ T sf_cluster_reduce
 """
 
 
-# 16-byte vectors of 8 two-byte elements (row_reduction.py, limits.ROW_WIDE_2BYTE_VECTORS): the
-# width of torch.compile's loads of bfloat16 rows (ld.global.v4.b32), where sf_v4 moves 8 bytes.
+# 16-byte vectors of 8 two-byte elements (row_reduction.py, limits.ROW_WIDE_2BYTE_VECTORS), where
+# sf_v4 moves 8 bytes: the width (ld.global.v4.b32) of torch.compile's float32 row loads.
 VEC8 = r"""
 template <typename T> struct alignas(sizeof(T) * 8) sf_v8 { T v[8]; };
 template <typename T> __device__ __forceinline__ sf_v8<T> sf_vload(const sf_v8<T>* p) { return *p; }
