@@ -9,9 +9,10 @@ Where the row is kept:
 - registers, when each thread's share of the cached rows is at most `limits.ROW_REGISTER_ELEMS`
   and every op reads them at the element it computes (row_fusion.read_in_place): thread `lane`
   owns elements (lane + i * lanes) * V + e (V = 4 in the vector variant, 16-byte or 8-byte
-  vector loads and stores; 8 for 2-byte rows under limits.ROW_WIDE_2BYTE_VECTORS, 16 bytes), every loop over them is unrolled, and the leaf lambda reads element
-  `sf_t` of the thread's array, a constant once unrolled. No shared memory, no barrier per row,
-  and the compiler computes what two passes share (softmax's exp) once. On the H200 this halved
+  vector loads and stores; 8, 16 bytes, for 2-byte rows under limits.ROW_WIDE_2BYTE_VECTORS),
+  every loop over them is unrolled, and the leaf lambda reads element `sf_t` of the thread's
+  array, a constant once unrolled. No shared memory, no barrier per row, and the compiler
+  computes what two passes share (softmax's exp) once. On the H200 this halved
   the instructions per element of the bfloat16 rows, which were bound by issue, not bandwidth
   (benchmarks/README.md, ncu of 2026-12-01 21:53 UTC). The vector loads carry L1/L2 evict-last
   hints (`sf_vload_last`, limits.ROW_LOAD_HINTS), as torch.compile's loads of a row do. Inputs of
@@ -126,8 +127,8 @@ class RowReductionKernels:
 
     def _vector_width(self, region, cache, weights, K, lanes, S) -> int:
         """Elements a vector of the registers variant: 8 (16 bytes) where limits.ROW_WIDE_2BYTE_VECTORS
-        allows it (every vector access of 2-byte elements, a block a row, rows of a multiple of 8,
-        and a thread's share no larger than with 4), else 4."""
+        allows it (every vector access of 2-byte elements, the row not split over a cluster, rows of
+        a multiple of 8, and a thread's share no larger than with 4), else 4."""
         if not ROW_WIDE_2BYTE_VECTORS or S > 1 or K % 8 or _share(K, lanes, 8) != _share(K, lanes):
             return 4
         return 8 if all(self.types[x].dtype.itemsize == 2 for x in (*cache, *weights, *region.full_outputs)) else 4
@@ -306,7 +307,7 @@ class RowReductionKernels:
     def _row_stores_registers(self, region, names, rowc, sc, K, N, V, lanes, each, split=False) -> str:
         I = self.I
         out = []
-        q0, n4 = (f"sf_c0 / {V} + q", f"(sf_c1 - sf_c0) / {V}") if split else ("q", f"({I}){K // max(V, 1)}")
+        q0, n4 = (f"sf_c0 / {V} + q", f"(sf_c1 - sf_c0) / {V}") if split else ("q", f"({I}){K // V}")
         if region.full_outputs and V > 1:  # one vector store per output and V elements
             vals = {o: f"w{i}" for i, o in enumerate(region.full_outputs)}
             decl = " ".join(f"sf_v{V}<{ct.storage(self.types[o].dtype)}> {w};" for o, w in vals.items())
