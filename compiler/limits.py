@@ -71,8 +71,9 @@ ROW_LOAD_HINTS = True
 # Rows in registers whose every vector access (rows, weights, row-shaped outputs) is of 2-byte
 # elements, not split over a cluster, rows of a multiple of 8: vectors of 8 (16-byte loads and
 # stores, the width of torch.compile's float32 row accesses in its PTX) instead of 4 (8 bytes).
-# Off until measured: benchmarks/norm_variants.py NORM_WIDE=1 (2026-12-06: prepared, no device
-# time left to measure).
+# Off: measured (norm_ab.py NORM_WIDE=1, H100, 2026-12-06 20:54) it is 1% faster for RMSNorm
+# bfloat16 [8, 8192] (2.17 -> 2.15 us) and slower for the rest: softmax bfloat16 [8, 4096] 2.28 ->
+# 2.34 us, LayerNorm bfloat16 [8, 8192] 2.49 -> 2.54, [32768, 4096] 180.6 -> 196.5.
 ROW_WIDE_2BYTE_VECTORS = False
 
 # Few long rows split over a thread-block cluster (sm_90; codegen/row_reduction.py): the blocks of
