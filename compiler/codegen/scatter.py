@@ -62,9 +62,18 @@ def window_bounds(n_out: int, nw: int) -> list:
     return [(lo, min(n_out, lo + per)) for lo in range(0, n_out, per)]
 
 
+def rounds_every_source(selft, reduce: str) -> bool:
+    """A sum or product into a 16-bit float target: atomics in the target's own type would round
+    at every source. segfuse accumulates such reductions in float32 and rounds once, as its NumPy
+    backend does (docs/graph-format.md, "Reduced-precision arithmetic"), so their kernels
+    accumulate in a float copy of the target (scratch or shared memory) and round at the end."""
+    return reduce in ("add", "mul") and selft.dtype.is_float and selft.dtype.itemsize == 2
+
+
 def act(cg, selft, reduce: str, lin: str, val: str, target: str, mode: str, W=None, window=None) -> str:
-    """The statement applying one source: mode 'store', 'identity' or atomic reduce (type W). With a
-    window (lo, hi), offsets outside it are skipped (`continue`: the caller is a loop)."""
+    """The statement applying one source: mode 'store', 'identity' or atomic reduce (type W, also
+    the type of `target` when given). With a window (lo, hi), offsets outside it are skipped
+    (`continue`: the caller is a loop)."""
     I = cg.I
     S = ct.storage(selft.dtype)
     head = ""
@@ -75,10 +84,10 @@ def act(cg, selft, reduce: str, lin: str, val: str, target: str, mode: str, W=No
     if mode == "store":
         return head + f"{target}[{lin}] = {ct.cvt(val, S)};"
     op = ct.combine_fn(reduce)
-    if mode == "identity":
-        return head + f"{target}[{lin}] = {ct.cvt(f'{op}::id<{ct.value(selft.dtype)}>()', S)};"
     Wt = W or ct.value(selft.dtype)
     St = W or S
+    if mode == "identity":
+        return head + f"{target}[{lin}] = {ct.cvt(f'{op}::id<{Wt}>()', St)};"
     return head + f"sf_atomic<{op}, {St}, {Wt}>(&{target}[{lin}], {ct.cvt(val, Wt)});"
 
 

@@ -62,6 +62,8 @@ class BlockScatterKernels:
             reps *= 2
         if reduce != "none" and include_self and n_dom >= 8 * n_out and reps >= 2 and nd.outputs[0] in self.stage:
             return Wd, Wt, wsz, reps
+        if _sc.rounds_every_source(selft, reduce) and n_out * wsz <= WIDE_REPLICA_BYTES:
+            return Wd, Wt, wsz, reps  # (float replicas: the target rounds once, when they are folded in)
         return None
 
     def _histogram_blocks(self, phases) -> int:
@@ -93,8 +95,11 @@ class BlockScatterKernels:
             op = ct.combine_fn(reduce)
             S = ct.storage(selft.dtype)
             rep = f"(({Wd}*)(sf_smem + {free_off}))"
+            init = [self._init_target(nd, tgt, "threadIdx.x", "blockDim.x")]
+            if not include_self:  # the targeted elements start from the identity, not from self
+                init += ["  __syncthreads();", self._block_scatter_loop(nd, tgt, "identity")]
             if blocks == 1:
-                out.append(self._init_target(nd, tgt, "threadIdx.x", "blockDim.x"))
+                out.extend(init)
             out.append(f"  for (int j = threadIdx.x; j < {n_out * reps}; j += blockDim.x) {rep}[j] = {op}::id<{Wd}>();")
             out.append("  __syncthreads();")
             out.append(f"  {{ {Wd}* sf_rep = {rep} + ((threadIdx.x >> 5) % {reps}) * {n_out};")
@@ -109,7 +114,7 @@ class BlockScatterKernels:
                 out.append(f"  for (int j = threadIdx.x; j < {n_out}; j += blockDim.x) {{ {fold}\n"
                            f"    {P}[blockIdx.x * {n_out} + j] = hv; }}")
                 out.append(_LAST_BLOCK)
-                out.append(self._init_target(nd, tgt, "threadIdx.x", "blockDim.x"))
+                out.extend(init)
                 out.append("  __syncthreads();")
                 fold = (f"{Wd} hv = {op}::id<{Wd}>();\n"
                         f"    for (int b = 0; b < {blocks}; ++b) hv = {op}::f<{Wd}>(hv, __ldcg(&{P}[b * {n_out} + j]));")
@@ -136,6 +141,9 @@ class BlockScatterKernels:
 
 # Single-block scatter loops load this many indices per thread before applying them.
 BLOCK_BATCH = 8
+# A 16-bit float sum or product accumulates in float replicas of its target (`_privatized`) up to
+# this size; a larger target splits the segment (its grid kernels accumulate in scratch).
+WIDE_REPLICA_BYTES = 128 * 1024
 # Sources per block of a multi-block histogram (`_histogram_blocks`): limits.HIST_BLOCK_SOURCES, one
 # batch of its 1024 threads (BLOCK_BATCH of them each); at least 4 blocks.
 # The end of a multi-block histogram's shared phase: each block's partial is stored; the last block

@@ -135,7 +135,8 @@ class ScatterKernels:
         return (f"  for ({I} l = {start}; l < ({I}){n}; l += {step}) {{\n"
                 f"    {delinearize('l', dom, I)}\n    {pre}\n    {act}\n  }}")
 
-    def _init_target(self, nd, target_ref, start, step, window=None) -> str:
+    def _init_target(self, nd, target_ref, start, step, window=None, S=None) -> str:
+        """Copy self into the target (of storage type S; default: the output's)."""
         selfn = nd.inputs[0]
         t = self.types[nd.outputs[0]]
         _, names = self._lambdas()
@@ -143,7 +144,7 @@ class ScatterKernels:
         lo, hi = window or (0, numel(t.shape))
         return (f"  for ({I} l = ({I}){lo} + {start}; l < ({I}){hi}; l += {step}) {{\n"
                 f"    {delinearize('l', t.shape, I)}\n"
-                f"    {target_ref}[l] = {ct.cvt(f'{names[selfn]}({chr(44).join(coords(t.rank))})', ct.storage(t.dtype))};\n  }}")
+                f"    {target_ref}[l] = {ct.cvt(f'{names[selfn]}({chr(44).join(coords(t.rank))})', S or ct.storage(t.dtype))};\n  }}")
 
     def _scatter_grid(self, nd):
         dom, pre, lin, val, reduce, include_self, selft, cs = self._scatter_parts(nd)
@@ -163,11 +164,21 @@ class ScatterKernels:
         vec = _sc.vector_plan(self, nd)  # (leaves, V): a 16-byte-load variant goes before each scalar kernel
         Wd = ct.WIDE[selft.dtype]
         wsize = 8 if Wd in ("long long", "double") else 4
+        # acc: what the atomics combine into (storage St). A 16-bit float sum or product goes into a
+        # float copy of the target in scratch, rounded into the target by a last kernel.
+        acc, St, W = dst, ct.storage(selft.dtype), None
+        wide = _sc.rounds_every_source(selft, reduce)
+        if wide:
+            off = self.scratch_used
+            self.scratch_used = align(off + n_out * 4)
+            acc, St, W = f"((float*)(sf_scratch + {off}))", "float", "float"
+        fresh = wide or o not in self.aliased  # acc does not hold self's data yet
         if n_out * wsize <= _sc.PRIV_SMEM and n_dom >= 8 * n_out and n_dom >= 4096:
-            if o not in self.aliased:
-                res.append((lam + "\n" + self._init_target(nd, dst, gstart, gstep), self._grid(n_out), THREADS, 0, None))
+            if fresh:
+                res.append((lam + "\n" + self._init_target(nd, acc, gstart, gstep, S=St), self._grid(n_out), THREADS, 0, None))
             if not include_self:
-                res.append((lam + "\n" + self._scatter_loop(nd, gstart, gstep, dst, "identity"), self._grid(n_dom), THREADS, 0, None))
+                res.append((lam + "\n" + self._scatter_loop(nd, gstart, gstep, acc, "identity", W=W), self._grid(n_dom),
+                            THREADS, 0, None))
             # Privatize: per-block histograms in shared memory (one replica per group of warps, so
             # warps rarely contend for a bin), one global atomic per bin per block.
             op = ct.combine_fn(reduce)
@@ -182,7 +193,7 @@ class ScatterKernels:
             tail = ("\n  __syncthreads();\n"
                     f"  for (int j = threadIdx.x; j < {n_out}; j += blockDim.x) {{ {Wd} hv = (({Wd}*)sf_smem)[j];\n"
                     f"    for (int r = 1; r < {reps}; ++r) hv = {op}::f<{Wd}>(hv, (({Wd}*)sf_smem)[r * {n_out} + j]);\n"
-                    f"    if (hv != {op}::id<{Wd}>()) sf_atomic<{op}, {ct.storage(selft.dtype)}, {Wd}>(&{dst}[j], hv); }}")
+                    f"    if (hv != {op}::id<{Wd}>()) sf_atomic<{op}, {St}, {Wd}>(&{acc}[j], hv); }}")
             smem = align(n_out * wsize * reps)
             if vec is not None:
                 leaves, V = vec
@@ -193,30 +204,40 @@ class ScatterKernels:
                             threads, smem, True))
             blocks = max(1, min(-(-n_dom // (threads * 16)), self.sm * _sc.HIST_BLOCKS_PER_SM))
             res.append((head + self._scatter_loop(nd, gstart, gstep, "h", "atomic", W=Wd) + tail, blocks, threads, smem, None))
-            return res
+            return res + self._round_wide(nd, acc, dst) if wide else res
         # Global atomics. A target larger than L2 is split into windows, one pass over the sources
         # each, so the random atomics of a pass hit L2 (see scatter.py).
-        wins = _sc.window_bounds(n_out, _sc.windows(n_out * selft.dtype.itemsize, n_dom))
+        wins = _sc.window_bounds(n_out, _sc.windows(n_out * (4 if wide else selft.dtype.itemsize), n_dom))
         # initializing each window right before its pass also leaves it hot in L2 (stream order
         # makes the copy complete before the pass starts)
-        init_each = o not in self.aliased and include_self and wins[0] is not None
-        if o not in self.aliased and not init_each:
-            res.append((lam + "\n" + self._init_target(nd, dst, gstart, gstep), self._grid(n_out), THREADS, 0, None))
+        init_each = fresh and include_self and wins[0] is not None
+        if fresh and not init_each:
+            res.append((lam + "\n" + self._init_target(nd, acc, gstart, gstep, S=St), self._grid(n_out), THREADS, 0, None))
         if not include_self:
-            res.append((lam + "\n" + self._scatter_loop(nd, gstart, gstep, dst, "identity"), self._grid(n_dom), THREADS, 0, None))
+            res.append((lam + "\n" + self._scatter_loop(nd, gstart, gstep, acc, "identity", W=W), self._grid(n_dom),
+                        THREADS, 0, None))
         for win in wins:
             if init_each:
-                res.append((lam + "\n" + self._init_target(nd, dst, gstart, gstep, win), self._grid(win[1] - win[0]),
+                res.append((lam + "\n" + self._init_target(nd, acc, gstart, gstep, win, S=St), self._grid(win[1] - win[0]),
                             THREADS, 0, None))
             if vec is not None:
                 leaves, V = vec
                 threads = _sc.ATOMIC_THREADS
                 loop = _sc.vector_loop(
-                    self, nd, leaves, V, threads, pre + "\n" + _sc.act(self, selft, reduce, lin, val, dst, "atomic", window=win),
-                    self._scatter_loop(nd, f"sf_l0 + {gstart}", gstep, dst, "atomic", window=win))
+                    self, nd, leaves, V, threads,
+                    pre + "\n" + _sc.act(self, selft, reduce, lin, val, acc, "atomic", W=W, window=win),
+                    self._scatter_loop(nd, f"sf_l0 + {gstart}", gstep, acc, "atomic", W=W, window=win))
                 res.append((lam + "\n" + loop, _sc.vector_blocks(self, n_dom, V, threads, _sc.ATOMIC_VEC_BLOCKS_PER_SM),
                             threads, 0, True))
-            res.append((lam + "\n" + self._scatter_loop(nd, gstart, gstep, dst, "atomic", window=win),
+            res.append((lam + "\n" + self._scatter_loop(nd, gstart, gstep, acc, "atomic", W=W, window=win),
                         self._grid(n_dom, per_sm=_sc.ATOMIC_BLOCKS_PER_SM), THREADS, 0, None))
-        return res
+        return res + self._round_wide(nd, acc, dst) if wide else res
+
+    def _round_wide(self, nd, acc: str, dst: str) -> list:
+        """The last kernel of a 16-bit float sum or product: its float accumulator, rounded once."""
+        t = self.types[nd.outputs[0]]
+        I = self.I
+        body = (f"  for ({I} l = (({I})blockIdx.x * blockDim.x + threadIdx.x); l < ({I}){numel(t.shape)}; "
+                f"l += (({I})gridDim.x * blockDim.x)) {dst}[l] = {ct.cvt(f'{acc}[l]', ct.storage(t.dtype))};")
+        return [(body, self._grid(numel(t.shape)), THREADS, 0, None)]
 

@@ -176,6 +176,9 @@ class SegmentCodegen(PointwiseKernels, ReductionKernels, RowReductionKernels, So
                         self.stage[o] = Loc("smem", f"((({ct.storage(t.dtype)}*)(sf_smem + {self.smem_used})))",
                                             contiguous_strides(t.shape), self.smem_used)
                         self.smem_used = align(self.smem_used + nbytes)
+        # A scatter finds self's data already in place only where it writes its self's buffer, a
+        # parameter; an intermediate placed in shared memory or scratch starts from a copy of self.
+        self.aliased = {o for o in self.aliased if self.loc[o].kind == "param"}
 
     # ---- phases ------------------------------------------------------------------------
     def phases(self) -> list:

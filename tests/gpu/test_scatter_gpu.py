@@ -2,7 +2,8 @@
 (few bins), the L2-windowed global-atomic passes (many bins; window sizes forced small so small
 inputs make several windows), duplicates under every reduce, 32- and 64-bit indices, misaligned and
 strided views (the scalar fallback), include_self=False, and out-of-range indices (error reported,
-in-place target untouched)."""
+in-place target untouched); two finds of the random graphs (tests/scatter_cases.py): a scatter into
+a private copy read in the same block, 16-bit sums and products rounded once."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 cp = pytest.importorskip("cupy")
 torch = pytest.importorskip("torch")
 
+import scatter_cases as cases  # noqa: E402
 from corpus import scatter_graph  # noqa: E402
 from segfuse.compiler.codegen import scatter as sc  # noqa: E402
 from segfuse.compiler.cuda.runtime import CupyRuntime  # noqa: E402
@@ -174,3 +176,23 @@ def test_out_of_range_reports_and_leaves_target_untouched(bins, n, bad):
     idx[n // 2 + 1] = 0  # the next run is fine
     got = eng.run(graph(), {"dst": dst, "i": cp.asarray(idx), "v": cp.asarray(v)}).outputs["o"]
     check(got, want(d, idx, v, "add"), "float32", max(1, n // bins))
+
+
+# ---- finds of the random graphs on the H200, 2026-12-06 (tests/scatter_cases.py; the emulator runs
+# the same cases in tests/test_scatter_kernels_emulated.py) --------------------------------------
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_scatter_into_a_private_copy_read_in_the_same_block(seed):
+    ins = cases.private_copy_inputs(seed)
+    res = Engine("cupy").run(Fusion.from_json(cases.private_copy_graph()), ins).outputs
+    for name, w in cases.private_copy_want(ins).items():
+        np.testing.assert_array_equal(cp.asnumpy(res[name]), w, err_msg=name)
+
+
+@pytest.mark.parametrize("dt,size,reduce,include_self,then", cases.WIDE_CASES)
+def test_16bit_scatter_sums_round_once(dt, size, reduce, include_self, then):
+    n_out, n_dom = cases.SIZES[size]
+    ins = cases.wide_inputs(dt, n_out, n_dom, reduce, seed=n_out + n_dom)
+    f = Fusion.from_json(cases.wide_graph(dt, n_out, n_dom, reduce, include_self, then))
+    out = cp.asnumpy(Engine("cupy").run(f, ins).outputs["z" if then else "y"])
+    cases.check_wide(out, ins, dt, reduce, include_self, then)
