@@ -92,9 +92,11 @@ def check_wide(out: np.ndarray, ins: dict, dt: str, reduce: str, include_self: b
     assert off.max() <= 1, f"{int((off > 1).sum())} of {off.size} elements more than one rounding off (max {off.max():.1f} ulps)"
 
 
-# (n_out, n_dom): one block (the target in shared memory); a grid with per-block histograms
-# (n_dom >= 8 n_out, >= 4096); a grid with global atomics (a target too large to privatize)
-SIZES = {"single block": (64, 3000), "grid, histograms": (256, 40000), "grid, global atomics": (20000, 40000)}
+# (n_out, n_dom): one block (the target in shared memory); a single-block segment whose first phase
+# 4 blocks share (segmenter/spread.py); a grid with per-block histograms (n_dom >= 8 n_out, >= 4096);
+# a grid with global atomics (a target too large to privatize)
+SIZES = {"single block": (64, 3000), "single block, 4 blocks": (64, 32768), "grid, histograms": (256, 40000),
+         "grid, global atomics": (20000, 40000)}
 # (dtype, size, reduce, include_self, then): test_16bit_scatter_sums_round_once's cases
 WIDE_CASES = [(dt, size, reduce, inc, then) for dt in ("float16", "bfloat16") for size in SIZES
               for reduce, inc, then in (("add", True, False), ("add", True, True), ("add", False, False), ("mul", True, False))]
