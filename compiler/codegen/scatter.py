@@ -19,7 +19,7 @@ scatter benchmark in .devscratch set them to compare variants).
 
 from __future__ import annotations
 
-from ..ops.registry import Lowering, Scalar
+from ..ops.registry import Combiner, Lowering, Scalar
 from . import ctypes_ as ct
 from .layout import contiguous_strides, numel
 from .lazy import delinearize
@@ -67,7 +67,7 @@ def rounds_every_source(selft, reduce: str) -> bool:
     at every source. segfuse accumulates such reductions in float32 and rounds once, as its NumPy
     backend does (docs/graph-format.md, "Reduced-precision arithmetic"), so their kernels
     accumulate in a float copy of the target (scratch or shared memory) and round at the end."""
-    return reduce in ("add", "mul") and selft.dtype.is_float and selft.dtype.itemsize == 2
+    return reduce != "none" and selft.dtype.is_float and selft.dtype.itemsize == 2 and not Combiner(reduce).selects
 
 
 def act(cg, selft, reduce: str, lin: str, val: str, target: str, mode: str, W=None, window=None) -> str:

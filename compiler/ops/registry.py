@@ -76,6 +76,11 @@ class Combiner(str, Enum):
     amax = "amax"
     amin = "amin"
 
+    @property
+    def selects(self) -> bool:
+        """amax and amin return one of their operands, exact in any type; add and mul round."""
+        return self is Combiner.amax or self is Combiner.amin
+
     def is_identity(self, value, is_float: bool) -> bool:
         """Whether `value` (a pad's fill, say) leaves every combine unchanged: 0 for add, 1 for
         mul, -inf (+inf) for a floating-point amax (amin)."""
