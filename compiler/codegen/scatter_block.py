@@ -142,7 +142,8 @@ class BlockScatterKernels:
 # Single-block scatter loops load this many indices per thread before applying them.
 BLOCK_BATCH = 8
 # A 16-bit float sum or product accumulates in float replicas of its target (`_privatized`) up to
-# this size; a larger target splits the segment (its grid kernels accumulate in scratch).
+# this size: every target of a single-block segment (at most 32768 elements). A segment whose
+# shared memory then passes SMEM_PER_BLOCK is split; grid kernels accumulate in scratch.
 WIDE_REPLICA_BYTES = 128 * 1024
 # Sources per block of a multi-block histogram (`_histogram_blocks`): limits.HIST_BLOCK_SOURCES, one
 # batch of its 1024 threads (BLOCK_BATCH of them each); at least 4 blocks.
