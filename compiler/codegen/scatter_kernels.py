@@ -204,7 +204,7 @@ class ScatterKernels:
                             threads, smem, True))
             blocks = max(1, min(-(-n_dom // (threads * 16)), self.sm * _sc.HIST_BLOCKS_PER_SM))
             res.append((head + self._scatter_loop(nd, gstart, gstep, "h", "atomic", W=Wd) + tail, blocks, threads, smem, None))
-            return res + self._round_wide(nd, acc, dst) if wide else res
+            return res + self._round_wide(nd, acc, dst, gstart, gstep) if wide else res
         # Global atomics. A target larger than L2 is split into windows, one pass over the sources
         # each, so the random atomics of a pass hit L2 (see scatter.py).
         wins = _sc.window_bounds(n_out, _sc.windows(n_out * (4 if wide else selft.dtype.itemsize), n_dom))
@@ -231,13 +231,12 @@ class ScatterKernels:
                             threads, 0, True))
             res.append((lam + "\n" + self._scatter_loop(nd, gstart, gstep, acc, "atomic", W=W, window=win),
                         self._grid(n_dom, per_sm=_sc.ATOMIC_BLOCKS_PER_SM), THREADS, 0, None))
-        return res + self._round_wide(nd, acc, dst) if wide else res
+        return res + self._round_wide(nd, acc, dst, gstart, gstep) if wide else res
 
-    def _round_wide(self, nd, acc: str, dst: str) -> list:
+    def _round_wide(self, nd, acc: str, dst: str, gstart: str, gstep: str) -> list:
         """The last kernel of a 16-bit float sum or product: its float accumulator, rounded once."""
         t = self.types[nd.outputs[0]]
-        I = self.I
-        body = (f"  for ({I} l = (({I})blockIdx.x * blockDim.x + threadIdx.x); l < ({I}){numel(t.shape)}; "
-                f"l += (({I})gridDim.x * blockDim.x)) {dst}[l] = {ct.cvt(f'{acc}[l]', ct.storage(t.dtype))};")
+        body = (f"  for ({self.I} l = {gstart}; l < ({self.I}){numel(t.shape)}; l += {gstep}) "
+                f"{dst}[l] = {ct.cvt(f'{acc}[l]', ct.storage(t.dtype))};")
         return [(body, self._grid(numel(t.shape)), THREADS, 0, None)]
 
