@@ -16,6 +16,8 @@ time. Variants come from the environment, set before segfuse is imported:
   2026-12-02 02:30 UTC the default was 32, the warp-per-row kernels' cap);
 - NORM_ONE_BARRIER=1 / 0: limits.ROW_ONE_BARRIER True / False (sf_block_reduce1, one barrier a
   reduction instead of three, for all rows / for none; unset: limits' rule, few rows only);
+- NORM_BFLY=1: limits.ROW_REDUCE_BUTTERFLY (sf_block_reduce1w: the warp count compiled in, the
+  partials combined in a butterfly that leaves the result in every lane, no broadcast);
 - NORM_LEAD=0: sf_block_reduce without its first barrier (before the warps write their partials:
   each call site has its own shared array, and the last barrier of the call before, which every
   thread passes after reading the result, already orders that call's reads before these writes);
@@ -83,6 +85,8 @@ def _patch():
         row_reduction.ROW_SPLIT_MAX = int(os.environ["NORM_SPLIT"])
     if "NORM_WIDE" in os.environ:
         row_reduction.ROW_WIDE_2BYTE_VECTORS = os.environ["NORM_WIDE"] == "1"
+    if "NORM_BFLY" in os.environ:
+        row_reduction.ROW_REDUCE_BUTTERFLY = os.environ["NORM_BFLY"] == "1"
     if "NORM_ONE_BARRIER" in os.environ:  # (unset: limits' rule, one barrier for few rows only)
         row_reduction.ROW_ONE_BARRIER = os.environ["NORM_ONE_BARRIER"] == "1"
     if os.environ.get("NORM_LEAD") == "0":

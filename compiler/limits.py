@@ -60,6 +60,10 @@ ROW_MIN_RESIDENT_THREADS_2BYTE = 2048
 # Loading the next row while this one reduces (a second set of registers) was measured and dropped:
 # 2026-12-02 02:1x UTC, no faster in float32, bfloat16 softmax [32768, 8192] 335 -> 398 us.
 ROW_ONE_BARRIER = None
+# sf_block_reduce1 with the block's warp count compiled in, its partials combined in a butterfly
+# that leaves the result in every lane (codegen/prelude.py BLOCK_REDUCE1_BUTTERFLY), instead of a
+# predicated shuffle-down and a broadcast. Off until measured (benchmarks/norm_variants.py NORM_BFLY=1).
+ROW_REDUCE_BUTTERFLY = False
 # Rows (and weights) held in registers load with L1/L2 evict-last hints, as torch.compile's kernels
 # load theirs (codegen/prelude.py VLOAD_LAST). On the H200 (2026-12-02 12:09-12:13 UTC,
 # benchmarks/norm_variants.py NORM_HINTS=0 against the default) at 32768 rows: RMSNorm float32

@@ -321,11 +321,11 @@ def test_row_weights_in_registers(emulated, monkeypatch, kind, dtype, R, D, limi
 @pytest.mark.parametrize("kind", ["softmax", "rmsnorm", "layernorm"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("R,D", [(7, 4096), (5, 1001)])
-@pytest.mark.parametrize("one_barrier", [False, True])
-def test_row_loop(emulated, monkeypatch, kind, dtype, R, D, one_barrier):
+@pytest.mark.parametrize("reduce", ["three barriers", "one barrier", "butterfly"])
+def test_row_loop(emulated, monkeypatch, kind, dtype, R, D, reduce):
     """A block looping over every row (a grid of one block: row_reduction.BLOCK_ROWS_PER_SM = 0),
     with limits.ROW_ONE_BARRIER's reduction (sf_block_reduce1, two shared buffers alternating per
-    row) and without, against PyTorch. (The emulator runs threads in rounds between switch
+    row), its butterfly form (limits.ROW_REDUCE_BUTTERFLY, sf_block_reduce1w) and neither, against PyTorch. (The emulator runs threads in rounds between switch
     points, so a buffer reused too early cannot show here; tests/gpu/test_row_reduction_gpu.py
     runs the same loop on the H200.)"""
     from norm_graphs import norm_graph
@@ -333,11 +333,13 @@ def test_row_loop(emulated, monkeypatch, kind, dtype, R, D, one_barrier):
     from segfuse.compiler.cuda.prepare import modules_without_device
 
     monkeypatch.setattr(row_reduction, "BLOCK_ROWS_PER_SM", 0)
-    monkeypatch.setattr(row_reduction, "ROW_ONE_BARRIER", one_barrier)
+    monkeypatch.setattr(row_reduction, "ROW_ONE_BARRIER", reduce != "three barriers")
+    monkeypatch.setattr(row_reduction, "ROW_REDUCE_BUTTERFLY", reduce == "butterfly")
     f = norm_graph(kind, dtype)
     shapes = {"x": (R, D), **({"w": (D,)} if kind != "softmax" else {}), **({"b": (D,)} if kind == "layernorm" else {})}
     (_, mod), = modules_without_device(f, PLANS.plan(f, shapes), f.bind(shapes))
-    assert ("sf_block_reduce1(acc" in mod.source) == one_barrier
+    assert ("sf_block_reduce1(acc" in mod.source) == (reduce == "one barrier")
+    assert ("sf_block_reduce1w<" in mod.source) == (reduce == "butterfly")
     assert all(launch.grid == 1 for launch in mod.launches)
     _check_norm(emulated, kind, dtype, R, D)
 

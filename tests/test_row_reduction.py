@@ -240,7 +240,7 @@ def test_rows_in_registers_load_with_evict_last_hints(monkeypatch):
 
 def test_modules_with_optional_parts_compile_as_one_program(monkeypatch):
     """prelude.one_program, the tests' batched compiles: the prelude and each optional part
-    (VLOAD_LAST, VEC8, VLOAD8_LAST, CLUSTER_REDUCE, BLOCK_REDUCE1) once, however many modules carry it; NVRTC
+    (VLOAD_LAST, VEC8, VLOAD8_LAST, CLUSTER_REDUCE, BLOCK_REDUCE1, BLOCK_REDUCE1_BUTTERFLY) once, however many modules carry it; NVRTC
     compiles the batch for sm_90 (joined naively, the parts are defined twice)."""
     pytest.importorskip("cuda.bindings.nvrtc")
     from segfuse.compiler.codegen import row_reduction
@@ -259,6 +259,8 @@ def test_modules_with_optional_parts_compile_as_one_program(monkeypatch):
     srcs += [source("layernorm", "float32", 32768, 8192), source("softmax", "float32", 8, 65536)]
     monkeypatch.setattr(row_reduction, "ROW_WIDE_2BYTE_VECTORS", True)  # (+ VEC8, VLOAD8_LAST)
     srcs += [source("rmsnorm", "bfloat16", 8, 4096), source("softmax", "bfloat16", 32768, 4096)]
+    monkeypatch.setattr(row_reduction, "ROW_REDUCE_BUTTERFLY", True)  # (+ BLOCK_REDUCE1_BUTTERFLY)
+    srcs += [source("layernorm", "float32", 8, 4096), source("softmax", "bfloat16", 8, 8192)]
     parts = [p for _, p in OPTIONAL_PARTS]
     assert all(sum(p in s for s in srcs) >= 2 for p in parts)  # each part in several modules
     program = one_program(srcs)

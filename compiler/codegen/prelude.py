@@ -311,6 +311,34 @@ template <typename T, typename F> __device__ __forceinline__ T sf_block_reduce1(
 """
 
 
+# sf_block_reduce1 for a block of NW warps known when the kernel is generated (limits.ROW_REDUCE_BUTTERFLY).
+BLOCK_REDUCE1_BUTTERFLY = r"""
+// sf_block_reduce1 for NW warps (a power of two), known at compile time: after the one barrier lane i
+// reads partial i % NW and the warp combines them in a butterfly (shfl.bfly, as Triton's reductions do).
+// Each step combines a pair both ways and f commutes, so every lane ends with the same value: no
+// broadcast after it and no predicate in it.
+template <typename T> __device__ __forceinline__ T sf_shfl_xor(T v, int d) {
+  const int W = (sizeof(T) + 3) / 4;
+  union { T t; int w[(sizeof(T) + 3) / 4]; } u; u.t = v;
+  for (int i = 0; i < W; ++i) u.w[i] = __shfl_xor_sync(0xffffffffu, u.w[i], d);
+  return u.t;
+}
+template <int NW, typename T, typename F> __device__ __forceinline__ T sf_block_reduce1w(T v, F f, int par) {
+  static_assert(NW >= 1 && NW <= 32 && (NW & (NW - 1)) == 0, "NW: a power of two up to 32");
+  __shared__ __align__(16) unsigned char raw[2 * 32 * 16];
+  T* sh = (T*)raw + par * 32;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = sf_warp_reduce(v, f);
+  if (lane == 0) sh[warp] = v;
+  __syncthreads();
+  T x = sh[lane & (NW - 1)];
+  #pragma unroll
+  for (int d = NW / 2; d > 0; d >>= 1) x = f(x, sf_shfl_xor(x, d));
+  return x;
+}
+"""
+
+
 # Emitted only where a kernel loads with it (row_reduction.py, rows in registers), so other
 # modules keep their sources (and digests).
 VLOAD_LAST = r"""
@@ -397,7 +425,8 @@ template <typename T> __device__ __forceinline__ sf_v8<T> sf_vload_last(const sf
 # The parts segment.py emits only into modules that use them: (what a kernel that uses it calls,
 # the part), in the order they come before the kernels
 OPTIONAL_PARTS = (("sf_vload_last(", VLOAD_LAST), ("sf_v8<", VEC8), ("sf_vload_last((const sf_v8<", VLOAD8_LAST),
-                  ("sf_cluster_reduce(", CLUSTER_REDUCE), ("sf_block_reduce1(", BLOCK_REDUCE1))
+                  ("sf_cluster_reduce(", CLUSTER_REDUCE), ("sf_block_reduce1(", BLOCK_REDUCE1),
+                  ("sf_block_reduce1w<", BLOCK_REDUCE1_BUTTERFLY))
 
 
 def one_program(sources) -> str:

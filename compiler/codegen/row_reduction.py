@@ -39,6 +39,7 @@ from ..limits import (
     ROW_MIN_RESIDENT_THREADS,
     ROW_MIN_RESIDENT_THREADS_2BYTE,
     ROW_ONE_BARRIER,
+    ROW_REDUCE_BUTTERFLY,
     ROW_REGISTER_ELEMS,
     ROW_REGISTER_WEIGHTS,
     ROW_SPLIT_MAX,
@@ -368,7 +369,11 @@ class RowReductionKernels:
         if lanes <= 32:
             red = "sf_shfl(sf_warp_reduce(acc, comb), 0)"
         else:
-            red = f"sf_block_reduce1(acc, comb, {parity})" if parity else "sf_block_reduce(acc, comb)"
+            nw = lanes // 32  # (the block is the row's: one barrier needs all of its threads)
+            if parity and ROW_REDUCE_BUTTERFLY and lanes % 32 == 0 and nw & (nw - 1) == 0 and nw <= 32:
+                red = f"sf_block_reduce1w<{nw}>(acc, comb, {parity})"
+            else:
+                red = f"sf_block_reduce1(acc, comb, {parity})" if parity else "sf_block_reduce(acc, comb)"
         if cluster is not None:
             red = f"sf_cluster_reduce({red}, comb, ({W}*)({cluster[1]}), {cluster[0]}u)"
         rounded = ct.cvt(ct.cvt(post, ct.storage(ot.dtype)), ct.value(ot.dtype))

@@ -261,7 +261,9 @@ def test_strided_and_broadcast_inputs():
 
 
 def test_engine_warmup_compiles_every_kernel_before_the_first_run():
-    # A size no other test uses, so its kernels (sizes are compiled into the source) are new.
+    # A size no other test uses, so its kernels (sizes are compiled into the source) are new to
+    # this process; an earlier process may have left them in the disk cache (SEGFUSE_KERNEL_CACHE
+    # on a machine that ran the suite before), so a load from there counts as well as a compile.
     graph, make_inputs = moe_graphs()[0]  # moe_problem_sizes: topk_ids [T, 8] -> counts [256]
     f = Fusion.from_json(graph)
     eng = Engine("cupy")
@@ -269,9 +271,9 @@ def test_engine_warmup_compiles_every_kernel_before_the_first_run():
     ins = make_inputs(77)(np.random.default_rng(0))
     shapes = {n: a.shape for n, a in ins.items()}
     stats = get_runtime().cache.stats
-    before = stats.misses
+    before = stats.misses + stats.disk_hits
     plan = eng.warmup(f, shapes)
-    assert plan.segments and stats.misses > before
-    compiled = stats.misses
+    assert plan.segments and stats.misses + stats.disk_hits > before
+    loaded = (stats.misses, stats.disk_hits)
     eng.run(f, ins)
-    assert stats.misses == compiled  # the run found every kernel compiled
+    assert (stats.misses, stats.disk_hits) == loaded  # the run found every kernel in memory

@@ -118,18 +118,20 @@ def test_misaligned_input_runs_the_scalar_kernel():
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("one_barrier", [False, True])
+@pytest.mark.parametrize("reduce", ["three barriers", "one barrier", "butterfly"])
 @pytest.mark.parametrize("kind,dtype", [("softmax", "bfloat16"), ("rmsnorm", "float32"), ("layernorm", "float32")])
 @pytest.mark.parametrize("R,D", [(3000, 4096), (1000, 1001)])
-def test_row_loop(monkeypatch, one_barrier, kind, dtype, R, D):
+def test_row_loop(monkeypatch, reduce, kind, dtype, R, D):
     """Row kernels on a grid of one block an SM (row_reduction.BLOCK_ROWS_PER_SM = 1), so each
-    block loops over many rows, with limits.ROW_ONE_BARRIER's reduction and without (a shared
-    buffer reused too early would show), against the NumPy backend, twice."""
+    block loops over many rows, with limits.ROW_ONE_BARRIER's reduction, its butterfly form
+    (limits.ROW_REDUCE_BUTTERFLY) and neither (a shared buffer reused too early would show),
+    against the NumPy backend, twice."""
     from segfuse.compiler.codegen import row_reduction
     from segfuse.compiler.cuda.runtime import CupyRuntime
 
     monkeypatch.setattr(row_reduction, "BLOCK_ROWS_PER_SM", 1)
-    monkeypatch.setattr(row_reduction, "ROW_ONE_BARRIER", one_barrier)
+    monkeypatch.setattr(row_reduction, "ROW_ONE_BARRIER", reduce != "three barriers")
+    monkeypatch.setattr(row_reduction, "ROW_REDUCE_BUTTERFLY", reduce == "butterfly")
     f = norm_graph(kind, dtype)
     ins = norm_inputs(kind, R, D, dtype, seed=R + D, special=True)
     want = Engine("numpy").run(f, ins).outputs["y"]
@@ -140,7 +142,8 @@ def test_row_loop(monkeypatch, one_barrier, kind, dtype, R, D):
         np.testing.assert_allclose(_f32(got), _f32(want), equal_nan=True, **_tol(dtype))
     prep = rt.prepared_for(f, dev)
     src = "".join(m.source for _, m in prep.modules)
-    assert prep.kernels == 1 and ("sf_block_reduce1(acc" in src) == one_barrier
+    assert prep.kernels == 1 and ("sf_block_reduce1(acc" in src) == (reduce == "one barrier")
+    assert ("sf_block_reduce1w<" in src) == (reduce == "butterfly")
 
 
 SPLIT_SHAPES = [(1, 65536), (2, 40000), (3, 30000), (8, 65536), (16, 32768), (33, 32768), (2, 16387), (1, 16400)]
