@@ -16,8 +16,9 @@ time. Variants come from the environment, set before segfuse is imported:
   2026-12-02 02:30 UTC the default was 32, the warp-per-row kernels' cap);
 - NORM_ONE_BARRIER=1 / 0: limits.ROW_ONE_BARRIER True / False (sf_block_reduce1, one barrier a
   reduction instead of three, for all rows / for none; unset: limits' rule, few rows only);
-- NORM_BFLY=1: limits.ROW_REDUCE_BUTTERFLY (sf_block_reduce1w: the warp count compiled in, the
-  partials combined in a butterfly that leaves the result in every lane, no broadcast);
+- NORM_BFLY=1 / 0: limits.ROW_REDUCE_BUTTERFLY on / off (sf_block_reduce1w: the warp count compiled
+  in, the partials combined in a butterfly that leaves the result in every lane, no broadcast; on
+  since 2026-12-07 00:20 UTC);
 - NORM_LEAD=0: sf_block_reduce without its first barrier (before the warps write their partials:
   each call site has its own shared array, and the last barrier of the call before, which every
   thread passes after reading the result, already orders that call's reads before these writes);

@@ -62,8 +62,12 @@ ROW_MIN_RESIDENT_THREADS_2BYTE = 2048
 ROW_ONE_BARRIER = None
 # sf_block_reduce1 with the block's warp count compiled in, its partials combined in a butterfly
 # that leaves the result in every lane (codegen/prelude.py BLOCK_REDUCE1_BUTTERFLY), instead of a
-# predicated shuffle-down and a broadcast. Off until measured (benchmarks/norm_variants.py NORM_BFLY=1).
-ROW_REDUCE_BUTTERFLY = False
+# predicated shuffle-down and a broadcast: two dependent shuffles fewer on a few-row kernel's chain of
+# latencies. On an H100 (2026-12-07 00:12 UTC, benchmarks/norm_ab.py NORM_BFLY=1, one process) it was
+# faster for all 9 few-row norms measured: RMSNorm bfloat16 [8, 4096] 1.88 -> 1.83 us, float32 1.93 ->
+# 1.86, LayerNorm bfloat16 2.22 -> 2.09, softmax bfloat16 [8, 8192] 2.89 -> 2.79, RMSNorm bfloat16
+# [8, 8192] 2.16 -> 2.15. Not yet measured on the H200.
+ROW_REDUCE_BUTTERFLY = True
 # Rows (and weights) held in registers load with L1/L2 evict-last hints, as torch.compile's kernels
 # load theirs (codegen/prelude.py VLOAD_LAST). On the H200 (2026-12-02 12:09-12:13 UTC,
 # benchmarks/norm_variants.py NORM_HINTS=0 against the default) at 32768 rows: RMSNorm float32

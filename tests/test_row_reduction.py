@@ -253,6 +253,7 @@ def test_modules_with_optional_parts_compile_as_one_program(monkeypatch):
         (_, mod), = modules_without_device(f, ENG.plan(f, shapes), f.bind(shapes))
         return mod.source
 
+    monkeypatch.setattr(row_reduction, "ROW_REDUCE_BUTTERFLY", False)  # (BLOCK_REDUCE1, not its butterfly form)
     srcs = [source("rmsnorm", "float32", 32768, 4096), source("softmax", "bfloat16", 8, 65536),
             source("softmax", "float32", 100, 40000)]  # hints; a split row and hints; neither
     monkeypatch.setattr(row_reduction, "ROW_ONE_BARRIER", True)  # (+ BLOCK_REDUCE1)
