@@ -24,7 +24,7 @@ sys.path.insert(0, HERE)
 
 KNOBS = ("NORM_PER", "NORM_PER_SMALL", "NORM_FASTEXP", "NORM_WEIGHTS", "NORM_MIN_THREADS", "NORM_ROWS_PER_SM",
          "NORM_ONE_BARRIER", "NORM_CACHE", "NORM_SPLIT", "NORM_HINTS", "NORM_SPLIT_MIN", "NORM_LEAD", "NORM_WIDE",
-         "NORM_BFLY")
+         "NORM_BFLY", "NORM_LATE_W")
 
 
 def _state():
@@ -39,7 +39,7 @@ def _state():
              (row_reduction, "ROW_MIN_RESIDENT_THREADS"), (row_reduction, "ROW_MIN_RESIDENT_THREADS_2BYTE"),
              (row_reduction, "BLOCK_ROWS_PER_SM"), (row_reduction, "ROW_LOAD_HINTS"), (row_reduction, "ROW_SPLIT_MAX"),
              (row_reduction, "ROW_ONE_BARRIER"), (row_reduction, "ROW_WIDE_2BYTE_VECTORS"),
-             (row_reduction, "ROW_REDUCE_BUTTERFLY"), (segment, "PRELUDE"), (cls, "_register_load"),
+             (row_reduction, "ROW_REDUCE_BUTTERFLY"), (row_reduction, "ROW_WEIGHTS_AFTER_ROW"), (segment, "PRELUDE"), (cls, "_register_load"),
              (cls, "_row_stores_registers"), (limits, "ROW_SPLIT_MIN_LENGTH")]
     missing = object()
     saved = [(obj, name, obj.__dict__.get(name, missing) if isinstance(obj, type) else getattr(obj, name))

@@ -19,6 +19,10 @@ time. Variants come from the environment, set before segfuse is imported:
 - NORM_BFLY=1 / 0: limits.ROW_REDUCE_BUTTERFLY on / off (sf_block_reduce1w: the warp count compiled
   in, the partials combined in a butterfly that leaves the result in every lane, no broadcast; on
   since 2026-12-07 00:20 UTC);
+- NORM_LATE_W=1 / 0: limits.ROW_WEIGHTS_AFTER_ROW on / off (weights held in registers load inside
+  the row loop, after the row, where a block has at most one row: in the SASS of RMSNorm bfloat16
+  [8, 4096] the four loads then go out together, where before the loop the weights' conversion to
+  float waited for their load before the row's load was issued);
 - NORM_LEAD=0: sf_block_reduce without its first barrier (before the warps write their partials:
   each call site has its own shared array, and the last barrier of the call before, which every
   thread passes after reading the result, already orders that call's reads before these writes);
@@ -86,6 +90,8 @@ def _patch():
         row_reduction.ROW_SPLIT_MAX = int(os.environ["NORM_SPLIT"])
     if "NORM_WIDE" in os.environ:
         row_reduction.ROW_WIDE_2BYTE_VECTORS = os.environ["NORM_WIDE"] == "1"
+    if "NORM_LATE_W" in os.environ:
+        row_reduction.ROW_WEIGHTS_AFTER_ROW = os.environ["NORM_LATE_W"] == "1"
     if "NORM_BFLY" in os.environ:
         row_reduction.ROW_REDUCE_BUTTERFLY = os.environ["NORM_BFLY"] == "1"
     if "NORM_ONE_BARRIER" in os.environ:  # (unset: limits' rule, one barrier for few rows only)

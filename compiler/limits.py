@@ -76,6 +76,12 @@ ROW_REDUCE_BUTTERFLY = True
 # the one row slower, 278.1 -> 283.5; 8 rows the same. The vector variant only (the scalar one,
 # for misaligned tensors, loads plainly).
 ROW_LOAD_HINTS = True
+# Weights held in registers load inside the row loop, after the row, where every block (or cluster)
+# has at most one row (a block per row), instead of before the loop. Before the loop, nvcc converts
+# them (bfloat16 to float) there as well, and that conversion waits for their load before the row's
+# load is even issued: two memory latencies in a row on a few-row kernel's critical path (SASS of
+# RMSNorm bfloat16 [8, 4096], 2026-12-07). Off until measured (benchmarks/norm_variants.py NORM_LATE_W=1).
+ROW_WEIGHTS_AFTER_ROW = False
 # Rows in registers whose every vector access (rows, weights, row-shaped outputs) is of 2-byte
 # elements, not split over a cluster, rows of a multiple of 8: vectors of 8 (16-byte loads and
 # stores, the width of torch.compile's float32 row accesses in its PTX) instead of 4 (8 bytes).

@@ -362,6 +362,42 @@ def test_wide_vectors_of_2byte_rows(emulated, monkeypatch, kind, R, D):
     _check_norm(emulated, kind, "bfloat16", R, D)
 
 
+@pytest.mark.parametrize("kind", ["rmsnorm", "layernorm"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("R,D", [(6, 4096), (5, 1001), (300, 2048), (37, 300), (1, 16400)])
+def test_weights_loaded_after_the_row(emulated, monkeypatch, kind, dtype, R, D):
+    """limits.ROW_WEIGHTS_AFTER_ROW: where each block (or cluster) has at most one row, the weights
+    held in registers load inside the row loop after the row (a block a row, few or many rows, a
+    warp a row, a row split over a cluster; vector and scalar variants), and agree with PyTorch.
+    Without the knob they load before the loop. (Only the ordering changes, so `_check_norm` runs
+    once, with the knob on.)"""
+    import re
+
+    from norm_graphs import norm_graph
+    from segfuse.compiler.codegen import row_reduction
+    from segfuse.compiler.cuda.prepare import modules_without_device
+    from segfuse.compiler.limits import NOMINAL_SM_COUNT
+
+    stores = re.compile(r"wr\d+\[sf_i[^\]]*\] = ")  # (a weight register written: its load)
+    f = norm_graph(kind, dtype)
+    shapes = {"x": (R, D), "w": (D,), **({"b": (D,)} if kind == "layernorm" else {})}
+
+    def kernels():
+        (_, mod), = modules_without_device(f, PLANS.plan(f, shapes), f.bind(shapes))
+        return mod.source.split('extern "C"')[1:]
+
+    for late in (False, True):
+        monkeypatch.setattr(row_reduction, "ROW_WEIGHTS_AFTER_ROW", late)
+        ks = kernels()
+        held = [k for k in ks if stores.search(k)]
+        # (bfloat16 rows that fill the SMs keep their weights out of registers: nothing to place)
+        assert bool(held) == (dtype == "float32" or R <= NOMINAL_SM_COUNT), "weights in registers"
+        for k in held:
+            before = len(stores.findall(k.split(" row = ", 1)[0]))
+            assert (before == 0) == late, (late, before)
+    _check_norm(emulated, kind, dtype, R, D)
+
+
 def test_wide_vectors_only_where_every_access_is_2byte():
     """float32 rows, and rows of no multiple of 8, keep vectors of 4 under the knob."""
     from norm_graphs import norm_graph

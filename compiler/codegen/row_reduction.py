@@ -43,6 +43,7 @@ from ..limits import (
     ROW_REGISTER_ELEMS,
     ROW_REGISTER_WEIGHTS,
     ROW_SPLIT_MAX,
+    ROW_WEIGHTS_AFTER_ROW,
     ROW_WIDE_2BYTE_VECTORS,
     SMEM_PER_BLOCK,
     row_split,
@@ -115,7 +116,7 @@ class RowReductionKernels:
         geo = (region, R, K, lanes, slots, cache, offs, per_slot)
         weights = self._row_weights(region, cache, Kc, lanes, few_rows=R <= self.sm) if in_regs else []
         if in_regs:
-            geo += (weights, S, Kc, self._vector_width(region, cache, weights, K, lanes, S))
+            geo += (weights, S, Kc, self._vector_width(region, cache, weights, K, lanes, S), grid * slots >= R * S)
         body = self._row_body_registers if in_regs else self._row_body
         narrow = in_regs and lanes > 32 and R > self.sm and all(self.types[x].dtype.itemsize <= 2 for x in (*cache, *weights))
         # (segment.py's __launch_bounds__; pointless while the rows do not fill the SMs)
@@ -220,7 +221,7 @@ class RowReductionKernels:
         cluster of S blocks (S > 1): block `sf_rank` of the cluster owns elements [sf_c0, sf_c1)
         of its row, Kc of them (the last block fewer), and each reduction combines the blocks'
         partials through distributed shared memory (sf_cluster_reduce)."""
-        region, R, K, lanes, slots, cache, _offs, _per_slot, weights, S, Kc, width = geo
+        region, R, K, lanes, slots, cache, _offs, _per_slot, weights, S, Kc, width, one_row = geo
         I = self.I
         r, k = region.rank, len(region.dims)
         V = width if vector else 1
@@ -259,7 +260,8 @@ class RowReductionKernels:
         for x in (*cache, *weights):
             lines.append(f"  {ct.storage(self.types[x].dtype)} {arrs[x]}[{N * V}];")
         lines.append(lam)
-        for x in weights:
+        late = ROW_WEIGHTS_AFTER_ROW and one_row  # (limits.ROW_WEIGHTS_AFTER_ROW: a block's one row first)
+        for x in () if late else weights:
             lines.append(self._register_load(x, arrs[x], "", K, N, lanes, V, "  ", split))
         # (limits.ROW_ONE_BARRIER: by default one barrier while the rows, a block each, do not fill the SMs)
         one_barrier = lanes > 32 and (ROW_ONE_BARRIER if ROW_ONE_BARRIER is not None else S == 1 and R <= self.sm)
@@ -273,6 +275,8 @@ class RowReductionKernels:
         lines.append(f"    {delinearize('row', region.kept, I, 'r')}")
         for x in cache:
             lines.append(self._register_load(x, arrs[x], "row * ", K, N, lanes, V, "    ", split))
+        for x in weights if late else ():
+            lines.append(self._register_load(x, arrs[x], "", K, N, lanes, V, "    ", split))
         for i, nd in enumerate(red_nodes):
             lines.append(self._row_reduce(nd, names, rowc, regs[nd.outputs[0]], lanes, loop=lambda body: each("k", body),
                                           parity="sf_par" if one_barrier else None,

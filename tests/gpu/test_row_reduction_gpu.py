@@ -88,6 +88,24 @@ def test_wide_vectors_of_bfloat16_rows(monkeypatch, kind, R, D):
     assert get_runtime().prepared_for(f, dev).kernels == 1
 
 
+@pytest.mark.parametrize("kind", ["rmsnorm", "layernorm"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("R,D", [(8, 4096), (3, 8192), (32768, 4096), (37, 256), (5, 1000), (2, 40000)])
+def test_weights_loaded_after_the_row(monkeypatch, kind, dtype, R, D):
+    """limits.ROW_WEIGHTS_AFTER_ROW (the weights in registers load inside the row loop, after the
+    row): few rows, rows that fill the SMs, a warp a row, no multiple of 4, a row split over a
+    cluster, against NumPy and PyTorch (a fusion of its own name, so no kernel prepared without the
+    knob is reused)."""
+    from segfuse.compiler.codegen import row_reduction
+    from segfuse.compiler.ir import Fusion
+
+    monkeypatch.setattr(row_reduction, "ROW_WEIGHTS_AFTER_ROW", True)
+    base = norm_graph(kind, dtype)
+    f = Fusion.from_json({**base.to_json(), "name": f"{base.name}_late_weights"})
+    f, dev = _check(kind, dtype, False, R, D, f=f)
+    assert get_runtime().prepared_for(f, dev).kernels == 1
+
+
 @pytest.mark.parametrize("kind", NORMS)
 def test_empty_rows_and_no_rows(kind):
     for R, D in ((6, 0), (0, 64)):
