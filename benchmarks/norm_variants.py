@@ -20,9 +20,10 @@ time. Variants come from the environment, set before segfuse is imported:
   in, the partials combined in a butterfly that leaves the result in every lane, no broadcast; on
   since 2026-12-07 00:20 UTC);
 - NORM_LATE_W=1 / 0: limits.ROW_WEIGHTS_AFTER_ROW on / off (weights held in registers load inside
-  the row loop, after the row, where a block has at most one row: in the SASS of RMSNorm bfloat16
-  [8, 4096] the four loads then go out together, where before the loop the weights' conversion to
-  float waited for their load before the row's load was issued);
+  the row loop, after the row, where a block has one row and the rows fit the SMs: in the SASS of
+  RMSNorm bfloat16 [8, 4096] the four loads then go out together, where before the loop the
+  weights' conversion to float waited for their load before the row's load was issued; on since
+  2026-12-07 02:10 UTC);
 - NORM_LEAD=0: sf_block_reduce without its first barrier (before the warps write their partials:
   each call site has its own shared array, and the last barrier of the call before, which every
   thread passes after reading the result, already orders that call's reads before these writes);

@@ -77,11 +77,14 @@ ROW_REDUCE_BUTTERFLY = True
 # for misaligned tensors, loads plainly).
 ROW_LOAD_HINTS = True
 # Weights held in registers load inside the row loop, after the row, where every block (or cluster)
-# has at most one row (a block per row), instead of before the loop. Before the loop, nvcc converts
-# them (bfloat16 to float) there as well, and that conversion waits for their load before the row's
-# load is even issued: two memory latencies in a row on a few-row kernel's critical path (SASS of
-# RMSNorm bfloat16 [8, 4096], 2026-12-07). Off until measured (benchmarks/norm_variants.py NORM_LATE_W=1).
-ROW_WEIGHTS_AFTER_ROW = False
+# has one row and the rows fit the SMs (few rows: one wave, a latency chain), instead of before the
+# loop. Before the loop, nvcc converts them (bfloat16 to float) there as well, and that conversion
+# waits for their load before the row's load is even issued: two memory latencies in a row on a
+# few-row kernel's critical path (SASS of RMSNorm bfloat16 [8, 4096], 2026-12-07). Measured
+# (norm_ab.py NORM_LATE_W=1, H100, 2026-12-07 01:45 and 01:55, two processes): RMSNorm bfloat16
+# [8, 4096] 1.84 -> 1.67 us, [8, 8192] 2.14 -> 2.02, LayerNorm bfloat16 [8, 4096] 2.08 -> 2.00;
+# float32 at 8 rows within -0.07..+0.05 us. Rows that fill the SMs keep the old order (not measured).
+ROW_WEIGHTS_AFTER_ROW = True
 # Rows in registers whose every vector access (rows, weights, row-shaped outputs) is of 2-byte
 # elements, not split over a cluster, rows of a multiple of 8: vectors of 8 (16-byte loads and
 # stores, the width of torch.compile's float32 row accesses in its PTX) instead of 4 (8 bytes).

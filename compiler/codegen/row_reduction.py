@@ -116,7 +116,9 @@ class RowReductionKernels:
         geo = (region, R, K, lanes, slots, cache, offs, per_slot)
         weights = self._row_weights(region, cache, Kc, lanes, few_rows=R <= self.sm) if in_regs else []
         if in_regs:
-            geo += (weights, S, Kc, self._vector_width(region, cache, weights, K, lanes, S), grid * slots >= R * S)
+            # (the last field: a block, or cluster, has one row and the rows fit the SMs: limits.ROW_WEIGHTS_AFTER_ROW)
+            geo += (weights, S, Kc, self._vector_width(region, cache, weights, K, lanes, S),
+                    grid * slots >= R * S and R <= self.sm)
         body = self._row_body_registers if in_regs else self._row_body
         narrow = in_regs and lanes > 32 and R > self.sm and all(self.types[x].dtype.itemsize <= 2 for x in (*cache, *weights))
         # (segment.py's __launch_bounds__; pointless while the rows do not fill the SMs)
@@ -221,7 +223,7 @@ class RowReductionKernels:
         cluster of S blocks (S > 1): block `sf_rank` of the cluster owns elements [sf_c0, sf_c1)
         of its row, Kc of them (the last block fewer), and each reduction combines the blocks'
         partials through distributed shared memory (sf_cluster_reduce)."""
-        region, R, K, lanes, slots, cache, _offs, _per_slot, weights, S, Kc, width, one_row = geo
+        region, R, K, lanes, slots, cache, _offs, _per_slot, weights, S, Kc, width, few_one_row = geo
         I = self.I
         r, k = region.rank, len(region.dims)
         V = width if vector else 1
@@ -260,7 +262,7 @@ class RowReductionKernels:
         for x in (*cache, *weights):
             lines.append(f"  {ct.storage(self.types[x].dtype)} {arrs[x]}[{N * V}];")
         lines.append(lam)
-        late = ROW_WEIGHTS_AFTER_ROW and one_row  # (limits.ROW_WEIGHTS_AFTER_ROW: a block's one row first)
+        late = ROW_WEIGHTS_AFTER_ROW and few_one_row  # (limits.ROW_WEIGHTS_AFTER_ROW: a block's one row first, few rows)
         for x in () if late else weights:
             lines.append(self._register_load(x, arrs[x], "", K, N, lanes, V, "  ", split))
         # (limits.ROW_ONE_BARRIER: by default one barrier while the rows, a block each, do not fill the SMs)
