@@ -83,7 +83,7 @@ ROW_LOAD_HINTS = True
 # few-row kernel's critical path (SASS of RMSNorm bfloat16 [8, 4096], 2026-12-07). Measured
 # (norm_ab.py NORM_LATE_W=1, H100, 2026-12-07 01:45 and 01:55, two processes): RMSNorm bfloat16
 # [8, 4096] 1.84 -> 1.67 us, [8, 8192] 2.14 -> 2.02, LayerNorm bfloat16 [8, 4096] 2.08 -> 2.00;
-# float32 at 8 rows within -0.07..+0.05 us. Rows that fill the SMs keep the old order (not measured).
+# float32 at 8 rows -0.05 to +0.07 us. Rows that fill the SMs keep the old order (not measured).
 ROW_WEIGHTS_AFTER_ROW = True
 # Rows in registers whose every vector access (rows, weights, row-shaped outputs) is of 2-byte
 # elements, not split over a cluster, rows of a multiple of 8: vectors of 8 (16-byte loads and

@@ -93,9 +93,9 @@ def test_wide_vectors_of_bfloat16_rows(monkeypatch, kind, R, D):
 @pytest.mark.parametrize("R,D", [(8, 4096), (3, 8192), (32768, 4096), (37, 256), (5, 1000), (2, 40000)])
 def test_weights_loaded_after_the_row(monkeypatch, kind, dtype, R, D):
     """limits.ROW_WEIGHTS_AFTER_ROW (the weights in registers load inside the row loop, after the
-    row, where the rows fit the SMs): few rows, rows that fill the SMs (the old order), a warp a row,
-    no multiple of 4, a row split over a cluster, against NumPy and PyTorch (a fusion of its own name, so no kernel prepared without the
-    knob is reused)."""
+    row, where the rows fit the SMs): few rows, rows that fill the SMs (the old order), a warp a
+    row, no multiple of 4, a row split over a cluster, against NumPy and PyTorch (a fusion of its
+    own name, so no kernel prepared without the knob is reused)."""
     from segfuse.compiler.codegen import row_reduction
     from segfuse.compiler.ir import Fusion
 
