@@ -80,13 +80,16 @@ def cmd_serve(args) -> int:
     try:
         import uvicorn
         from segfuse.server import create_app
-        from segfuse.server.backend import cupy_visible
+        from segfuse.server.backend import cupy_missing
         from segfuse.server.logs import log_config
     except ImportError as e:
         raise UserError(f"the server needs its extra dependencies: pip install 'segfuse[server]' ({e})") from None
     settings = settings_from_args(args)
-    if settings.backend == "cupy" and not cupy_visible():
-        raise UserError("--backend cupy needs CuPy and a visible GPU (use --backend auto or numpy)")
+    missing = cupy_missing() if settings.backend == "cupy" else None
+    if missing:  # a GPU deployment that forgot its GPU must not serve on the CPU unnoticed
+        raise UserError(f"--backend cupy (SEGFUSE_BACKEND=cupy) needs a visible CUDA GPU: {missing}. In a container, "
+                        "start it with a GPU (docker run --gpus all; on Kubernetes a nvidia.com/gpu limit); to serve on "
+                        "the CPU on purpose, pass --backend numpy or set SEGFUSE_BACKEND=numpy")
     app = create_app(settings)
     app.state.runtime.freeze_gc = True
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
