@@ -153,12 +153,20 @@ class CupyBackend(ArrayBackend):
 
 
 def cupy_visible() -> bool:
+    return cupy_missing() is None
+
+
+def cupy_missing() -> str | None:
+    """Why the CuPy backend cannot start here (no CuPy, no driver, no device), or None."""
     try:
         import cupy
-
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:  # no CuPy, no driver, no device: all mean "not visible"
-        return False
+    except Exception as e:
+        return f"CuPy does not import ({type(e).__name__}: {e})"
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:
+        return f"no CUDA driver or device ({type(e).__name__}: {e})"
+    return None if n > 0 else "CUDA sees no device"
 
 
 def make_engine(backend: str):

@@ -85,7 +85,12 @@ def test_serve_cupy_without_gpu_is_a_clear_error():
     if cupy_visible():
         pytest.skip("a GPU is visible here")
     r = subprocess.run([*SEGFUSE, "serve", "--backend", "cupy", "--port", str(free_port())], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "needs CuPy and a visible GPU" in r.stderr
+    assert r.returncode == 2 and "needs a visible CUDA GPU" in r.stderr, r.stderr
+    assert "--backend numpy" in r.stderr and "SEGFUSE_BACKEND=numpy" in r.stderr  # the way out is named
+    # the GPU image sets SEGFUSE_BACKEND=cupy: the variable alone gives the same refusal
+    r = subprocess.run([*SEGFUSE, "serve", "--port", str(free_port())], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "SEGFUSE_BACKEND": "cupy"})
+    assert r.returncode == 2 and "needs a visible CUDA GPU" in r.stderr, r.stderr
 
 
 def test_cache_dir_layout(tmp_path, monkeypatch):
