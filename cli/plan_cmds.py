@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from .common import UserError, load_graph
 
@@ -17,6 +18,9 @@ def add_parsers(sub) -> None:
                    help="values of the graph's size symbols (repeatable); an input's full shape may be "
                         "given as NAME=4096x8")
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--compile", metavar="ARCH", nargs="?", const="sm_90", default=None,
+                   help="also compile every kernel with NVRTC for ARCH (default sm_90), no GPU needed "
+                        "(the nvrtc extra)")
     p.set_defaults(func=cmd_explain)
 
 
@@ -63,9 +67,22 @@ def cmd_explain(args) -> int:
     plan = Engine.default("numpy").plan(f, shapes)
     if args.json:
         print(plan.to_json())
-        return 0
-    print_plan(plan, f, {str(k): int(v) for k, v in f.bind(shapes).env.items()})
+    else:
+        print_plan(plan, f, {str(k): int(v) for k, v in f.bind(shapes).env.items()})
+    if args.compile:
+        _compile(f, shapes, args.compile, sys.stderr if args.json else sys.stdout)  # keep --json's stdout JSON
     return 0
+
+
+def _compile(fusion, shapes: dict, arch: str, out) -> None:
+    from segfuse.compiler.engine import Engine
+
+    try:
+        compiler, modules = Engine.default("numpy").compile_offline(fusion, shapes, arch)
+    except RuntimeError as e:  # no NVRTC, or CompileError with NVRTC's log naming the line
+        raise UserError(f"--compile {arch}: {e}") from None
+    print(f"compiled {len(modules)} kernel module(s) for {arch} with {compiler}: "
+          f"{sum(n for _, _, n in modules)} bytes of cubin", file=out)
 
 
 def print_plan(plan, fusion, env: dict[str, int] | None = None) -> None:

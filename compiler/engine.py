@@ -191,6 +191,20 @@ class Engine:
 
         return modules_without_device(fusion, plan, fusion.bind(shapes))
 
+    def compile_offline(self, fusion: Fusion, shapes: dict[str, tuple], arch: str = "sm_90") -> tuple[str, list]:
+        """Compile every module `kernel_modules` lists with NVRTC for `arch`, with no GPU (the
+        nvrtc extra): (NVRTC's version, [(segment id, module key, cubin bytes), ...]). Checks a
+        deployment's graphs where the GPU is not (a CI machine, an image build). Raises
+        CompileError with NVRTC's log, or RuntimeError where NVRTC cannot be loaded."""
+        from .cuda import nvrtc
+
+        compiler = nvrtc.version()
+        if compiler == "nvrtc-none":
+            raise RuntimeError("NVRTC cannot be loaded: pip install 'segfuse[nvrtc]' "
+                               "(cuda-bindings and nvidia-cuda-nvrtc)")
+        return compiler, [(seg, mod.key, len(nvrtc.compile_cubin(mod.source, nvrtc.default_options(arch))[0]))
+                          for seg, mod in self.kernel_modules(fusion, shapes)]
+
     def plan(self, fusion: Fusion, shapes: dict[str, tuple]) -> Plan:
         """The plan for inputs of these shapes (through the per-shape-class cache)."""
         return self.plans.get(fusion, fusion.bind(shapes))[0]
