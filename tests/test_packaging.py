@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import tomllib
 import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tomllib
 from test_client import ROOT, server_process
 
 ROOTS = {"compiler", "server", "client", "scaleout", "cli", "torch_ext"}
