@@ -85,24 +85,28 @@ def readme_curl_session() -> str:
     return block.group(1)
 
 
-def check_cpu_image(image: str, started: list) -> None:
-    port, name = free_port(), f"segfuse-ci-cpu-{free_port()}"
-    sh("docker", "run", "-d", "--name", name, "-p", f"127.0.0.1:{port}:8000", image)
-    started.append(name)
-    base = f"http://127.0.0.1:{port}"
-    wait_ready(base, name)
+def curl_session(port: int, what: str) -> None:
+    """The README's curl session against the server on `port`; numpy's bincount checks its result."""
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "examples").symlink_to(ROOT / "examples")
         code = readme_curl_session().replace("127.0.0.1:8000", f"127.0.0.1:{port}")
         r = sh("bash", "-euo", "pipefail", "-c", code, cwd=tmp, check=False)
     out = r.stdout + r.stderr
     check(r.returncode == 0 and out.splitlines()[0] == "200" and '"error"' not in out,
-          "the README's curl session runs against the CPU image", out)
+          f"the README's curl session runs against {what}", out)
     ids = np.array([[0, 3], [3, 5], [1, 3], [15, 0]])  # the buffer the session stores
-    status, body = get(base + "/v2/buffers/counts_0")
+    status, body = get(f"http://127.0.0.1:{port}/v2/buffers/counts_0")
     counts = json.loads(body)["data"] if status == 200 else None
     check(counts == np.bincount(ids.ravel(), minlength=16).tolist(), "its histogram equals numpy's bincount",
           f"{status} {body[:300]!r}")
+
+
+def check_cpu_image(image: str, started: list) -> None:
+    port, name = free_port(), f"segfuse-ci-cpu-{free_port()}"
+    sh("docker", "run", "-d", "--name", name, "-p", f"127.0.0.1:{port}:8000", image)
+    started.append(name)
+    wait_ready(f"http://127.0.0.1:{port}", name)
+    curl_session(port, "the CPU image")
     check(sh("docker", "exec", name, "id", "-u").stdout.strip() == "10001", "the CPU image runs as uid 10001")
     deadline = time.monotonic() + 120  # the image's interval is 30 s: the first check runs then
     while inspect(name, "{{.State.Health.Status}}") != "healthy" and time.monotonic() < deadline:
@@ -125,12 +129,15 @@ def check_gpu_image(image: str, started: list) -> None:
     r = sh("docker", "run", "--rm", image, check=False, timeout=120)
     check(r.returncode == 2 and "needs a visible CUDA GPU" in r.stderr and "SEGFUSE_BACKEND=numpy" in r.stderr,
           "without a GPU the GPU image exits 2 and says how to serve on NumPy", r.stdout + r.stderr)
+    # as docker/k8s/ runs it: a read-only root, writable only where those manifests mount volumes
     port, name = free_port(), f"segfuse-ci-gpu-{free_port()}"
-    sh("docker", "run", "-d", "--name", name, "-e", "SEGFUSE_BACKEND=numpy", "-p", f"127.0.0.1:{port}:8000", image)
+    sh("docker", "run", "-d", "--name", name, "-e", "SEGFUSE_BACKEND=numpy", "-p", f"127.0.0.1:{port}:8000",
+       "--read-only", "--tmpfs", "/tmp", "--tmpfs", "/var/cache/segfuse:uid=10001,gid=0", image)
     started.append(name)
     wait_ready(f"http://127.0.0.1:{port}", name)
     backend = json.loads(get(f"http://127.0.0.1:{port}/v2")[1])["backend"]
     check(backend == "numpy", "with SEGFUSE_BACKEND=numpy it serves on NumPy", backend)
+    curl_session(port, "the GPU image on NumPy with a read-only root filesystem")
     sh("docker", "rm", "-f", name)
     started.remove(name)
 
