@@ -15,6 +15,7 @@ from ..fusions import fusion_info
 from ..jsonio import loads
 from ..models import (
     Deleted,
+    ErrorBody,
     FusionDetail,
     FusionInfo,
     FusionList,
@@ -42,6 +43,11 @@ GRAPH_BODY_DOC = {"requestBody": {"required": True, "content": {"application/jso
 
 
 def json_body(body: bytes) -> Any:
+# With a fusion repository (--fusion-dir), a change the disk refuses (full, read-only) changes nothing.
+STORAGE_ERROR = {507: {"model": ErrorBody, "description": "the fusion repository could not keep the change "
+                                                          "(disk full or not writable); nothing was changed"}}
+
+
     return loads(body)
 
 
@@ -49,14 +55,14 @@ async def register(rt: Runtime, graph: Any, replace: bool) -> tuple[Fusion, dict
     if not isinstance(graph, dict):
         raise bad_request("a graph must be a JSON object", ["body"])
     fusion = await asyncio.to_thread(rt.fusions.parse, graph)  # big graphs take a while to validate
-    reg = rt.fusions.register(fusion, replace)
+    reg = await rt.fusions.register_async(fusion, replace)  # 507 (nothing registered) if the repository fails
     rt.metrics.fusions.set(len(rt.fusions))
     return fusion, {"created": reg.created, "replaced": reg.replaced}
 
 
 @router.post("", response_model=FusionRegistered, summary="Register a fusion graph", openapi_extra=GRAPH_BODY_DOC,
              responses={201: {"model": FusionRegistered, "description": "registered"},
-                        **errors(400, 401, 409, 413, 422)})
+                        **errors(400, 401, 409, 413, 422), **STORAGE_ERROR})
 async def register_fusion(rt: AnyRuntime, request: Request, response: Response,
                           replace: bool = Query(False, description="replace a different graph with the same name"),
                           ) -> FusionRegistered:
@@ -78,9 +84,9 @@ async def get_fusion(rt: AnyRuntime, key: str) -> FusionDetail:
 
 
 @router.delete("/{key}", response_model=Deleted, summary="Unregister a fusion (runs in progress finish)",
-               responses=errors(401, 404))
+               responses={**errors(401, 404), **STORAGE_ERROR})
 async def delete_fusion(rt: AnyRuntime, key: str) -> Deleted:
-    f = rt.fusions.delete(key)
+    f = await rt.fusions.delete_async(key)
     rt.metrics.fusions.set(len(rt.fusions))
     return Deleted(deleted=f.id)
 

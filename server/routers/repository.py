@@ -6,9 +6,13 @@
   registers again a fusion unloaded through this API; with `parameters.config` (a segfuse.fusion/1
   graph, as a JSON string like tritonclient's `load_model(config=...)` sends it, or an object)
   registers that graph under the name {m}, replacing a different graph of that name (Triton's
-  "load or reload"). Model files (`file:` parameters) are refused: a fusion has none;
+  "load or reload"). Model files (`file:` parameters) are refused: a fusion has none. With a
+  fusion repository (--fusion-dir) the graph's file is written before the fusion is registered, and
+  the file of the graph it replaces (registered or unloaded) removed: 507 and nothing changed when
+  the disk refuses;
 - POST /v2/repository/models/{m}/unload: unregisters the fusion (runs in progress finish) and
-  remembers it for a later load; `unload_dependents` is accepted (fusions have no dependents);
+  remembers it for a later load; `unload_dependents` is accepted (fusions have no dependents). Its
+  repository file stays: a restart registers it again, as Triton's repository does;
 - GET /v2/models/{m}[/versions/{v}]/config: a Triton-style model configuration of the fusion.
 """
 
@@ -26,7 +30,7 @@ from ..fusions import dims, fusion_info
 from ..jsonio import loads
 from ..protocol import MODEL_VERSION, check_version
 from ..tensors import kserve_name
-from .fusions import json_body, register
+from .fusions import STORAGE_ERROR, json_body, register
 
 router = APIRouter(tags=["model repository"])
 
@@ -91,7 +95,7 @@ def _graph_of(config: Any, model: str) -> dict:
 
 
 @router.post("/v2/repository/models/{model}/load", summary="Load (register) a fusion",
-             responses=errors(400, 401, 404, 413, 422))
+             responses={**errors(400, 401, 404, 413, 422), **STORAGE_ERROR})
 async def load_model(rt: AnyRuntime, model: str, request: Request) -> dict:
     params = _params(await request.body(), {"config"})
     if "config" in params:
@@ -101,18 +105,14 @@ async def load_model(rt: AnyRuntime, model: str, request: Request) -> dict:
         except GraphError as e:  # locations inside the request
             raise GraphError([Issue(("parameters", "config", *i.loc), i.msg) for i in e.issues]) from None
         return {**fusion_info(fusion), **reg}
-    if model in rt.fusions.unloaded:  # unloaded through this API: register it again
-        fusion = rt.fusions.unloaded[model]
-        reg = rt.fusions.register(fusion, replace=True)
-        rt.metrics.fusions.set(len(rt.fusions))
-        return {**fusion_info(fusion), "created": reg.created, "replaced": reg.replaced}
-    try:
-        fusion = rt.fusions.resolve(model)
-    except ApiError:
+    loaded = await rt.fusions.load_async(model)  # registers again a fusion unloaded through this API
+    if loaded is None:
         msg = (f"fusion '{model}' not found; register it (POST /v2/fusions) or send its graph as "
                "parameters.config")
-        raise ApiError(404, msg, [{"loc": ["path", "model"], "msg": msg}]) from None
-    return {**fusion_info(fusion), "created": False, "replaced": None}
+        raise ApiError(404, msg, [{"loc": ["path", "model"], "msg": msg}])
+    fusion, reg = loaded
+    rt.metrics.fusions.set(len(rt.fusions))
+    return {**fusion_info(fusion), "created": reg.created, "replaced": reg.replaced}
 
 
 @router.post("/v2/repository/models/{model}/unload", summary="Unload (unregister) a fusion",
@@ -121,7 +121,7 @@ async def unload_model(rt: AnyRuntime, model: str, request: Request) -> dict:
     params = _params(await request.body(), {"unload_dependents"})
     if not isinstance(params.get("unload_dependents", False), bool):
         raise bad_request("unload_dependents must be true or false", ["body", "parameters", "unload_dependents"])
-    f = rt.fusions.unload(model)
+    f = await rt.fusions.unload_async(model)
     rt.stats.forget(f.id)
     rt.metrics.fusions.set(len(rt.fusions))
     return {**_entry(f.name, "UNAVAILABLE", "unloaded"), "id": f.id}
