@@ -15,6 +15,7 @@ SEGFUSE_LOG_LEVEL, SEGFUSE_LOG_FORMAT. Sizes take K/M/G suffixes (binary units).
 examples:
   segfuse serve --port 8000
   segfuse serve --log-format json     # one JSON object per log line
+  segfuse serve --backend cupy --processes 4 --mps   # ports 8000-8003 sharing one GPU under MPS
   SEGFUSE_TOKEN=secret segfuse serve --backend cupy --device 0 --cache-dir /var/cache/segfuse
   curl -s localhost:8000/v2/health/ready
 """
@@ -47,6 +48,12 @@ def add_parsers(sub) -> None:
     p.add_argument("--max-batch", type=int, help="runs a worker launches together, with one wait (default 32)")
     p.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"],
                    help="level of uvicorn's and segfuse's logs (default info)")
+    p.add_argument("--processes", type=int, default=1, metavar="N",
+                   help="run N server processes on ports PORT..PORT+N-1, each with its own buffers and fusions "
+                        "(one GPU host serves more runs with several; cli/serve_group.py)")
+    p.add_argument("--mps", action="store_true",
+                   help="start NVIDIA's MPS control daemon for these processes and quit it after them, so their "
+                        "kernels share the GPU instead of taking turns")
     p.add_argument("--log-format", choices=["text", "json"],
                    help="text (default) or json: one JSON object per line (time, level, logger, message, "
                         "request_id)")
@@ -85,6 +92,12 @@ def cmd_serve(args) -> int:
     except ImportError as e:
         raise UserError(f"the server needs its extra dependencies: pip install 'segfuse[server]' ({e})") from None
     settings = settings_from_args(args)
+    if args.processes < 1:
+        raise UserError("--processes must be at least 1")
+    if args.processes > 1 or args.mps:  # each process checks the backend itself; the group holds no GPU
+        from .serve_group import serve_group
+
+        return serve_group(settings, args.processes, args.mps)
     missing = cupy_missing() if settings.backend == "cupy" else None
     if missing:  # a GPU deployment that forgot its GPU must not serve on the CPU unnoticed
         raise UserError(f"--backend cupy (SEGFUSE_BACKEND=cupy) needs a visible CUDA GPU: {missing}. In a container, "

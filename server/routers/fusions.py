@@ -42,12 +42,12 @@ GRAPH_BODY_DOC = {"requestBody": {"required": True, "content": {"application/jso
     "examples": {"moe_problem_sizes": {"summary": "MoE problem sizes", "value": MOE_EXAMPLE}}}}}}
 
 
-def json_body(body: bytes) -> Any:
 # With a fusion repository (--fusion-dir), a change the disk refuses (full, read-only) changes nothing.
 STORAGE_ERROR = {507: {"model": ErrorBody, "description": "the fusion repository could not keep the change "
                                                           "(disk full or not writable); nothing was changed"}}
 
 
+def json_body(body: bytes) -> Any:
     return loads(body)
 
 
