@@ -4,21 +4,22 @@ wrk at the same time, the cached MoE histogram of benchmarks/load.py on a reside
 Reports the summed rate per N next to the same N servers' summed health ceiling and the
 in-process Engine.run baseline, all in one run.
 
-  python3 benchmarks/load_shards.py --backend cupy --servers 1,2,4 --connections 16 --duration 5
+  python3 benchmarks/load_shards.py --backend cupy --servers 1,2,4,8 --mps both --connections 16 --duration 5
 
-Each shard is a separate process with its own CUDA context; without MPS the GPU time-slices
-between the contexts, which this measures too. A shard's clients must send its runs to it (its
+The servers are one `segfuse serve --processes N [--mps]` group, as a deployment runs them. Each is a
+separate process with its own CUDA context; without MPS the GPU time-slices between the contexts,
+with `--mps on` the group's MPS daemon lets their kernels share it; `--mps both` measures the two
+one after the other in one run. A shard's clients must send its runs to it (its
 buffers live there): here each wrk talks to one shard only."""
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import shutil
+import signal
+import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -63,101 +64,101 @@ def combined(levels: list[dict], servers: int, connections: int) -> dict:
             "per_server_rps": [round(lv["rps"]) for lv in levels]}
 
 
-@contextlib.contextmanager
-def mps_daemon(enabled: bool):
-    """With `enabled`: NVIDIA's MPS control daemon for the servers started inside, its pipe and log
-    folders in a fresh temporary folder (the servers find it through the environment), quit at
-    the end. MPS lets the shards' kernels share the GPU instead of time-slicing between their
-    contexts. It changes no setting of the GPU (compute mode, clocks) and ends with the block."""
-    if not enabled:
-        yield None
-        return
-    control = shutil.which("nvidia-cuda-mps-control")
-    if control is None:
-        raise SystemExit("--mps: nvidia-cuda-mps-control is not on PATH")
-    with tempfile.TemporaryDirectory(prefix="segfuse-mps-") as d:
-        env = {"CUDA_MPS_PIPE_DIRECTORY": os.path.join(d, "pipe"), "CUDA_MPS_LOG_DIRECTORY": os.path.join(d, "log")}
-        for v in env.values():
-            os.makedirs(v)
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        subprocess.run([control, "-d"], check=True, timeout=30)
+def start_group(backend: str, token: str | None, processes: int, mps: bool) -> tuple[subprocess.Popen, list[str]]:
+    """`segfuse serve --processes N [--mps]` on consecutive free loopback ports: the deployment's own
+    way to run several servers on one GPU (cli/serve_group.py), MPS daemon included."""
+    base = consecutive_ports(processes)
+    env = dict(os.environ, SEGFUSE_LOG_LEVEL="warning")
+    if token:
+        env["SEGFUSE_TOKEN"] = token
+    cmd = [sys.executable, "-c", "import sys; from segfuse.cli import main; sys.exit(main())", "serve",
+           "--host", "127.0.0.1", "--port", str(base), "--backend", backend, "--max-queued-runs", "4096",
+           "--processes", str(processes), *(["--mps"] if mps else [])]
+    proc = subprocess.Popen(cmd, env=env)
+    urls = [f"http://127.0.0.1:{base + k}" for k in range(processes)]
+    for url in urls:
+        if not load.wait_ready(proc, url, 180, "segfuse serve --processes"):
+            proc.kill()
+            raise SystemExit(f"{url} did not become ready in 180 s")
+    return proc, urls
+
+
+def consecutive_ports(n: int) -> int:
+    for _ in range(100):
+        base = load.free_port()
+        if base + n <= 65535 and all(_port_free(base + k) for k in range(1, n)):
+            return base
+    raise SystemExit(f"no {n} consecutive free ports")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
         try:
-            yield control
-        finally:
-            try:
-                subprocess.run([control], input="quit\n", text=True, timeout=20)
-            except subprocess.TimeoutExpired:  # a hung MPS server: end it rather than wait
-                subprocess.run(["pkill", "-f", "nvidia-cuda-mps"], timeout=10)
-            for log in sorted(Path(env["CUDA_MPS_LOG_DIRECTORY"]).glob("*.log")):
-                print(f"--- {log.name} (last lines)\n" + "\n".join(log.read_text().splitlines()[-8:]), flush=True)
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def bench(args) -> dict:
-    with mps_daemon(args.mps):
-        result, ids = _bench(args)
-    result["mps"] = args.mps
-    # After the daemon quit: a CUDA context of this process would be an MPS client it waits for.
+    result = {**load.environment(), "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+              "tokens": args.tokens, "topk": args.topk, "experts": args.experts, "duration_s": args.duration,
+              "wrk_version": load_wrk.wrk_version(args.wrk), "wrk_threads_per_server": args.wrk_threads,
+              "modes": [], "in_process": None}
+    ids = None
+    for mps in {"off": [False], "on": [True], "both": [False, True]}[args.mps]:
+        mode, ids = _bench(args, mps)
+        result["server"] = mode.pop("server")
+        result["modes"].append(mode)
+    # After the groups stopped (and their MPS daemon quit): this process's context is nobody's client.
     result["in_process"] = load.in_process_baseline(result["server"]["backend"], ids, args.experts,
                                                     min(args.duration, 2.0))
     return result
 
 
-def _bench(args) -> tuple[dict, object]:
+def _bench(args, mps: bool) -> tuple[dict, object]:
     top = max(args.servers)
     headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
-    procs, urls, fusion_ids, ids = [], [], [], None
-    result = {**load.environment(), "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "tokens": args.tokens, "topk": args.topk, "experts": args.experts, "duration_s": args.duration,
-              "wrk_version": load_wrk.wrk_version(args.wrk), "wrk_threads_per_server": args.wrk_threads,
-              "infer": [], "health": [], "in_process": None}
+    mode = {"mps": mps, "infer": [], "health": []}
+    fusion_ids, ids = [], None
+    proc, urls = start_group(args.backend, args.token, top, mps)
     try:
-        for _ in range(top):
-            proc, url = load.start_server(args.backend, args.token)
-            procs.append(proc)
-            urls.append(url)
         for url in urls:
-            result["server"], fid, ids = load.setup(url, headers, args)  # checks one result against NumPy
+            mode["server"], fid, ids = load.setup(url, headers, args)  # checks one result against NumPy
             fusion_ids.append(fid)
         c, t = args.connections, load_wrk.threads_for(args.connections, args.wrk_threads)
         for n in args.servers:
             levels = parallel([
                 (lambda u=u, f=f: load_wrk.infer_level(args.wrk, u, f, c, t, args.duration, "inline", args.token))
                 for u, f in zip(urls[:n], fusion_ids[:n])])
-            result["infer"].append(combined(levels, n, c))
+            mode["infer"].append(combined(levels, n, c))
             levels = parallel([(lambda u=u: load_wrk.health_level(args.wrk, u, c, t, args.duration))
                                for u in urls[:n]])
-            result["health"].append(combined(levels, n, c))
-            print(f"{n} server(s): infer {result['infer'][-1]['rps']:.0f}/s, "
-                  f"health {result['health'][-1]['rps']:.0f}/s", flush=True)
+            mode["health"].append(combined(levels, n, c))
+            print(f"{'MPS' if mps else 'no MPS'}, {n} server(s): infer {mode['infer'][-1]['rps']:.0f}/s, "
+                  f"health {mode['health'][-1]['rps']:.0f}/s", flush=True)
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(30)
-    return result, ids
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    return mode, ids
 
 
 def table(result: dict) -> str:
     base = result["in_process"]
-    lines = [f"## Shards on one host: {result['server']['backend']} on {result['server']['device']}, "
-             f"{result['machine']['cpus']} CPUs, {'MPS, ' if result['mps'] else ''}{result['time']}",
+    lines = [f"## Server processes on one host: {result['server']['backend']} on {result['server']['device']}, "
+             f"{result['machine']['cpus']} CPUs, {result['time']}",
              f"moe_problem_sizes T={result['tokens']} K={result['topk']} E={result['experts']}, wrk "
              f"{result['wrk_version']}, {result['duration_s']:g} s per level; in-process Engine.run p50 "
              f"{base['p50_us']:.0f} us", "",
-             "| servers | connections each | infer runs/s (sum) | per server | p50 (mean) | p99 (worst) | "
+             "| MPS | servers | connections each | infer runs/s (sum) | per server | p50 (mean) | p99 (worst) | "
              "health req/s (sum) | infer / health | errors |",
-             "| ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
-    for inf, hl in zip(result["infer"], result["health"]):
-        lines.append(f"| {inf['servers']} | {inf['connections_per_server']} | {inf['rps']:,.0f} | "
-                     f"{', '.join(f'{r:,}' for r in inf['per_server_rps'])} | {inf['p50_us_mean']:,.0f} us | "
-                     f"{inf['p99_us_max'] / 1e3:.1f} ms | {hl['rps']:,.0f} | {inf['rps'] / hl['rps']:.2f} | "
-                     f"{inf['errors'] + hl['errors']} |")
+             "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for mode in result["modes"]:
+        for inf, hl in zip(mode["infer"], mode["health"]):
+            lines.append(f"| {'on' if mode['mps'] else 'off'} | {inf['servers']} | {inf['connections_per_server']} | "
+                         f"{inf['rps']:,.0f} | {', '.join(f'{r:,}' for r in inf['per_server_rps'])} | "
+                         f"{inf['p50_us_mean']:,.0f} us | {inf['p99_us_max'] / 1e3:.1f} ms | {hl['rps']:,.0f} | "
+                         f"{inf['rps'] / hl['rps']:.2f} | {inf['errors'] + hl['errors']} |")
     return "\n".join(lines)
 
 
@@ -169,8 +170,8 @@ def parse_args(argv=None):
     p.add_argument("--connections", type=int, default=16, help="wrk connections per server")
     p.add_argument("--wrk-threads", type=int, default=1, help="threads of each server's wrk")
     p.add_argument("--wrk", help="the wrk binary (default: wrk on PATH)")
-    p.add_argument("--mps", action="store_true",
-                   help="run the servers under an MPS control daemon started (and quit) by this script")
+    p.add_argument("--mps", choices=["off", "on", "both"], default="off",
+                   help="servers without MPS, under MPS (`segfuse serve --mps`), or both, one after the other")
     p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--topk", type=int, default=8)
     p.add_argument("--experts", type=int, default=256)
@@ -191,7 +192,7 @@ def main(argv=None) -> int:
     result = bench(args)
     print(table(result))
     load_report.save(result, args.out, f"load-shards-{result['server']['backend']}")
-    errors = sum(r["errors"] for r in result["infer"] + result["health"])
+    errors = sum(r["errors"] for m in result["modes"] for r in m["infer"] + m["health"])
     return 1 if errors else 0
 
 

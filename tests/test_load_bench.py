@@ -160,11 +160,13 @@ def test_shards_sum_the_servers(tmp_path):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     [path] = tmp_path.glob("load-shards-numpy-*.json")
     r = json.loads(path.read_text())
-    assert [row["servers"] for row in r["infer"]] == [1, 2] == [row["servers"] for row in r["health"]]
-    for row in r["infer"] + r["health"]:
+    [mode] = r["modes"]
+    assert mode["mps"] is False
+    assert [row["servers"] for row in mode["infer"]] == [1, 2] == [row["servers"] for row in mode["health"]]
+    for row in mode["infer"] + mode["health"]:
         assert row["errors"] == 0 and row["requests"] > 0 and len(row["per_server_rps"]) == row["servers"]
         assert math.isclose(row["rps"], sum(row["per_server_rps"]), abs_tol=row["servers"])
-    assert r["in_process"]["calls"] > 0 and "| servers | connections each |" in p.stdout
+    assert r["in_process"]["calls"] > 0 and "| MPS | servers | connections each |" in p.stdout
 
 
 def test_profile_costs_per_request(tmp_path, monkeypatch):
