@@ -10,6 +10,7 @@ not registered through this client yet sends two (the registration is remembered
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Generator, Mapping, Sequence
 from typing import Any
@@ -42,7 +43,23 @@ def normalize_url(url: str) -> str:
 
 
 def graph_dict(fusion) -> dict:
-    """The JSON graph of a FusionDefinition, a dict, a JSON string or a path to a .json file."""
+    """The JSON graph of a FusionDefinition, a dict, a JSON string or a path to a .json file, with
+    NaN and infinite literals written as the format writes them ("NaN", "Infinity", "-Infinity")."""
+    return _json_literals(_graph(fusion))
+
+
+def _json_literals(doc):
+    """`doc` with every NaN or infinite float as its string (JSON has no number for them)."""
+    if isinstance(doc, Mapping):
+        return {k: _json_literals(v) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [_json_literals(v) for v in doc]
+    if isinstance(doc, float) and not math.isfinite(doc):
+        return "NaN" if doc != doc else ("Infinity" if doc > 0 else "-Infinity")
+    return doc
+
+
+def _graph(fusion) -> dict:
     if hasattr(fusion, "to_dict"):
         return fusion.to_dict()
     if isinstance(fusion, Mapping):

@@ -18,8 +18,8 @@ import json
 from typing import Any
 
 from .errors import GraphError
-from .ir import Fusion
-from .ops.registry import REGISTRY, OpDef
+from .ir import Fusion, canonical_dict
+from .ops.registry import REGISTRY, OpDef, literals_to_json
 from .schema import FORMAT, GraphSpec
 
 
@@ -196,11 +196,12 @@ class FusionDefinition:
 
     # ---- serialization and execution ---------------------------------------------------
     def to_dict(self) -> dict:
-        return {"format": FORMAT, "name": self.name, "inputs": self._inputs, "ops": self._ops,
+        """The graph as JSON values: NaN and infinite literals as "NaN", "Infinity", "-Infinity"."""
+        return {"format": FORMAT, "name": self.name, "inputs": self._inputs, "ops": literals_to_json(self._ops),
                 "outputs": self._outputs}
 
     def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent)
+        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
 
     @classmethod
     def from_json(cls, data) -> FusionDefinition:
@@ -208,7 +209,7 @@ class FusionDefinition:
             data = json.loads(data)
         Fusion.from_json(data)  # validate
         fd = cls(data.get("name", "fusion"))
-        spec = GraphSpec.model_validate(data).model_dump(mode="json", exclude_none=True)
+        spec = canonical_dict(GraphSpec.model_validate(data))
         fd._inputs, fd._ops, fd._outputs = spec["inputs"], spec["ops"], spec["outputs"]
         return fd
 

@@ -191,7 +191,9 @@ class Fusion:
 
 
 def canonical_dict(spec: GraphSpec) -> dict:
-    return spec.model_dump(mode="json", exclude_none=True)
+    """The graph as JSON values; NaN and infinite literals as their strings (schema.py), so the
+    content id tells -inf, +inf and NaN apart."""
+    return json.loads(spec.model_dump_json(exclude_none=True))
 
 
 def content_id(spec: GraphSpec) -> str:

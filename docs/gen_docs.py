@@ -53,6 +53,8 @@ def fmt_type(ann) -> str:
         return ann.__name__
     origin = typing.get_origin(ann)
     args = typing.get_args(ann)
+    if origin is typing.Annotated:  # (a number attribute's NaN and infinity strings)
+        return fmt_type(args[0])
     if origin is typing.Literal:
         return " \\| ".join(json.dumps(a) for a in args)
     if isinstance(ann, type) and issubclass(ann, enum.Enum):  # strings on the wire: the values

@@ -39,7 +39,12 @@ def literal(v, ctype: str | None = None) -> str:
     if isinstance(v, bool):
         text = "true" if v else "false"
     elif isinstance(v, int):
-        text = f"((long long){v}LL)" if -(2**63) < v < 2**63 else f"((unsigned long long){v % 2**64}ULL)"
+        if v == -(2**63):
+            # C has no literal for it (-9223372036854775808LL negates a literal too large for long
+            # long); written as an unsigned one it read +2^63 in a float expression
+            text = "((long long)(-9223372036854775807LL - 1LL))"
+        else:
+            text = f"((long long){v}LL)" if -(2**63) < v < 2**63 else f"((unsigned long long){v % 2**64}ULL)"
     elif math.isnan(v):
         text = "sf_nan()"
     elif math.isinf(v):

@@ -170,7 +170,8 @@ def _pad(ctx, node, out_t):
         cs[d] = f"(c{d} - ({lo}))"
         conds.append(f"{cs[d]} >= 0 && {cs[d]} < {in_t.shape[d]}")
     vt = ct.value(out_t.dtype)
-    fill = ct.literal(a.value, vt)
+    v = a.value  # PyTorch pads with the value as a double: 2^53 + 1 pads 2^53 (an int that is one stays as written)
+    fill = ct.literal(float(v) if type(v) is int and float(v) != v else v, vt)
     if not conds:
         return f"return {ctx.call(x, cs)};"
     return f"if ({' && '.join(conds)}) return {ctx.call(x, cs)}; return {fill};"

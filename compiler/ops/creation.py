@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..dtypes import DType, literal_dtype
 from ..errors import OpError
-from .registry import Attrs, Lowering, OpDef, OpKind, TensorType, check_scalar, register, scalar_array
+from .registry import Attrs, Lowering, Number, OpDef, OpKind, TensorType, check_scalar, register, scalar_array
 
-Number = bool | int | float
 Size = int | str
 
 
@@ -75,6 +76,10 @@ def _iota_infer(ctx, operands, attrs):
         raise OpError(f"length {n} is negative", ("length",))
     if attrs.dtype.is_bool:
         raise OpError("iota cannot make a bool tensor", ("dtype",))
+    for name in ("start", "step"):  # as torch.arange; the kernels have no text for an infinite bound
+        v = getattr(attrs, name)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise OpError(f"{name} must be finite, not {v}", (name,))
     return [TensorType(attrs.dtype, (n,))]
 
 

@@ -22,6 +22,7 @@ from .pointwise import opmath
 from .registry import (
     Attrs,
     Lowering,
+    Number,
     OpDef,
     OpKind,
     Scalar,
@@ -356,7 +357,7 @@ register(OpDef("scatter", OpKind.scatter, ("self", "index", "src"), _scatter_inf
 
 class IndexAddAttrs(Attrs):
     dim: int
-    alpha: bool | int | float = 1
+    alpha: Number = 1
 
     # the scatter family's accumulation traits (ScatterAttrs has them as fields)
     reduce = property(lambda self: Reduce.add)

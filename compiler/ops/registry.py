@@ -16,11 +16,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import ml_dtypes
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import AfterValidator, BaseModel, ConfigDict
 
 from ..dtypes import DType
 from ..errors import OpError
@@ -141,6 +141,45 @@ class TensorType:
 
     def __str__(self) -> str:
         return f"{self.dtype}{fmt_shape(self.shape)}"
+
+
+# Number literals JSON has no number for: NaN and the infinities are written as these strings, as
+# tensor data writes them (protobuf's JSON mapping). Graphs read them as floats (`Number` below, and
+# OpSpec.inputs) and write them back as strings (`literals_to_json`).
+NONFINITE = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+
+class NonFinite(str, Enum):
+    """NaN or an infinity, as a string (JSON has no number for it)."""
+
+    nan = "NaN"
+    inf = "Infinity"
+    neg_inf = "-Infinity"
+
+
+def literal_from_json(v):
+    """A graph literal as read from JSON: "NaN", "Infinity", "-Infinity" become floats."""
+    return NONFINITE[v] if isinstance(v, str) and v in NONFINITE else v
+
+
+def literal_to_json(v):
+    """A number as a graph writes it: a NaN or infinite float as its string."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")
+    return v
+
+
+def literals_to_json(doc):
+    """`doc` (a graph or any part of one) with every NaN or infinite float written as its string."""
+    if isinstance(doc, dict):
+        return {k: literals_to_json(v) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [literals_to_json(v) for v in doc]
+    return literal_to_json(doc)
+
+
+# A number attribute (a fill value, a pad value, alpha): JSON numbers and the NonFinite strings.
+Number = Annotated[bool | int | float | NonFinite, AfterValidator(literal_from_json)]
 
 
 @dataclass(frozen=True)

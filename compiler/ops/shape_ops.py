@@ -11,6 +11,7 @@ from ..shapes import dims_equal, fmt_shape, norm, numel
 from .registry import (
     Attrs,
     Lowering,
+    Number,
     OpDef,
     OpKind,
     TensorType,
@@ -298,7 +299,7 @@ register(OpDef("select", OpKind.movement, ("x",), _select_infer, _select_ref, at
 
 class PadAttrs(Attrs):
     pad: list[int]
-    value: bool | int | float = 0
+    value: Number = 0
 
 
 def _pad_infer(ctx, operands, attrs):
