@@ -10,6 +10,11 @@ from .names import KEY_PATTERN
 
 TensorData = list[Any]  # flat or nested row-major list of numbers (KServe)
 
+# Request bodies are validated strictly, as their schema says: "true" or 1 is not a boolean, "4",
+# 4.0 or true is not an integer (a lax parser read "overwrite": "true" as true and replaced a stored
+# buffer). A JSON integer stays a valid float. Response models keep the default: the server makes them.
+STRICT = ConfigDict(strict=True, extra="forbid")
+
 
 class ErrorDetail(BaseModel):
     loc: list[str | int] = Field(description="where in the request, e.g. ['inputs', 0, 'shape']")
@@ -65,13 +70,14 @@ class BufferList(BaseModel):
 class BufferJson(BaseModel):
     """A buffer as JSON (PUT with Content-Type application/json, GET with Accept application/json)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     dtype: str = Field(description="int64 or INT64 style")
     shape: list[int]
     data: TensorData
 
 
 class BufferJsonOut(BufferJson):
+    model_config = ConfigDict(strict=False)
     name: str
 
 
@@ -134,6 +140,8 @@ class PlanResponse(BaseModel):
 class SharedMemoryParameters(BaseModel):
     """Triton's shared-memory parameters of an input or a requested output (server/region_io.py)."""
 
+    model_config = ConfigDict(strict=True)
+
     shared_memory_region: str | None = Field(None, description="a registered system or CUDA shared-memory region")
     shared_memory_byte_size: int | None = Field(None, ge=0, description="bytes of the tensor in the region "
                                                 "(required with shared_memory_region)")
@@ -141,13 +149,13 @@ class SharedMemoryParameters(BaseModel):
 
 
 class InputParameters(SharedMemoryParameters):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(strict=True, extra="allow")
     buffer: str | None = Field(None, description="read this stored buffer instead of inline data")
     binary_data_size: int | None = Field(None, ge=0, description="bytes of this tensor in the binary tail")
 
 
 class InferInput(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     name: str
     shape: list[int] | None = None
     datatype: str | None = None
@@ -156,7 +164,7 @@ class InferInput(BaseModel):
 
 
 class OutputParameters(SharedMemoryParameters):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(strict=True, extra="allow")
     buffer: str | None = Field(None, description="store the output under this buffer name (stays on the device)")
     overwrite: bool = Field(False, description="allow replacing an existing buffer of that name")
     binary_data: bool | None = Field(None, description="return the data in the binary tail")
@@ -164,13 +172,13 @@ class OutputParameters(SharedMemoryParameters):
 
 
 class InferRequestedOutput(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     name: str
     parameters: OutputParameters | None = None
 
 
 class RequestParameters(BaseModel):
-    model_config = ConfigDict(extra="allow")  # unknown ones are refused with 400 (server/protocol.py)
+    model_config = ConfigDict(strict=True, extra="allow")  # unknown ones are refused with 400 (server/protocol.py)
     binary_data_output: bool | None = Field(None, description="binary data for every returned output")
     timeout: int | None = Field(None, ge=0, description="Triton: microseconds; the run fails with 429 "
                                 "unless it starts within it (0: no timeout)")
@@ -181,7 +189,7 @@ class RequestParameters(BaseModel):
 
 
 class InferRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     id: str | None = None
     model_name: str | None = Field(None, description="KServe: if given, the fusion's name (or id) of the URL")
     model_version: str | None = Field(None, description="KServe: if given, \"1\" (a fusion's only version)")
@@ -197,7 +205,7 @@ class ExecuteRequest(InferRequest):
 
 
 class OutputResultParameters(SharedMemoryParameters):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(strict=False, extra="allow")
     buffer: str | None = None
     binary_data_size: int | None = None
 
@@ -244,7 +252,7 @@ class ModelMetadata(BaseModel):
 
 # ---- shared-memory regions (Triton's extensions) -----------------------------------------
 class SystemRegionRegister(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     key: str = Field(description="POSIX shared-memory object, a plain name such as /input_data (no paths)",
                      json_schema_extra={"pattern": KEY_PATTERN})
     offset: int = Field(0, ge=0, description="where the region starts in the object")
@@ -252,12 +260,12 @@ class SystemRegionRegister(BaseModel):
 
 
 class RawHandle(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     b64: str = Field(description="base64 of the 64-byte cudaIpcMemHandle_t")
 
 
 class CudaRegionRegister(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     raw_handle: RawHandle
     device_id: int = Field(ge=0, description="the GPU the allocation lives on (must be the server's)")
     byte_size: int = Field(ge=1, description="bytes of the region, from the start of the allocation")

@@ -11,6 +11,10 @@ minimum level: turning a level on turns on the more severe ones the request does
 one off turns off the less severe ones; a request that names a combination that is not one level
 (log_info true, log_warning false) is refused with 400. log_file and log_format can only keep
 their values ("" and "default"). The logger is the process's: every app in it sees the change.
+
+Silencing the log hides what clients do, so turning warning or error logging off needs a token:
+with one set, every request here carries it (GuardMiddleware); on a server without one, such a
+request is refused with 403 and changes nothing. More or less verbose above warnings stays open.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from ..deps import AnyRuntime, errors
-from ..errors import bad_request
+from ..errors import ApiError, bad_request
 from .fusions import json_body
 
 router = APIRouter(tags=["trace and logging"])
@@ -115,8 +119,18 @@ async def get_logging() -> dict:
     return log_settings()
 
 
-@router.post("/v2/logging", summary="Update log settings", responses=errors(400, 401))
-async def post_logging(request: Request) -> dict:
+def _refuse_silencing(level: int, token: str | None) -> None:
+    """403 for a level that hides more warnings or errors than now on a server without a token
+    (one started at --log-level error may keep that level)."""
+    if level > max(logging.WARNING, logging.getLogger(LOGGER).getEffectiveLevel()) and not token:
+        msg = ("turning warning or error logging off needs auth: start the server with --token "
+               "(SEGFUSE_TOKEN) and send it; without one, log_warning and log_error stay on")
+        raise ApiError(403, msg, [{"loc": ["body"], "msg": msg}])
+
+
+@router.post("/v2/logging", summary="Update log settings (turning warnings or errors off needs a token)",
+             responses=errors(400, 401, 403))
+async def post_logging(rt: AnyRuntime, request: Request) -> dict:
     doc = await _object(request)
     current: dict[str, Any] = log_settings()
     for key, value in doc.items():
@@ -132,5 +146,7 @@ async def post_logging(request: Request) -> dict:
         elif value != current[key]:
             raise bad_request(f"{key} {value!r}: segfuse logs through the server's own handlers; "
                               f"{key} can only keep its value {current[key]!r}", loc)
-    logging.getLogger(LOGGER).setLevel(_level(current, doc))
+    level = _level(current, doc)
+    _refuse_silencing(level, rt.settings.token)
+    logging.getLogger(LOGGER).setLevel(level)
     return log_settings()
