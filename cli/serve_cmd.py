@@ -8,8 +8,10 @@ from .common import UserError
 
 EPILOG = """environment variables (defaults for the flags): SEGFUSE_HOST, SEGFUSE_PORT, SEGFUSE_BACKEND,
 SEGFUSE_DEVICE, SEGFUSE_CACHE_DIR, SEGFUSE_FUSION_DIR, SEGFUSE_TOKEN, SEGFUSE_MAX_BODY_BYTES, SEGFUSE_MAX_OPS,
-SEGFUSE_MAX_RANK, SEGFUSE_MAX_BUFFER_BYTES, SEGFUSE_MAX_TOTAL_BYTES, SEGFUSE_MAX_REGION_BYTES, SEGFUSE_MAX_QUEUED_RUNS,
-SEGFUSE_MAX_FUSIONS, SEGFUSE_MAX_FUSION_BYTES, SEGFUSE_RUN_WORKERS, SEGFUSE_MAX_BATCH,
+SEGFUSE_MAX_RANK, SEGFUSE_MAX_BUFFER_BYTES, SEGFUSE_MAX_TOTAL_BYTES, SEGFUSE_MAX_REGION_BYTES, SEGFUSE_MAX_REGIONS, SEGFUSE_MAX_QUEUED_RUNS,
+SEGFUSE_MAX_FUSIONS, SEGFUSE_MAX_FUSION_BYTES, SEGFUSE_MAX_PLAN_WORK, SEGFUSE_MAX_PLAN_SECONDS,
+SEGFUSE_MAX_RUN_BYTES, SEGFUSE_RUN_WORKERS, SEGFUSE_MAX_BATCH,
+SEGFUSE_MAX_HEADER_BYTES, SEGFUSE_HEADER_TIMEOUT, SEGFUSE_BODY_TIMEOUT, SEGFUSE_KEEP_ALIVE_TIMEOUT,
 SEGFUSE_LOG_LEVEL, SEGFUSE_LOG_FORMAT. Sizes take K/M/G suffixes (binary units).
 
 examples:
@@ -41,9 +43,23 @@ def add_parsers(sub) -> None:
     p.add_argument("--max-buffer-bytes", type=size, help="bytes of one buffer (default 4G)")
     p.add_argument("--max-total-bytes", type=size, help="bytes of all buffers together (default 32G)")
     p.add_argument("--max-region-bytes", type=size, help="bytes of all shared-memory regions registered (default 64G)")
+    p.add_argument("--max-regions", type=int, help="shared-memory regions registered before 413 (default 1024)")
     p.add_argument("--max-queued-runs", type=int, help="runs queued or running before 429 (default 256)")
     p.add_argument("--max-fusions", type=int, help="registered fusions before 413 (default 1024)")
     p.add_argument("--max-fusion-bytes", type=size, help="their graphs' JSON together before 413 (default 64M)")
+    p.add_argument("--max-plan-work", type=int, help="work units validating one graph or planning one run may "
+                                                     "take before 413 (default 1000000)")
+    p.add_argument("--max-plan-seconds", type=float, help="seconds validating one graph or planning one run may "
+                                                          "take before 413 (default 10)")
+    p.add_argument("--max-run-bytes", type=size, help="memory one run may need (buffers, scratch, inline "
+                                                      "outputs) before 413 (default 16G)")
+    p.add_argument("--max-header-bytes", type=size, help="a request's line and headers together before 431 "
+                                                          "(default 64K)")
+    p.add_argument("--header-timeout", type=float, help="seconds to send a request's headers before 408 (default 10)")
+    p.add_argument("--body-timeout", type=float, help="seconds without a byte of an unfinished body before 408 "
+                                                      "(default 30)")
+    p.add_argument("--keep-alive-timeout", type=float, help="seconds an idle keep-alive connection stays open "
+                                                            "(default 5)")
     p.add_argument("--run-workers", type=int, help="threads running fusions, each on its own CUDA stream (default 1)")
     p.add_argument("--max-batch", type=int, help="runs a worker launches together, with one wait (default 32)")
     p.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"],
@@ -74,9 +90,10 @@ def settings_from_args(args):
 
     overrides = {k: getattr(args, k, None) for k in (
         "host", "port", "backend", "device", "cache_dir", "fusion_dir", "token", "max_body_bytes", "max_ops", "max_rank",
-        "max_buffer_bytes", "max_total_bytes", "max_region_bytes", "max_queued_runs", "max_fusions",
-        "max_fusion_bytes", "run_workers", "max_batch",
-        "log_level", "log_format")}
+        "max_buffer_bytes", "max_total_bytes", "max_region_bytes", "max_regions", "max_queued_runs", "max_fusions",
+        "max_fusion_bytes", "max_plan_work", "max_plan_seconds", "max_run_bytes", "run_workers", "max_batch",
+        "max_header_bytes", "header_timeout", "body_timeout",
+        "keep_alive_timeout", "log_level", "log_format")}
     try:
         return Settings.from_env(**overrides)
     except ValueError as e:
@@ -88,6 +105,7 @@ def cmd_serve(args) -> int:
         import uvicorn
         from segfuse.server import create_app
         from segfuse.server.backend import cupy_missing
+        from segfuse.server.http_limits import server_options
         from segfuse.server.logs import log_config
     except ImportError as e:
         raise UserError(f"the server needs its extra dependencies: pip install 'segfuse[server]' ({e})") from None
@@ -106,5 +124,5 @@ def cmd_serve(args) -> int:
     app = create_app(settings)
     app.state.runtime.freeze_gc = True
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                log_config=log_config(settings.log_level, settings.log_format))
+                log_config=log_config(settings.log_level, settings.log_format), **server_options(settings))
     return 0

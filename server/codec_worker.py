@@ -1,14 +1,17 @@
 """What the JSON codec process runs (server/codec.py): decoding and encoding large JSON tensor bodies.
 
-Every function here takes and returns only small values (names of shared-memory segments, dtype
-names, shapes, error descriptions), so nothing large is pickled; the bodies and the arrays travel
-through POSIX shared memory. A failure is returned as ("error", status, message, details), never
-raised, so the server answers exactly as it would have for the same body parsed in-process.
+Bodies and arrays travel in `Segment`s (server/segments.py: shared memory without a name), whose
+descriptors the server hands to this process with each call (SCM_RIGHTS over the socket pair
+`serve` reads). The server creates every segment, the result's too (empty; this process sizes
+and fills it), so only small values travel in the messages: dtype names, shapes, sizes, error
+descriptions. A failure is returned as ("error", status, message, details), never raised, so the
+server answers exactly as it would have for the same body parsed in-process.
 """
 
 from __future__ import annotations
 
-from multiprocessing import shared_memory
+import os
+from multiprocessing.reduction import recv_handle
 
 import numpy as np
 import pydantic
@@ -17,26 +20,9 @@ from segfuse.compiler.dtypes import DType
 from .errors import ApiError
 from .jsonio import dumps, invalid_json, json_array
 from .models import BufferJson
+from .request_decoding import decode_request_json
+from .segments import Segment, write_all
 from .tensors import check_shape, from_json_data, nbytes_of, parse_dtype
-
-
-def _open(name: str) -> shared_memory.SharedMemory:
-    # Segments are created and unlinked by the server process; this process only maps them.
-    return shared_memory.SharedMemory(name=name, create=False, track=False) if _TRACK_ARG else \
-        shared_memory.SharedMemory(name=name, create=False)
-
-
-def _create(size: int) -> shared_memory.SharedMemory:
-    """A segment the server process unlinks once it has read it."""
-    return shared_memory.SharedMemory(create=True, size=max(size, 1), track=False) if _TRACK_ARG else \
-        shared_memory.SharedMemory(create=True, size=max(size, 1))
-
-
-try:  # Python 3.13+: keep segments away from the resource tracker (the server owns them)
-    shared_memory.SharedMemory.__init__.__code__.co_varnames.index("track")
-    _TRACK_ARG = True
-except ValueError:
-    _TRACK_ARG = False
 
 
 def _error(e: Exception, body: bytes = b"") -> tuple:
@@ -54,9 +40,10 @@ def _error(e: Exception, body: bytes = b"") -> tuple:
     return ("error", 400, f"the body could not be decoded: {type(e).__name__}: {e}", [{"loc": ["body"], "msg": str(e)}])
 
 
-def decode_buffer_json(body_name: str, size: int, max_rank: int, max_bytes: int) -> tuple:
-    """A BufferJson body in segment `body_name` -> ("ok", dtype name, shape, result segment name)."""
-    seg = _open(body_name)
+def decode_buffer_json(body_fd: int, out_fd: int, size: int, max_rank: int, max_bytes: int) -> tuple:
+    """A BufferJson body (the first `size` bytes of body_fd's memory) -> ("ok", dtype name, shape),
+    the array's bytes in out_fd's memory."""
+    seg = Segment(os.dup(body_fd))
     body = b""
     try:
         body = bytes(seg.buf[:size])
@@ -75,17 +62,13 @@ def decode_buffer_json(body_name: str, size: int, max_rank: int, max_bytes: int)
         host = from_json_data(doc.data, dt, shape, ["body", "data"])
     except Exception as e:
         return _error(e)
-    out = _create(host.nbytes)
-    try:
-        np.ndarray(host.shape, host.dtype, buffer=out.buf)[...] = host
-    finally:
-        out.close()
-    return ("ok", dt.value, list(shape), out.name)
+    write_all(out_fd, np.ascontiguousarray(host).reshape(-1).view(np.uint8))
+    return ("ok", dt.value, list(shape))
 
 
-def encode_buffer_json(array_name: str, name: str, dtype: str, shape: list) -> tuple:
-    """The array in segment `array_name` as a BufferJsonOut body -> ("ok", segment name, size)."""
-    seg = _open(array_name)
+def encode_buffer_json(array_fd: int, out_fd: int, name: str, dtype: str, shape: list) -> tuple:
+    """The array in array_fd's memory as a BufferJsonOut body, in out_fd's memory -> ("ok", its size)."""
+    seg = Segment(os.dup(array_fd))
     try:
         # the buffer's own dtype: on the GPU a bfloat16 buffer comes to the host as its uint16 bits
         a = json_array(np.ndarray(tuple(shape), DType(dtype).np, buffer=seg.buf))
@@ -93,9 +76,28 @@ def encode_buffer_json(array_name: str, name: str, dtype: str, shape: list) -> t
         del a
     finally:
         seg.close()
-    out = _create(len(raw))
-    try:
-        out.buf[:len(raw)] = raw
-    finally:
-        out.close()
-    return ("ok", out.name, len(raw))
+    write_all(out_fd, raw)
+    return ("ok", len(raw))
+
+
+# "request": large infer and execute bodies (server/request_decoding.py, server/request_bodies.py)
+CALLS = {"decode": decode_buffer_json, "encode": encode_buffer_json, "request": decode_request_json}
+
+
+def serve(conn) -> None:
+    """The process's loop: a call is (name, arguments, number of descriptors), then the descriptors;
+    the answer is the function's result. Ends when the server closes its end (or dies)."""
+    while True:
+        try:
+            name, args, count = conn.recv()
+            fds = [recv_handle(conn) for _ in range(count)]
+        except (EOFError, OSError):
+            return
+        try:
+            result = CALLS[name](*fds, *args)
+        except Exception as e:  # out of memory, say: the request fails, the process stays
+            result = _error(e)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        conn.send(result)

@@ -4,7 +4,9 @@ Requests: a body with `Content-Encoding: gzip` or `deflate` (zlib, as tritonclie
 `request_compression_algorithm` sends it; raw deflate is accepted too) is decompressed before
 anything parses it. The decompressed size is held to `Settings.max_body_bytes` while it inflates:
 a small body that would inflate past the limit (a zip bomb) gets 413 after at most limit + 1 bytes
-were produced. Other encodings get 415.
+were produced. It inflates on a helper thread (zlib releases the GIL, so the event loop runs on)
+and is passed on in chunks, never joined: a large one goes on where large bodies go (the JSON codec
+process, server/request_bodies.py). Other encodings get 415.
 
 Responses: the 200 answers of infer routes (`/v2/models/{m}[/versions/{v}]/infer`, `/v2/execute`)
 are compressed when `Accept-Encoding` accepts gzip or deflate (tritonclient's
@@ -26,7 +28,13 @@ from .middleware import _send_json
 
 MIN_SIZE = 1024  # smaller responses are sent as they are (compression would not pay)
 LEVEL = 1  # zlib's fastest: tensor data compresses little at any level, and runs are latency-bound
-OFFLOAD_BYTES = 1 << 20  # (de)compress bodies at least this large on a helper thread
+OFFLOAD_BYTES = 1 << 20  # compress responses at least this large on a helper thread
+# Request bodies inflate on a helper thread unless they are this small: zlib releases the GIL while
+# it inflates, so the event loop runs on (the size a body inflates to is only known at the end, and
+# 256 bytes of gzip inflate to at most about 256 KiB).
+INFLATE_ON_LOOP_BYTES = 256
+IN_CHUNK, OUT_CHUNK = 64 << 10, 1 << 20  # inflated bodies are passed on in chunks of OUT_CHUNK bytes
+YIELD_EVERY = 16  # chunks passed on between two turns of the event loop
 COMPRESSED_PATHS = re.compile(r"^/v2/(models/[^/]+(/versions/[^/]+)?/infer|execute)$")
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "x-gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
@@ -42,36 +50,49 @@ def _is_zlib(data: bytes) -> bool:
     return len(data) >= 2 and data[0] & 0x0F == 8 and (data[0] << 8 | data[1]) % 31 == 0
 
 
-def inflate(data: bytes, encoding: str, limit: int) -> bytes:
-    """Decode one content coding, producing at most `limit` bytes (InflateError 413 beyond)."""
+def inflate_chunks(data: bytes, encoding: str, limit: int) -> list[bytes]:
+    """Decode one content coding into chunks of at most OUT_CHUNK bytes, producing at most
+    `limit` + 1 bytes in all: InflateError 413 as soon as the output passes `limit`."""
     gzip = _WBITS[encoding] == _WBITS["gzip"]
     wbits = _WBITS[encoding]
     if not gzip and not _is_zlib(data):
         wbits = -zlib.MAX_WBITS  # raw deflate (RFC 1951), which some clients send as "deflate"
     out: list[bytes] = []
-    produced = 0
-    rest = data
-    while True:  # one pass per gzip member
-        d = zlib.decompressobj(wbits)
-        while not d.eof:
+    produced, pos, view = 0, 0, memoryview(data)
+    d = zlib.decompressobj(wbits)
+    while True:
+        # the input goes in IN_CHUNK pieces: zlib copies what it has not consumed on every call
+        piece = view[pos:pos + IN_CHUNK]
+        pos += len(piece)
+        rest = piece
+        while True:
             try:
-                # max_length >= 1 here: at most limit + 1 bytes are ever produced
-                chunk = d.decompress(rest, limit + 1 - produced)
+                chunk = d.decompress(rest, min(OUT_CHUNK, limit + 1 - produced))  # >= 1: at most limit + 1
             except zlib.error as e:
                 raise InflateError(400, f"the {encoding} request body is corrupt: {e}") from None
             produced += len(chunk)
             if produced > limit:
                 raise InflateError(413, f"the {encoding} request body inflates past the limit of "
                                         f"{limit} bytes")
-            out.append(chunk)
-            if not chunk and d.unconsumed_tail == rest and not d.eof:
-                raise InflateError(400, f"the {encoding} request body is truncated")
+            if chunk:
+                out.append(chunk)
             rest = d.unconsumed_tail
-        rest = d.unused_data
-        if not rest:
-            return b"".join(out)
-        if not gzip:
-            raise InflateError(400, f"{len(rest)} bytes after the end of the {encoding} stream")
+            if d.eof or (not rest and not chunk):
+                break
+        if d.eof:
+            rest = d.unused_data + bytes(view[pos:])
+            if not rest:
+                return out
+            if not gzip:
+                raise InflateError(400, f"{len(rest)} bytes after the end of the {encoding} stream")
+            d, view, pos = zlib.decompressobj(wbits), memoryview(rest), 0  # the next gzip member
+        elif pos >= len(view):
+            raise InflateError(400, f"the {encoding} request body is truncated")
+
+
+def inflate(data: bytes, encoding: str, limit: int) -> bytes:
+    """Decode one content coding, producing at most `limit` bytes (InflateError 413 beyond)."""
+    return b"".join(inflate_chunks(data, encoding, limit))
 
 
 def deflate(data: bytes, encoding: str) -> bytes:
@@ -139,36 +160,52 @@ class CompressionMiddleware:
         """(scope, receive) with the body decoded, or None once an error was answered."""
         from .middleware import BodyTooLarge
 
-        limit = self.limit
-        parts, more = [], True
+        parts, more, size = [], True, 0
         try:
             while more:
                 message = await receive()
                 if message["type"] != "http.request":
                     return None  # the client went away
                 parts.append(message.get("body", b""))
+                size += len(parts[-1])
                 more = message.get("more_body", False)
         except BodyTooLarge as e:
             return await _send_json(send, 413, error_body(e.detail, e.details))
-        body = b"".join(parts)
         try:
-            for c in reversed(codings):
-                if body:
-                    body = await _off_loop(inflate, body, c, limit)
+            if size <= INFLATE_ON_LOOP_BYTES and len(codings) == 1:
+                chunks = _inflate_all(parts, codings, self.limit)
+            else:
+                chunks = await asyncio.to_thread(_inflate_all, parts, codings, self.limit)
         except InflateError as e:
             return await _send_json(send, e.status, error_body(e.message, [{"loc": ["body"], "msg": e.message}]))
+        del parts
         new_headers = [(k, v) for k, v in scope["headers"] if k not in (b"content-encoding", b"content-length")]
-        new_headers.append((b"content-length", str(len(body)).encode()))
-        sent = False
+        new_headers.append((b"content-length", str(sum(map(len, chunks))).encode()))
+        chunks = chunks or [b""]
+        sent = 0
 
         async def replay():
             nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
+            if sent < len(chunks):
+                body, chunks[sent] = chunks[sent], b""  # handed on: the reader frees it
+                sent += 1
+                if sent % YIELD_EVERY == 0:  # a turn of the event loop: these messages never wait
+                    await asyncio.sleep(0)
+                return {"type": "http.request", "body": body, "more_body": sent < len(chunks)}
             return await receive()
 
         return {**scope, "headers": new_headers}, replay
+
+
+def _inflate_all(parts: list[bytes], codings: list[str], limit: int) -> list[bytes]:
+    """The body's chunks, every coding undone (the last applied first)."""
+    data = parts[0] if len(parts) == 1 else b"".join(parts)
+    chunks = [data]
+    for k, coding in enumerate(reversed(codings)):
+        if k:
+            data = b"".join(chunks)
+        chunks = inflate_chunks(data, coding, limit) if data else []
+    return chunks
 
 
 class _CompressingSend:

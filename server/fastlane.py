@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import re
 
+from .codec import LARGE
 from .errors import ApiError, logged_error_parts
 from .jsonio import dumps
+from .request_bodies import read_body
 from .routers.health import live_status, ready_status
-from .routers.infer import infer_bytes
+from .routers.infer import infer_body, infer_target
 
 _INFER = re.compile(r"/v2/models/([^/]+)(?:/versions/([^/]+))?/infer")
 _JSON = [(b"content-type", b"application/json")]
@@ -62,14 +64,21 @@ class FastLane:
         route = scope["route"]
         try:
             if route is INFER_ROUTE or route is VERSIONED_INFER_ROUTE:
-                body = await _body(receive)
-                header_length = None
+                header_length = declared = None
                 for k, v in scope["headers"]:
                     if k == b"inference-header-content-length":
                         header_length = v.decode("latin-1")
+                    elif k == b"content-length" and v.isdigit() and len(v) <= 19:
+                        declared = int(v)
                 params = scope["path_params"]
-                payload, headers = await infer_bytes(self.runtime, params["model"], body, header_length,
-                                                     params["version"])
+                rt, model, version = self.runtime, params["model"], params["version"]
+                fusion = infer_target(rt, model, version)
+                message = await receive()
+                body = message.get("body", b"")
+                if message["type"] != "http.request" or message.get("more_body") or len(body) >= LARGE:
+                    # (a small body in one message, the hot path, is used as it came)
+                    body = await read_body(rt, _chunks(receive, message), declared, header_length)
+                payload, headers = await infer_body(rt, fusion, model, body, header_length, version)
                 return await _send(send, 200, headers, payload)
             status, body = live_status() if route is LIVE_ROUTE else ready_status(self.runtime)
             return await _send(send, status, _JSON, dumps(body))
@@ -79,15 +88,15 @@ class FastLane:
             return await _send(send, status, _JSON + extra, dumps(body))
 
 
-async def _body(receive) -> bytes:
-    chunks = []
+async def _chunks(receive, message):
+    """The body's chunks, from `message` (received already) on."""
     while True:
-        message = await receive()
         if message["type"] == "http.disconnect":
             raise ApiError(400, "the client went away before sending the whole body")
-        chunks.append(message.get("body", b""))
+        yield message.get("body", b"")
         if not message.get("more_body"):
-            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            return
+        message = await receive()
 
 
 async def _send(send, status: int, headers: list, payload: bytes) -> None:

@@ -9,10 +9,12 @@ A tensor names a region through its `parameters`, exactly as tritonclient sends 
   each other, the tensor's datatype and shape, and the region's registration (400 naming the field);
 - `pinned` around the execution on the worker thread: the regions are pinned, checked again (they
   may have been unregistered or replaced while the run waited in the queue), region inputs become
-  arrays (a system region is read in place as a NumPy view, copied to the GPU on the cupy backend;
-  a CUDA region feeds the kernels in place), region outputs are checked against the bound output
-  shapes *before* anything runs, and after the run succeeded `commit` copies the outputs (staged
-  in the engine's own arrays) into their regions: a failed run changes no byte of a region;
+  arrays (a system region is copied out with pread when the run starts, then to the GPU on the
+  cupy backend; a CUDA region feeds the kernels in place), region outputs are checked against the
+  bound output shapes *before* anything runs, and after the run succeeded `commit` copies the
+  outputs (staged in the engine's own arrays) into their regions: a failed run changes no byte of
+  a region. System regions are never mapped: pread and pwrite see an object the client shrank as
+  a short count (a 400), where a mapping's missing pages would kill the server with SIGBUS;
 - `response_params` for the response's output entries (they come back without data).
 """
 
@@ -26,7 +28,7 @@ import numpy as np
 from segfuse.compiler.dtypes import DType
 
 from .errors import bad_request
-from .regions import CUDA, SYSTEM, Region
+from .regions import CUDA, Region
 from .tensors import kserve_name, nbytes_of
 
 _KEYS = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
@@ -153,21 +155,25 @@ class RegionRun:
         self.cp = getattr(rt.arrays, "cp", None)
         self.inputs = {}
         for i in ins:
-            region = held[i.region.name]
-            region.check_mapped(i.region.at("shared_memory_region"))
+            region, loc = held[i.region.name], i.region.at("shared_memory_region")
+            region.check_size(loc)
             _check(region, i.region, i.dtype.itemsize, f"input '{i.name}'")
-            view = self._view(region, i.region, i.dtype, i.shape, writable=False)
-            # A system region on the GPU backend is copied to the device; otherwise read in place.
-            self.inputs[i.name] = self.arrays.from_host(view) if region.kind == SYSTEM and self.cp else view
+            if region.kind == CUDA:
+                self.inputs[i.name] = self._view(region, i.region, i.dtype, i.shape)
+                continue
+            host = np.empty(i.shape, self._dtype(i.dtype))
+            region.read_into(region.offset + i.region.offset, _bytes_of(host), loc)
+            host.flags.writeable = False  # as the mapping's view was: the engine may not write an input
+            self.inputs[i.name] = self.arrays.from_host(host) if self.cp else host
         shapes = {i.name: tuple(device_inputs[i.name].shape) if i.name in device_inputs else tuple(i.shape)
                   for i in plan.inputs}
         types = plan.fusion.bind(shapes).types  # bound (and dtypes checked) before: the output shapes
-        self.outputs = []  # (name, destination view)
+        self.outputs = []  # (name, CUDA destination view | system (region, position, dtype, shape, loc))
         taken: list[tuple] = []
         for o in outs:
             region, s, t = held[o.region.name], o.region, types[o.name]
             what = f"output '{o.name}'"
-            region.check_mapped(s.at("shared_memory_region"))
+            region.check_size(s.at("shared_memory_region"))
             _check(region, s, t.dtype.itemsize, what)
             need = nbytes_of(tuple(t.shape), t.dtype)
             if s.byte_size < need:
@@ -182,32 +188,54 @@ class RegionRun:
                     raise bad_request(f"{what} would overwrite the bytes of output '{other}' in shared memory",
                                       s.at("shared_memory_offset"))
             taken.append((o.name, region.memory, start, start + need))
-            self.outputs.append((o.name, self._view(region, s, t.dtype, tuple(t.shape), writable=True)))
+            if region.kind == CUDA:
+                self.outputs.append((o.name, self._view(region, s, t.dtype, tuple(t.shape))))
+            else:
+                loc = s.at("shared_memory_region")
+                self.outputs.append((o.name, (region, start, self._dtype(t.dtype), tuple(t.shape), loc)))
 
-    def _view(self, region: Region, s: RegionSlice, dt: DType, shape: tuple, writable: bool):
+    def _dtype(self, dt: DType) -> np.dtype:
         # On the GPU backend bfloat16 lives as its uint16 bits (CuPy has no bfloat16).
-        dtype = np.dtype(np.uint16) if self.cp is not None and dt is DType.bfloat16 else dt.np
-        if region.kind == CUDA:
-            cuda = self.cp.cuda
-            mem = cuda.UnownedMemory(region.mapping, region.byte_size, region, region.device_id)
-            return self.cp.ndarray(shape, dtype, memptr=cuda.MemoryPointer(mem, s.offset))
-        a = np.ndarray(shape, dtype, buffer=region.mapping, offset=region.offset + s.offset)
-        if not writable:
-            a.flags.writeable = False
-        return a
+        return np.dtype(np.uint16) if self.cp is not None and dt is DType.bfloat16 else dt.np
+
+    def _view(self, region: Region, s: RegionSlice, dt: DType, shape: tuple):
+        """A CUDA region's slice as a CuPy array."""
+        cuda = self.cp.cuda
+        mem = cuda.UnownedMemory(region.mapping, region.byte_size, region, region.device_id)
+        return self.cp.ndarray(shape, self._dtype(dt), memptr=cuda.MemoryPointer(mem, s.offset))
 
     def commit(self, outputs: dict) -> None:
-        """After the whole run succeeded: copy each staged output into its region."""
+        """After the whole run succeeded: copy each staged output into its region. System objects are
+        checked first, all of them, so that one shrunk meanwhile fails the run before any byte is written."""
         if not self.outputs:
             return
         self.arrays.synchronize()  # the engine's stream has finished writing the staged outputs
+        for _, dst in self.outputs:
+            if isinstance(dst, tuple):
+                dst[0].check_size(dst[4])
         for name, dst in self.outputs:
             src = outputs[name]
-            if isinstance(dst, np.ndarray):
-                np.copyto(dst, self.arrays.to_host(src) if self.cp else src)
+            if isinstance(dst, tuple):
+                region, pos, dtype, shape, loc = dst
+                host = self.arrays.to_host(src) if self.cp else src
+                region.write_from(pos, _bytes_of(_contiguous(host, dtype, shape)), loc)
             else:
                 if self.arrays.may_share(src, dst):  # an output viewing an input in the same memory
                     src = self.arrays.copy(src)
                 self.cp.copyto(dst, src)
         self.arrays.synchronize()
+
+
+def _contiguous(a, dtype: np.dtype, shape: tuple) -> np.ndarray:
+    a = np.asarray(a)
+    if a.dtype == dtype and a.shape == shape and a.flags.c_contiguous:
+        return a
+    out = np.empty(shape, dtype)
+    np.copyto(out, a)  # what copying into a mapping's view did: broadcasting and same-kind casts
+    return out
+
+
+def _bytes_of(a: np.ndarray) -> memoryview:
+    """The bytes of a C-contiguous array (any dtype: bfloat16 and bool too)."""
+    return memoryview(a.reshape(-1).view(np.uint8))
 

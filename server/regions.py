@@ -1,10 +1,18 @@
 """`RegionStore`: Triton's system and CUDA shared-memory regions, registered by name in one namespace.
 
 A *system* region is the slice [offset, offset + byte_size) of a POSIX shared-memory object that a
-client created (`key`: a plain name in the shared-memory namespace, never a path); the server maps
-the object and reads and writes it in place. A *CUDA* region is the first byte_size bytes of a
+client created (`key`: a plain name in the shared-memory namespace, never a path). The server holds
+a descriptor of the object, never a mapping: runs read and write it with pread/pwrite, which report
+an object the client shrank as a short count, where touching a mapping's missing pages would kill
+the server with SIGBUS (region_io.py). A *CUDA* region is the first byte_size bytes of a
 device allocation of another process, named by its 64-byte `cudaIpcMemHandle_t`; the server opens
 the handle on its own device (CuPy, imported only here and only on the cupy backend).
+
+Bounds: `max_regions` regions and `max_region_bytes` bytes per store (a server; under scale-out one
+store per namespace; auth has one token, so per token is per server), and process-wide at most half
+the process's open-file limit (RLIMIT_NOFILE) in region descriptors, so that regions never take
+the descriptors connections need; 413 past any of them. Keys that name the server's own shared
+memory (`RESERVED`) are refused.
 
 Runs pin the regions they use (`pin`: a reference count, held from the start of the run's execution
 until its outputs are committed). Unregistering a pinned region is refused with 400, as Triton does;
@@ -19,7 +27,6 @@ import base64
 import binascii
 import ctypes
 import logging
-import mmap
 import os
 import re
 import stat
@@ -37,6 +44,11 @@ SYSTEM, CUDA = "system", "cuda"
 TITLE = {SYSTEM: "system shared memory", CUDA: "CUDA shared memory"}
 IPC_HANDLE_BYTES = 64  # sizeof(cudaIpcMemHandle_t)
 _KEY = re.compile(r"^/?[A-Za-z0-9_.\-]{1,250}$")
+DEFAULT_MAX_REGIONS = 1024
+SERVER_PREFIX = "segfuse-codec-"  # the codec's segments, where it must name one (server/segments.py)
+# The server's own objects: POSIX named semaphores are /dev/shm/sem.NAME (multiprocessing's locks
+# among them: writing one would wedge the server), and the codec's segments.
+RESERVED = ("sem.", SERVER_PREFIX)
 
 
 @dataclass
@@ -48,14 +60,16 @@ class Region:
     offset: int = 0  # system: where the region starts in the object (CUDA: always 0)
     device_id: int | None = None  # CUDA
     handle: bytes | None = None  # CUDA: the raw cudaIpcMemHandle_t
-    mapping: Any = None  # system: an mmap of the whole object; CUDA: the opened base pointer (int)
+    mapping: Any = None  # CUDA: the opened base pointer (int)
+    fd: int = -1  # system: a descriptor of the object
+    inode: tuple = ()  # system: (st_dev, st_ino), the object whatever key names it
     writable: bool = True
     pins: int = 0
 
     @property
     def memory(self) -> tuple:
         """What two regions must share to overlap: the same object or the same allocation."""
-        return (self.kind, self.key if self.kind == SYSTEM else self.handle)
+        return (self.kind, self.inode if self.kind == SYSTEM else self.handle)
 
     def status(self) -> dict:
         if self.kind == SYSTEM:
@@ -63,18 +77,48 @@ class Region:
                     "ref_count": self.pins}
         return {"name": self.name, "device_id": self.device_id, "byte_size": self.byte_size, "ref_count": self.pins}
 
-    def check_mapped(self, loc: list) -> None:
-        """400 if the client shrank the shm object below the region since registering it (touching the
-        missing pages would kill the server with SIGBUS)."""
-        if self.kind == SYSTEM and self.mapping.size() < self.offset + self.byte_size:
-            raise bad_request(f"shared memory object '{self.key}' of region '{self.name}' shrank to "
-                              f"{self.mapping.size()} bytes since it was registered with offset {self.offset} "
-                              f"and byte_size {self.byte_size}; register it again", loc)
+    def check_size(self, loc: list) -> None:
+        """400 if the client shrank the shm object below the region since registering it."""
+        if self.kind == SYSTEM:
+            size = os.fstat(self.fd).st_size
+            if size < self.offset + self.byte_size:
+                raise self.shrank(size, loc)
+
+    def shrank(self, size: int, loc: list) -> ApiError:
+        return bad_request(f"shared memory object '{self.key}' of region '{self.name}' shrank to {size} bytes "
+                           f"since it was registered with offset {self.offset} and byte_size {self.byte_size}; "
+                           "a client may not shrink an object while it is registered: register it again", loc)
+
+    def read_into(self, pos: int, dst: memoryview, loc: list) -> None:
+        """dst <- the object's bytes from `pos` (system); 400 if the object is shorter."""
+        done = 0
+        try:
+            while done < len(dst):
+                n = os.preadv(self.fd, [dst[done:]], pos + done)
+                if n == 0:
+                    raise self.shrank(os.fstat(self.fd).st_size, loc)
+                done += n
+        except OSError as e:
+            raise bad_request(f"reading shared memory object '{self.key}' of region '{self.name}' failed: "
+                              f"{e.strerror}", loc) from None
+
+    def write_from(self, pos: int, src: memoryview, loc: list) -> None:
+        """The object's bytes from `pos` <- src (system). pwrite into an object shrunk meanwhile extends
+        it again rather than faulting."""
+        done = 0
+        try:
+            while done < len(src):
+                done += os.pwrite(self.fd, src[done:], pos + done)
+        except OSError as e:  # ENOSPC: the object was shrunk and /dev/shm is full
+            raise bad_request(f"writing shared memory object '{self.key}' of region '{self.name}' failed after "
+                              f"{done} of {len(src)} bytes: {e.strerror}", loc) from None
 
 
 class RegionStore:
-    def __init__(self, max_bytes: int, on_change: Callable[[RegionStore], None] | None = None):
+    def __init__(self, max_bytes: int, on_change: Callable[[RegionStore], None] | None = None,
+                 max_regions: int = DEFAULT_MAX_REGIONS):
         self.max_bytes = max_bytes
+        self.max_regions = max_regions
         self._regions: dict[str, Region] = {}
         self._lock = threading.Lock()
         self._on_change = on_change
@@ -105,18 +149,21 @@ class RegionStore:
     def register_system(self, name: str, key: str, offset: int, byte_size: int) -> Region:
         key = check_key(key)
         self._check_new(name, byte_size)
-        mem, writable = _open_shm(key)
-        size = len(mem)
-        if offset + byte_size > size:
-            mem.close()
-            raise bad_request(f"failed to register shared memory region '{name}': offset {offset} + byte_size "
-                              f"{byte_size} exceeds the {size} bytes of shared memory object '{key}'",
-                              ["body", "byte_size"])
-        region = Region(name, SYSTEM, byte_size, key=key, offset=offset, mapping=mem, writable=writable)
+        DESCRIPTORS.acquire()
+        fd = -1
         try:
+            fd, writable, st = _open_shm(key)
+            if offset + byte_size > st.st_size:
+                raise bad_request(f"failed to register shared memory region '{name}': offset {offset} + byte_size "
+                                  f"{byte_size} exceeds the {st.st_size} bytes of shared memory object '{key}'",
+                                  ["body", "byte_size"])
+            region = Region(name, SYSTEM, byte_size, key=key, offset=offset, fd=fd, inode=(st.st_dev, st.st_ino),
+                            writable=writable)
             self._add(region)
-        except ApiError:
-            mem.close()
+        except BaseException:
+            if fd >= 0:
+                os.close(fd)
+            DESCRIPTORS.release()
             raise
         return region
 
@@ -149,15 +196,25 @@ class RegionStore:
         if r is not None:
             raise bad_request(f"shared memory region '{name}' is already registered (as {TITLE[r.kind]}); "
                               "unregister it first", ["path", "name"])
+        self._check_count(name, len(self._regions))
         used = self.used_bytes()
         if used + byte_size > self.max_bytes:
             raise too_large(f"registering {byte_size} more bytes would exceed the limit of {self.max_bytes} bytes "
                             f"for all shared-memory regions ({used} registered)", ["body", "byte_size"])
 
+    def _check_count(self, name: str, count: int) -> None:
+        if count >= self.max_regions:
+            raise ApiError(413, f"registering region '{name}' would exceed the limit of {self.max_regions} "
+                                f"shared-memory regions (max_regions, --max-regions; {count} registered); "
+                                "unregister one first",
+                           [{"loc": ["path", "name"], "msg": f"over the limit of {self.max_regions} regions "
+                                                             "(max_regions)"}])
+
     def _add(self, region: Region) -> None:
         with self._lock:  # checked again: another registration may have won the race meanwhile
             if region.name in self._regions:
                 raise bad_request(f"shared memory region '{region.name}' is already registered", ["path", "name"])
+            self._check_count(region.name, len(self._regions))
             used = sum(r.byte_size for r in self._regions.values())
             if used + region.byte_size > self.max_bytes:
                 raise too_large(f"registering {region.byte_size} more bytes would exceed the limit of "
@@ -191,10 +248,10 @@ class RegionStore:
     def close(region: Region, arrays=None) -> None:
         """Release what registering opened (CUDA: on a thread with the server's device current)."""
         if region.kind == SYSTEM:
-            try:
-                region.mapping.close()
-            except BufferError:
-                pass  # a NumPy view still exists somewhere: the mapping goes when the last one is collected
+            if region.fd >= 0:
+                os.close(region.fd)
+                region.fd = -1
+                DESCRIPTORS.release()
         else:
             HANDLES.release(arrays.cp, region.handle)
 
@@ -229,6 +286,42 @@ def metrics_updater(metrics) -> Callable[[RegionStore], None]:
 
 
 # ---- system shared memory ----------------------------------------------------------------------
+class _Descriptors:
+    """Descriptors held by system regions in this process, all stores together (a scale-out shard holds
+    one store per namespace): at most half the open-file limit, the rest left to connections, files
+    and libraries."""
+
+    def __init__(self):
+        self.held = 0
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def limit() -> int | None:
+        try:
+            import resource
+        except ImportError:
+            return None
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return None if soft == resource.RLIM_INFINITY else soft // 2
+
+    def acquire(self) -> None:
+        limit = self.limit()
+        with self._lock:
+            if limit is not None and self.held >= limit:
+                msg = (f"this server holds {self.held} descriptors for shared-memory regions, half of its limit of "
+                       f"{2 * limit} open files (RLIMIT_NOFILE); unregister regions, or raise the limit (ulimit -n) "
+                       "and restart")
+                raise ApiError(413, msg, [{"loc": ["path", "name"], "msg": "over the descriptors left for regions"}])
+            self.held += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self.held -= 1
+
+
+DESCRIPTORS = _Descriptors()
+
+
 def check_key(key: str) -> str:
     """A plain name in the shared-memory namespace ('/name' or 'name'), returned with its '/'."""
     bare = key[1:] if key.startswith("/") else key
@@ -236,13 +329,16 @@ def check_key(key: str) -> str:
         raise bad_request(f"shared memory key '{key}' must be a plain name such as /input_data: 1-250 characters "
                           "of A-Z a-z 0-9 _ . - after an optional leading '/', no other '/' and no '..'",
                           ["body", "key"])
+    if bare.startswith(RESERVED):
+        raise bad_request(f"shared memory key '{key}' names the server's own shared memory (names starting with "
+                          f"{' or '.join(RESERVED)}); choose another name", ["body", "key"])
     return "/" + bare
 
 
-def _open_shm(key: str) -> tuple[mmap.mmap, bool]:
-    """(mapping of the whole object, writable). Through _posixshmem, what SharedMemory uses: SharedMemory
-    itself would hand the client's object to this process's resource tracker, which unlinks it when the
-    server exits. glibc's shm_open refuses symbolic links (O_NOFOLLOW)."""
+def _open_shm(key: str) -> tuple[int, bool, os.stat_result]:
+    """(descriptor of the object, writable, its stat). Through _posixshmem, what SharedMemory uses:
+    SharedMemory itself would hand the client's object to this process's resource tracker, which
+    unlinks it when the server exits. glibc's shm_open refuses symbolic links (O_NOFOLLOW)."""
     try:
         import _posixshmem
     except ImportError:
@@ -263,10 +359,10 @@ def _open_shm(key: str) -> tuple[mmap.mmap, bool]:
             raise bad_request(f"shared memory object '{key}' is not a regular shared memory object", loc)
         if st.st_size == 0:
             raise bad_request(f"shared memory object '{key}' is empty (0 bytes)", loc)
-        access = mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ
-        return mmap.mmap(fd, st.st_size, access=access), writable
-    finally:
+        return fd, writable, st
+    except BaseException:
         os.close(fd)
+        raise
 
 
 # ---- CUDA shared memory ------------------------------------------------------------------------

@@ -26,9 +26,19 @@ class Settings:
     max_buffer_bytes: int = 4 * GiB
     max_total_bytes: int = 32 * GiB
     max_region_bytes: int = 64 * GiB  # shared-memory regions registered, all together (server/regions.py)
+    max_regions: int = 1024  # shared-memory regions registered (each system region holds a descriptor), 413 beyond
     max_queued_runs: int = 256  # runs admitted (waiting or running) before new ones get 429
     max_fusions: int = 1024  # registered fusions (unloaded ones kept for reload count too), 413 beyond
     max_fusion_bytes: int = 64 * MiB  # their canonical JSON together (server/fusions.py graph_bytes), 413 beyond
+    # The budget of validating one graph and of planning one run's shape class (compiler/limits.py), 413 beyond:
+    max_plan_work: int = 1_000_000  # work units (segmenter steps visited, size expressions simplified)
+    max_plan_seconds: float = 10.0  # wall-clock seconds
+    max_run_bytes: int = 16 * GiB  # memory one run may need (its buffers, scratch, inline outputs), 413 beyond
+    # Connections (server/http_limits.py): 431 past the header bytes, 408 (and a close) past a timeout.
+    max_header_bytes: int = 64 * 1024  # a request's line and headers together
+    header_timeout: float = 10.0  # seconds from connecting (or a later request's first byte) to the headers' end
+    body_timeout: float = 30.0  # seconds without a byte of an unfinished body while the server reads it
+    keep_alive_timeout: float = 5.0  # seconds an idle keep-alive connection is kept (uvicorn's timeout_keep_alive)
     run_workers: int = 1  # threads that run fusions (each on its own CUDA stream)
     max_batch: int = 32  # runs a worker takes from the queue at once (launched back to back, one wait)
     log_level: str = "info"
@@ -61,10 +71,17 @@ class Settings:
         if self.backend not in ("auto", "cupy", "numpy"):
             raise ValueError(f"backend must be auto, cupy or numpy, not '{self.backend}'")
         for name in ("max_body_bytes", "max_ops", "max_rank", "max_buffer_bytes", "max_total_bytes",
-                     "max_region_bytes", "max_queued_runs", "run_workers", "max_batch", "max_fusions",
-                     "max_fusion_bytes"):
+                     "max_region_bytes", "max_regions", "max_queued_runs", "run_workers", "max_batch", "max_fusions",
+                     "max_fusion_bytes", "max_plan_work", "max_run_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
+        if not self.max_plan_seconds > 0:
+            raise ValueError("max_plan_seconds must be more than 0 seconds")
+        for name in ("header_timeout", "body_timeout", "keep_alive_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be more than 0 seconds")
+        if self.max_header_bytes < 1024:
+            raise ValueError("max_header_bytes must be at least 1024")
 
 
 def _parse(name: str, raw: str, typ) -> object:
@@ -74,6 +91,11 @@ def _parse(name: str, raw: str, typ) -> object:
             return parse_size(raw)
     except ValueError:
         raise ValueError(f"{Settings.ENV_PREFIX}{name.upper()}={raw!r} is not an integer") from None
+    if typ.startswith("float"):
+        try:
+            return float(raw)
+        except ValueError:
+            raise ValueError(f"{Settings.ENV_PREFIX}{name.upper()}={raw!r} is not a number") from None
     return raw
 
 

@@ -12,6 +12,7 @@ from ..jsonio import dumps
 from ..models import ExecuteRequest, InferRequest, InferResponse, ModelMetadata, ModelReady
 from ..parsed_requests import ParsedRequests
 from ..protocol import MODEL_VERSION, check_request, check_version
+from ..request_bodies import LargeBody, decode, read_body
 from ..run_request import parse_request, response
 from ..runs import run
 from ..runtime import Runtime
@@ -57,13 +58,24 @@ async def _run_plan(rt: Runtime, req, plan, model_name: str) -> tuple[bytes, lis
     return raw, [(b"content-type", CONTENT_TYPE.encode()), (b"inference-header-content-length", str(n).encode())]
 
 
-async def infer_bytes(rt: Runtime, model: str, body: bytes, header_length: str | None, version: str | None = None):
-    """POST /v2/models/{model}[/versions/{version}]/infer on a request body. A small body seen
-    before for the same fusion reuses its parsed plan (server/parsed_requests.py)."""
+def infer_target(rt: Runtime, model: str, version: str | None = None):
+    """The fusion a POST /v2/models/{model}[/versions/{version}]/infer runs, checked before its
+    body is read (no body is read, let alone decoded, for a fusion that is not there)."""
     rt.require_ready()
     fusion = rt.fusions.resolve(model)
     if version is not None:
         check_version(fusion, version)
+    return fusion
+
+
+async def infer_body(rt: Runtime, fusion, model: str, body: bytes | LargeBody, header_length: str | None,
+                     version: str | None = None):
+    """The infer request on `fusion` (infer_target) with its body (server/request_bodies.py read_body).
+    A small body seen before for the same fusion reuses its parsed plan (server/parsed_requests.py);
+    a large one is decoded off the event loop."""
+    if isinstance(body, LargeBody):
+        req, tail = await decode(rt, InferRequest, body, header_length)
+        return await _run_plan(rt, req, _plan(rt, fusion, req, tail), fusion.name)
     key = ParsedRequests.key(model, version, body, header_length)
     hit = rt.parsed_requests.get(key, fusion) if key is not None else None
     if hit is not None:
@@ -74,6 +86,17 @@ async def infer_bytes(rt: Runtime, model: str, body: bytes, header_length: str |
         if key is not None:
             rt.parsed_requests.put(key, fusion, req, plan)
     return await _run_plan(rt, req, plan, fusion.name)
+
+
+async def infer_bytes(rt: Runtime, model: str, body: bytes, header_length: str | None, version: str | None = None):
+    """POST /v2/models/{model}[/versions/{version}]/infer on a request body read already."""
+    return await infer_body(rt, infer_target(rt, model, version), model, body, header_length, version)
+
+
+async def _request_body(rt: Runtime, request: Request) -> bytes | LargeBody:
+    declared = request.headers.get("content-length", "")
+    size = int(declared) if declared.isascii() and declared.isdigit() and len(declared) <= 19 else None
+    return await read_body(rt, request.stream(), size, request.headers.get(HEADER))
 
 
 def _response(payload: bytes, headers: list[tuple[bytes, bytes]]) -> Response:
@@ -87,7 +110,9 @@ def _response(payload: bytes, headers: list[tuple[bytes, bytes]]) -> Response:
 async def infer(rt: AnyRuntime, model: str, request: Request) -> Response:
     # Served by the fast lane (server/fastlane.py); this route documents it and answers when the
     # fast lane is off (app.state.fast_lane = False).
-    return _response(*await infer_bytes(rt, model, await request.body(), request.headers.get(HEADER)))
+    fusion = infer_target(rt, model)
+    body = await _request_body(rt, request)
+    return _response(*await infer_body(rt, fusion, model, body, request.headers.get(HEADER)))
 
 
 @router.get("/v2/models/{model}", response_model=ModelMetadata, summary="KServe model metadata (-1: symbolic)",
@@ -108,7 +133,7 @@ async def model_ready(rt: ReadyRuntime, model: str) -> ModelReady:
 @router.post("/v2/execute", summary="Register an inline graph and run it in one call",
              response_model=InferResponse, responses=INFER_RESPONSES, openapi_extra=_body_doc("ExecuteRequest"))
 async def execute(rt: ReadyRuntime, request: Request) -> Response:
-    req, tail = decode_request(ExecuteRequest, await request.body(), request.headers.get(HEADER))
+    req, tail = await decode(rt, ExecuteRequest, await _request_body(rt, request), request.headers.get(HEADER))
     try:
         fusion, _ = await register(rt, req.graph, req.replace)
     except GraphError as e:  # locations inside the request: under "graph"
