@@ -13,6 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from segfuse.compiler.errors import BindError, GraphError, RunError, SegfuseError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 log = logging.getLogger("segfuse.server")
 
@@ -85,6 +86,15 @@ def error_parts(e: BaseException, where: str = "") -> tuple[int, dict, dict | No
     if isinstance(e, StarletteHTTPException):
         msg = e.detail if isinstance(e.detail, str) else "error"
         return e.status_code, error_body(msg, getattr(e, "details", None) or []), getattr(e, "headers", None)
+    if isinstance(e, MemoryError):
+        # The request asked for more memory than the host had free: too large for this server now,
+        # not a bug (a 5xx would say the server is broken; a retry with less data can succeed).
+        log.warning("out of memory on %s", where)
+        msg = "the server has not enough memory for this request; send less data or smaller shapes"
+        return 413, error_body(msg, [{"loc": [], "msg": msg}]), None
+    if isinstance(e, ClientDisconnect):
+        msg = "the client went away before sending the whole body"
+        return 400, error_body(msg, [{"loc": ["body"], "msg": msg}]), None
     log.error("internal error on %s", where, exc_info=e)
     return 500, error_body(f"internal error: {type(e).__name__}: {e}"), None
 
@@ -123,5 +133,7 @@ def install(app: FastAPI) -> None:
             headers = {**(headers or {}), "Allow": allowed_methods(app, request.scope)}
         return JSONResponse(body, status_code=status, headers=headers)
 
-    for cls in (ApiError, SegfuseError, RequestValidationError, StarletteHTTPException, Exception):
+    # Exception's handler is ServerErrorMiddleware's, which answers and then re-raises (uvicorn then
+    # closes the connection): GuardMiddleware answers any other exception first (server/middleware.py).
+    for cls in (ApiError, SegfuseError, RequestValidationError, StarletteHTTPException, MemoryError, Exception):
         app.add_exception_handler(cls, handle)

@@ -13,7 +13,7 @@ import secrets
 
 from fastapi import HTTPException
 
-from .errors import error_body
+from .errors import error_body, logged_error_parts
 from .logs import REQUEST_ID
 
 OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
@@ -67,10 +67,12 @@ class GuardMiddleware:
         rid_context = REQUEST_ID.set(rid)  # log lines of this request carry it (server/logs.py)
         rid_header = (b"x-request-id", rid.encode())
 
+        started = False
+
         async def send_counted(message):
-            nonlocal status
+            nonlocal status, started
             if message["type"] == "http.response.start":
-                status = message["status"]
+                status, started = message["status"], True
                 message = {**message, "headers": [*message.get("headers", ()), rid_header]}
             await send(message)
 
@@ -105,7 +107,16 @@ class GuardMiddleware:
                         raise BodyTooLarge(limit)
                 return message
 
-            await self.app(scope, receive_limited, send_counted)
+            try:
+                await self.app(scope, receive_limited, send_counted)
+            except Exception as e:
+                # Answered here, not re-raised: Starlette's ServerErrorMiddleware would answer 500 and
+                # re-raise, and uvicorn then closes the client's keep-alive connection.
+                if started:
+                    raise
+                code, body, extra = logged_error_parts(e, scope)
+                await _send_json(send_counted, code, body, [(k.lower().encode(), str(v).encode())
+                                                            for k, v in (extra or {}).items()])
         finally:
             REQUEST_ID.reset(rid_context)
             route = scope.get("route")

@@ -32,6 +32,7 @@ RESERVED_MODEL_NAMES = frozenset({"stats", "ready", "infer", "config", "versions
 # Request-level parameters with a meaning here (the model's fields: binary_data_output, timeout,
 # priority, sequence_*). Anything else is refused.
 KNOWN_REQUEST_PARAMETERS = frozenset(RequestParameters.model_fields)
+MAX_TIMEOUT_US = 2 ** 64 - 1  # parameters.timeout: Triton's is a uint64 of microseconds
 
 
 def versions_of(fusion: Fusion) -> list[str]:
@@ -83,6 +84,9 @@ def check_request(fusion: Fusion, req: InferRequest) -> float | None:
         raise bad_request("parameters.sequence_id/sequence_start/sequence_end: sequences (stateful "
                           "models) are not supported; every run is independent", ["parameters", "sequence_id"])
     if p.timeout:
+        if p.timeout > MAX_TIMEOUT_US:
+            msg = f"parameters.timeout is over the largest timeout, {MAX_TIMEOUT_US} us (Triton's uint64)"
+            raise bad_request(msg, ["parameters", "timeout"])
         return time.perf_counter() + p.timeout / 1e6
     return None
 

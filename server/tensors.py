@@ -51,6 +51,16 @@ def nbytes_of(shape: tuple[int, ...], dt: DType) -> int:
 
 
 MAX_SIZE_DIGITS = 19  # a size in ?shape= (int64 has 19 digits)
+MAX_SIZE = 2 ** 63 - 1  # the largest size a query parameter may give (int64's)
+
+
+def size_from_digits(digits: str, label: str, loc) -> int:
+    """A size written in decimal digits, at most MAX_SIZE; beyond, a 400 that shows it after
+    `label` (Python's int() refuses more than 4,300 digits with a ValueError of its own)."""
+    if len(digits.lstrip("0")) > MAX_SIZE_DIGITS or int(digits) > MAX_SIZE:
+        shown = digits if len(digits) <= 40 else f"{digits[:20]}...({len(digits)} digits)"
+        raise bad_request(f"{label}{shown} is over the largest size, {MAX_SIZE}", loc)
+    return int(digits)
 
 
 def parse_shape_param(text: str, loc: tuple) -> tuple[int, ...]:
@@ -98,9 +108,24 @@ def _out_of_range(v: int, dt: DType, loc: tuple):
     return unprocessable(f"data value {_shown(v)} is out of range for {what}", loc)
 
 
+class Decoded:
+    """Inline `data` the JSON codec process decoded already (server/request_bodies.py): the array (of
+    the input's datatype and shape) or the error decoding it raised. `from_json_data` returns the
+    one or raises the other, where it would have decoded the list."""
+
+    __slots__ = ("array", "error")
+
+    def __init__(self, array: np.ndarray | None = None, error: Exception | None = None):
+        self.array, self.error = array, error
+
+
 def from_json_data(data, dt: DType, shape: tuple[int, ...], loc: tuple) -> np.ndarray:
     """A KServe JSON `data` (flat or nested, row-major) as an array of `shape`. An integer that
     `dt` cannot hold is a 422 naming it, never a wrapped value."""
+    if isinstance(data, Decoded):
+        if data.error is not None:
+            raise data.error
+        return data.array
     n = math.prod(shape)
     try:
         flat = np.asarray(data)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 from typing import Any
 
@@ -24,6 +23,7 @@ from ..models import (
     PlanResponse,
 )
 from ..runtime import Runtime
+from ..tensors import size_from_digits
 
 router = APIRouter(prefix="/v2/fusions", tags=["fusions"])
 
@@ -54,7 +54,7 @@ def json_body(body: bytes) -> Any:
 async def register(rt: Runtime, graph: Any, replace: bool) -> tuple[Fusion, dict]:
     if not isinstance(graph, dict):
         raise bad_request("a graph must be a JSON object", ["body"])
-    fusion = await asyncio.to_thread(rt.fusions.parse, graph)  # big graphs take a while to validate
+    fusion = await rt.validate(graph)  # its own threads, under the work budget (server/runtime.py)
     reg = await rt.fusions.register_async(fusion, replace)  # 507 (nothing registered) if the repository fails
     rt.metrics.fusions.set(len(rt.fusions))
     return fusion, {"created": reg.created, "replaced": reg.replaced}
@@ -102,7 +102,7 @@ def parse_symbols(text: str | None, fusion: Fusion) -> dict[str, int]:
         m = _BINDING.match(part)
         if not m:
             raise bad_request(f"shape binding '{part.strip()}' must look like T=4096", ["query", "shape"])
-        env[m.group(1)] = int(m.group(2))
+        env[m.group(1)] = size_from_digits(m.group(2), f"shape binding {m.group(1)}=", ["query", "shape"])
     unknown = sorted(set(env) - set(fusion.symbols))
     if unknown:
         raise unprocessable(f"unknown symbol(s) {', '.join(unknown)}; fusion '{fusion.name}' has "
