@@ -1,10 +1,19 @@
 """Limits the planner and the code generator share, each in one place (issue 14, item 4).
 
 The segmenter's capability table (`segmenter.capability.Capability`) takes its defaults from here,
-and codegen tests against the same numbers, so a plan's hints say what the kernels do.
+and codegen tests against the same numbers, so a plan's hints say what the kernels do. Also the
+work budget that bounds validating and planning one graph (`budget`, `charge`; at the end).
 """
 
 from __future__ import annotations
+
+import functools
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from .errors import GraphError
 
 # 32-bit index arithmetic while every element count and every input's stride extent is at most
 # this: grid-stride loops step past the end by up to one grid (at most 2^25 threads here) before
@@ -153,3 +162,103 @@ def bitonic_sort_bytes(padded_row: int, key_bytes: int) -> int:
     """Shared memory of the bitonic sort of one row: keys (in their value type, `key_bytes` 4 or
     8) then int32 indices, for a row padded to the power of two `padded_row`."""
     return -(-padded_row * key_bytes // 16) * 16 + padded_row * 4
+
+
+# ---- the work budget of validating or planning one graph -----------------------------------------
+# Validation and planning cost grows with the graph (the segmenter's passes are quadratic in the
+# ops at worst) and with its size expressions (sympy). A caller that must stay responsive (the
+# server) runs them inside `budget(...)`: the passes `charge` the work they do (steps visited, size
+# expressions simplified), and past the work or the wall-clock bound the next charge raises
+# `BudgetExceeded`. The count is deterministic: a memoized computation (`memoized`) charges a hit
+# what its miss charged, so the same graph costs the same whatever was planned before. Without a
+# budget (the library, the CLI) nothing is counted.
+
+
+class BudgetExceeded(GraphError):
+    """Validating or planning took more work or time than the budget it ran under."""
+
+    def __init__(self, msg: str, limit: str):
+        super().__init__(msg)
+        self.limit = limit  # the name of the bound that was passed (Budget.work_name or seconds_name)
+
+
+@dataclass
+class Budget:
+    what: str  # "validating the graph", "planning the run": for messages
+    work: int | None = None  # work units (None: unbounded)
+    seconds: float | None = None  # wall-clock seconds (None: unbounded)
+    work_name: str = "work"  # how the caller names its bounds (the server: its settings)
+    seconds_name: str = "seconds"
+    used: int = 0
+    deadline: float = float("inf")
+
+
+_state = threading.local()  # .budget: the Budget in force; .counts: memoized misses being counted
+
+
+@contextmanager
+def budget(what: str, work: int | None = None, seconds: float | None = None, work_name: str = "work",
+           seconds_name: str = "seconds"):
+    """Count the work done on this thread inside the block against `work` units and `seconds`."""
+    b = Budget(what, work, seconds, work_name, seconds_name)
+    if seconds is not None:
+        b.deadline = time.monotonic() + seconds
+    outer = getattr(_state, "budget", None)
+    _state.budget = b
+    try:
+        yield b
+    finally:
+        _state.budget = outer
+
+
+def charge(units: int = 1) -> None:
+    """Count `units` of work against this thread's budget, if any; BudgetExceeded past it."""
+    counts = getattr(_state, "counts", None)
+    b = getattr(_state, "budget", None)
+    if counts:
+        counts[-1] += units  # inside a memoized miss: its caller charges the total (`memoized`)
+        units = 0
+    if b is None:
+        return
+    b.used += units
+    if b.work is not None and b.used > b.work:
+        raise BudgetExceeded(f"{b.what} needs more than its budget of {b.work} work units ({b.work_name})",
+                             b.work_name)
+    if time.monotonic() > b.deadline:
+        raise BudgetExceeded(f"{b.what} takes longer than its budget of {b.seconds:g} s ({b.seconds_name})",
+                             b.seconds_name)
+
+
+def counted(fn, *args):
+    """(fn(*args), the work units it charged), those units not charged yet: for a computation
+    whose result is kept, so that later uses can charge the same (`memoized`)."""
+    if not hasattr(_state, "counts"):
+        _state.counts = []
+    _state.counts.append(0)
+    try:
+        value = fn(*args)
+    except BaseException:
+        charge(_state.counts.pop())  # the work done before it failed
+        raise
+    return value, _state.counts.pop()
+
+
+def memoized(maxsize: int):
+    """functools.lru_cache for work that charges the budget: a hit charges what the miss charged
+    (so the count does not depend on what is cached)."""
+    def wrap(fn):
+        @functools.lru_cache(maxsize)
+        def cached(*args):
+            return counted(fn, *args)
+
+        @functools.wraps(fn)
+        def call(*args):
+            value, units = cached(*args)
+            if units:
+                charge(units)
+            return value
+
+        call.cache_clear = cached.cache_clear
+        return call
+
+    return wrap

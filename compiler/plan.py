@@ -8,6 +8,7 @@ CUDA renderer turns one segment into one kernel.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from enum import Enum
 from typing import TypedDict
@@ -136,6 +137,37 @@ class Buffer:
     tensors: list[str]
     kind: str = "intermediate"  # intermediate | output | input
     live: list[int] = field(default_factory=list)  # [first segment writing it, last segment using it]
+
+
+def _nbytes(t) -> int:
+    return math.prod(int(d) for d in t.shape) * t.dtype.itemsize
+
+
+def bytes_needed(plan: Plan, types: dict, host_arrays: bool = False) -> int:
+    """The bytes a run of `plan` allocates where it runs, at the concrete `types` of its tensors
+    (`Fusion.bind`): its buffers other than the inputs' (outputs, and intermediates after reuse:
+    each buffer at its largest tensor), and as much again as a library segment's outputs (the
+    routine's scratch). `host_arrays`: the backend keeps every tensor a segment makes in registers
+    or shared memory as an array until the segment ends, and makes each op's result (and a
+    temporary in its compute type) before it moves into its buffer (the NumPy plan executor): add
+    the largest such segment's, and twice the largest tensor at 8 bytes an element."""
+    types = dict(types)
+    for seg in plan.segments:
+        for c in seg.copies:
+            types[c.dst] = types[c.src]
+    total = 0
+    for b in plan.buffers:
+        if b.kind != "input":
+            total += max((_nbytes(types[t]) for t in b.tensors if t in types), default=0)
+    for seg in plan.segments:
+        if seg.kind is SegmentKind.library:
+            total += sum(_nbytes(types[t]) for t in seg.outputs if t in types)
+    if host_arrays:
+        in_buffers = set(plan.tensor_buffer) | set(plan.views)
+        total += max((sum(_nbytes(types[t]) for t in seg.intermediates if t not in in_buffers and t in types)
+                      for seg in plan.segments), default=0)
+        total += 2 * 8 * max((math.prod(int(d) for d in t.shape) for t in types.values()), default=0)
+    return total
 
 
 @dataclass

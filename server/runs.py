@@ -3,8 +3,9 @@
 Order of work, each step able to fail without side effects:
 parse and decode the request (server/run_request.py) -> admit into the run queue (429) -> pin
 buffers (waits for conflicting DELETEs/overwrites/runs) -> check buffers, bind shapes, reserve
-output bytes -> run in a batch (on the event loop for warm runs on small inputs, else on a run
-worker) -> only then bind outputs to buffer names.
+output bytes -> plan a cold run on the planning threads under the work budget, check the memory
+it needs (server/run_limits.py; 413) -> run in a batch (on the event loop for warm runs on small
+inputs, else on a run worker) -> only then bind outputs to buffer names.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from segfuse.compiler import Fusion
 
-from . import region_io
+from . import region_io, run_limits
 from .errors import ApiError, conflict, not_found, too_large, unprocessable
 from .protocol import check_started_in_time
 from .run_request import RunPlan
@@ -64,12 +65,13 @@ class Job:
     """One admitted run between the event loop and a run worker (server/worker.py)."""
 
     __slots__ = ("plan", "future", "pins", "reserved", "bound", "sizes", "device_inputs", "t_admit", "t_queued",
-                 "t_start", "t_end", "batch_size", "result", "stored", "host", "error")
+                 "t_start", "t_end", "batch_size", "result", "stored", "host", "error", "plan_us", "plan_missed")
 
     def __init__(self, plan: RunPlan, future, t_admit: float):
         self.plan, self.future, self.t_admit = plan, future, t_admit
         self.pins = None
         self.reserved = 0
+        self.plan_us, self.plan_missed = 0.0, False  # planned before it was queued (run_limits.ensure_plan)
         self.error: BaseException | None = None
         self.result = self.stored = self.host = None
 
@@ -88,7 +90,8 @@ async def run(rt: Runtime, plan: RunPlan) -> RunOutcome:
     job = Job(plan, asyncio.get_running_loop().create_future(), t_admit)
     try:
         job.pins = store.try_pin(plan.reads, plan.writes) or await store.acquire(plan.reads, plan.writes)
-        _prepare(rt, job)
+        await _prepare(rt, job)
+        run_limits.check_memory(rt, job, await run_limits.ensure_plan(rt, job))
     except BaseException:
         _release(rt, job)
         rt.metrics.runs_error.inc()
@@ -116,12 +119,15 @@ def _runs_inline(rt: Runtime, job: Job) -> bool:
     return is_warm is not None and is_warm(plan.fusion, inputs)
 
 
-def _prepare(rt: Runtime, job: Job) -> None:
+async def _prepare(rt: Runtime, job: Job) -> None:
     """With the pins held: check the buffers, bind shapes (BindError -> 422 before any work),
     check sizes, reserve the stored outputs' bytes."""
     plan, store = job.plan, rt.store
     shapes, dtypes = _check_pinned(rt, plan)
-    bound = job.bound = _bind(rt, plan.fusion, shapes, dtypes)
+    bound = _bind(rt, plan.fusion, shapes, dtypes)
+    if bound is None:
+        bound = await _bind_elsewhere(rt, plan.fusion, shapes, dtypes)
+    job.bound = bound
     _check_tensor_sizes(rt, bound)
     sizes = job.sizes = {}
     for o in plan.outputs:
@@ -138,16 +144,32 @@ _BOUND: dict = {}  # (fusion id, input names, shapes and dtypes) -> Bound: a req
 _BOUND_MAX = 4096
 
 
+BIND_HERE_OPS = 256  # a graph of more ops binds new sizes on the planning threads, not the event loop
+
+
 def _bind(rt: Runtime, fusion: Fusion, shapes: dict, dtypes: dict):
-    """fusion.bind, remembered per input signature (BindError -> 422 before any work)."""
+    """fusion.bind, remembered per input signature (BindError -> 422 before any work); None for new
+    sizes of a large graph (tens of milliseconds of inference: `_bind_elsewhere`)."""
     key = (fusion.id, *((k, shapes[k], dtypes[k]) for k in shapes))
     bound = _BOUND.get(key)
     if bound is None:
+        if len(fusion.nodes) > BIND_HERE_OPS:
+            return None
         bound = fusion.bind(shapes, dtypes)
-        if len(_BOUND) >= _BOUND_MAX:
-            _BOUND.clear()
-        _BOUND[key] = bound
+        _remember(key, bound)
     return bound
+
+
+async def _bind_elsewhere(rt: Runtime, fusion: Fusion, shapes: dict, dtypes: dict):
+    bound = await rt.planning.call(fusion.bind, shapes, dtypes)
+    _remember((fusion.id, *((k, shapes[k], dtypes[k]) for k in shapes)), bound)
+    return bound
+
+
+def _remember(key, bound) -> None:
+    if len(_BOUND) >= _BOUND_MAX:
+        _BOUND.clear()
+    _BOUND[key] = bound
 
 
 def _check_tensor_sizes(rt: Runtime, bound) -> None:
@@ -294,17 +316,21 @@ def _outcome(rt: Runtime, job: Job) -> RunOutcome:
     # The CuPy backend reports how many kernels it compiled next to its timings.
     compiled = int(raw.pop("kernel_cache_misses", 0) or 0)
     timings = {k: float(v) for k, v in raw.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    if not compiled and not result.cache_misses:
+    hits, misses = int(result.cache_hits), int(result.cache_misses)
+    if job.plan_missed and hits:  # planned before it was queued: the engine found that plan
+        hits, misses = hits - 1, misses + 1
+    if job.plan_us:
+        timings["plan"] = timings.get("plan", 0.0) + job.plan_us
+    if not compiled and not misses:
         # A warm run compiled nothing; the CuPy runner repeats the compile time of the cached
         # preparation on every run, which would inflate the metrics and mislead the caller.
         timings["compile"] = 0.0
     timings["queue"] = (job.t_start - job.t_admit) * 1e6
     timings["batch"] = (job.t_end - job.t_start) * 1e6
     timings["total"] = (t_end - job.t_admit) * 1e6
-    rt.metrics.observe_run(t_end - job.t_admit, result.cache_hits, result.cache_misses, compiled,
-                           timings.get("compile", 0.0))
-    params = {"fusion_id": plan.fusion.id, "timings_us": timings, "cache_hits": int(result.cache_hits),
-              "cache_misses": int(result.cache_misses), "kernels_compiled": compiled,
+    rt.metrics.observe_run(t_end - job.t_admit, hits, misses, compiled, timings.get("compile", 0.0))
+    params = {"fusion_id": plan.fusion.id, "timings_us": timings, "cache_hits": hits,
+              "cache_misses": misses, "kernels_compiled": compiled,
               "batch_size": job.batch_size}
     bound = job.bound
     shapes = {o.name: [int(d) for d in bound.types[o.name].shape] for o in plan.outputs}

@@ -1,5 +1,6 @@
-"""`Runtime`: what one app instance owns (engine, buffers, fusions, metrics, worker threads), and the
-bounded run executor that keeps compilation and GPU work off the event loop."""
+"""`Runtime`: what one app instance owns (engine, buffers, fusions, metrics, worker threads), the
+bounded run executor that keeps compilation and GPU work off the event loop, and the budgeted
+threads that validate graphs and plan runs (`CompilerPool`)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from segfuse.compiler import Limits
+from segfuse.compiler.limits import BudgetExceeded, budget
 
 from .backend import ArrayBackend, BackendUnavailable, resolve
 from .buffers import BufferStore
 from .codec import JsonCodec
-from .errors import ApiError
+from .errors import ApiError, too_large
 from .fusions import FusionRegistry
 from .metrics import Metrics
 from .parsed_requests import ParsedRequests
@@ -27,6 +29,62 @@ from .worker import RunWorkers
 log = logging.getLogger("segfuse.server")
 
 
+def within_budget(what: str, work: int, seconds: float, fn, *args):
+    """fn(*args) under the compiler's work budget (compiler/limits.py); 413 past it."""
+    with budget(what, work, seconds, "max_plan_work", "max_plan_seconds"):
+        try:
+            return fn(*args)
+        except BudgetExceeded as e:
+            raise too_large(str(e), ["graph"]) from None
+
+
+class CompilerPool:
+    """Threads for compiler work a request waits for (validating a graph, planning a run), each
+    call under the work budget (settings max_plan_work, max_plan_seconds; 413 past it).
+
+    Their own threads, not asyncio's default executor (buffer bodies, transfers, shared-memory
+    registration), the run workers or the event loop: a graph that is slow to validate or plan
+    delays only requests waiting for the same kind of work, and at most for the budget. At most
+    `max_waiting` calls wait for a thread; more are refused with 429."""
+
+    threads = 2
+    max_waiting = 32
+
+    def __init__(self, name: str, what: str, settings: Settings):
+        self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix=f"segfuse-{name}")
+        self.what, self.work, self.seconds = what, settings.max_plan_work, settings.max_plan_seconds
+        self.pending = 0  # calls queued or running (counted on the event loop)
+
+    async def call(self, fn, *args):
+        """fn(*args) on a thread of the pool, under the budget."""
+        if self.pending >= self.threads + self.max_waiting:
+            limit = self.threads + self.max_waiting
+            raise ApiError(429, f"too many requests at once need {self.what} ({self.pending} waiting or running, "
+                                f"at most {limit}); retry later", [{"loc": [], "msg": f"busy {self.what}"}],
+                           {"Retry-After": "1"})
+        loop = asyncio.get_running_loop()
+        self.pending += 1
+        done = self.pool.submit(self._run, fn, args)
+        # counted out when the thread is done, not when a client goes away (the work goes on)
+        done.add_done_callback(lambda _: self._finished_on(loop))
+        return await asyncio.wrap_future(done)
+
+    def _finished_on(self, loop) -> None:
+        try:
+            loop.call_soon_threadsafe(self._finished)
+        except RuntimeError:  # the loop closed while the thread worked (the app stopped)
+            pass
+
+    def _finished(self) -> None:
+        self.pending -= 1
+
+    def _run(self, fn, args):
+        return within_budget(self.what, self.work, self.seconds, fn, *args)
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
 class RunExecutor:
     """Run workers (server/worker.py) for runs, a thread pool for other work off the loop (plans),
     and a bound on runs admitted (queued or running).
@@ -34,8 +92,10 @@ class RunExecutor:
     Beyond the bound a run is refused with 429 and Retry-After (the server is healthy, only busy;
     503 stays reserved for "not ready")."""
 
-    def __init__(self, workers: RunWorkers, max_admitted: int, run_here, initializer=None):
+    def __init__(self, workers: RunWorkers, max_admitted: int, run_here, initializer=None,
+                 plan_budget: tuple[int, float] | None = None):
         self.workers = workers
+        self.plan_budget = plan_budget  # (work units, seconds) of `call`
         self._run_here = run_here  # execute and finish a batch on the event loop
         self._staged: list = []
         self.pool = ThreadPoolExecutor(2, thread_name_prefix="segfuse-aux", initializer=initializer)
@@ -73,8 +133,11 @@ class RunExecutor:
             self._idle.set()
 
     async def call(self, fn, *args):
-        """Run fn(*args) on a helper thread (planning; not runs)."""
-        return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        """Run fn(*args) on a helper thread (planning; not runs), under the plan budget if any."""
+        if self.plan_budget is None:
+            return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(
+            self.pool, within_budget, "planning", *self.plan_budget, fn, *args)
 
     async def drain(self) -> None:
         """Wait until every admitted run has finished."""
@@ -98,7 +161,10 @@ class Runtime:
         self.codec = JsonCodec()  # large JSON tensor bodies, in a helper process (server/codec.py)
         self.stats = StatsRecorder(self.fusions)  # Triton-style per-fusion statistics
         self.parsed_requests = ParsedRequests()  # repeated small infer bodies, parsed once
-        self.regions = RegionStore(settings.max_region_bytes, on_change=metrics_updater(self.metrics))  # shared memory
+        self.validation = CompilerPool("validate", "validating the graph", settings)
+        self.planning = CompilerPool("plan", "planning the run", settings)  # cold runs (server/runs.py)
+        self.regions = RegionStore(settings.max_region_bytes, on_change=metrics_updater(self.metrics),
+                                   max_regions=settings.max_regions)  # shared memory
         self.engine = None
         self.arrays: ArrayBackend | None = None
         self.store: BufferStore | None = None
@@ -150,7 +216,8 @@ class Runtime:
                     job.error = job.error or e
             finish_batch(self, batch)
 
-        self.executor = RunExecutor(workers, s.max_queued_runs, run_here, initializer=self.arrays.activate)
+        self.executor = RunExecutor(workers, s.max_queued_runs, run_here, initializer=self.arrays.activate,
+                                    plan_budget=(s.max_plan_work, s.max_plan_seconds))
         if self.freeze_gc:
             # Startup objects (CuPy, FastAPI, the op registry) will never be garbage: keep them out
             # of the collector's full passes, which otherwise pause requests for milliseconds.
@@ -161,12 +228,19 @@ class Runtime:
         log.info("segfuse ready: backend %s on %s%s", self.arrays.name, self.arrays.device,
                  f" ({g['name']}, {g['uuid']}, PCI {g['pci_bus_id']})" if g else "")
 
+    async def validate(self, graph: dict):
+        """A graph validated as a Fusion (GraphError -> 422), on the validation threads under the
+        budget (413 past it)."""
+        return await self.validation.call(self.fusions.parse, graph)
+
     async def stop(self) -> None:
         self.ready = False
         await asyncio.to_thread(self.codec.shutdown)
         if self.executor:
             await self.executor.drain()
             await asyncio.to_thread(self.executor.shutdown)
+        self.validation.shutdown()
+        self.planning.shutdown()
 
     async def on_device(self, fn, *args):
         """fn(*args) on a helper thread with the device selected (transfers; not runs)."""

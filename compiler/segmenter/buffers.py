@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+from ..limits import charge
 from ..plan import Buffer
 from .graph import WorkGraph
 from .shapes import fmt, nbytes
@@ -100,6 +101,7 @@ def assign(g: WorkGraph, segments: list, where: dict, order_of) -> tuple[list[Bu
     frees: dict[str, list[str]] = {}
     pool: list[tuple[Buffer, int]] = []  # freed intermediate buffers, with the segment that freed them
     for members in ordered:
+        charge(len(members) + len(views) + len(pool))  # life() and kind() pass over the views
         k = kind(members)
         size = nbytes(g.types[members[0]])
         first, last = life(members)

@@ -29,6 +29,12 @@ class PlanCache:
         self._lock = threading.Lock()
         self.hits = self.misses = 0
 
+    def cached(self, fusion: Fusion, bound: Bound) -> Plan | None:
+        """The plan remembered for exactly these sizes, or None; never plans (a server asks
+        before it runs: a run that would plan is planned elsewhere first, under a budget)."""
+        with self._lock:
+            return self._exact.get((fusion.id, tuple(sorted(bound.env.items()))))
+
     def get(self, fusion: Fusion, bound: Bound) -> tuple[Plan, bool]:
         """(plan, hit) for the run's sizes."""
         exact_key = (fusion.id, tuple(sorted(bound.env.items())))

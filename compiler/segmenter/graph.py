@@ -12,8 +12,8 @@ Facts kept here (and nowhere else):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
 
+from ..limits import charge, memoized
 from ..ops.registry import OpKind, TensorType
 from ..shapes import dims_equal
 from .shapes import numel
@@ -54,7 +54,7 @@ class Step:
         return f"{self.node.op.name} '{self.outputs[0]}' (ops[{self.node.index}])"
 
 
-@lru_cache(maxsize=8192)
+@memoized(8192)
 def _equal(a, b) -> bool:
     return a == b if isinstance(a, int) and isinstance(b, int) else dims_equal(a, b) is True
 
@@ -142,6 +142,7 @@ def copy_name(fusion_types: dict, scatter_out: str) -> str:
 
 def build(fusion, types: dict, copies: set[int], library: dict[int, str]) -> WorkGraph:
     """The working graph; `copies` holds positions of scatters that get a private copy of `self`."""
+    charge(len(fusion.nodes) + len(copies))
     types = dict(types)
     steps: list[Step] = []
     copy_of = {}

@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import sympy
 
+from ..errors import GraphError
 from ..ir import Bound, Fusion
-from ..limits import NOMINAL_SM_COUNT, row_threads
+from ..limits import NOMINAL_SM_COUNT, charge, row_threads
 from ..ops.registry import LAZY_KINDS, OpKind
 from ..plan import Alias, AliasMode, Copy, Plan, Segment, SegmentKind, commits_for
+from ..shapes import SizeTooComplex
 from . import place as P
 from .buffers import assign
 from .capability import (
@@ -52,8 +54,13 @@ INPLACE, ORDERED, COPIED, INPUT = AliasMode.inplace, AliasMode.ordered, AliasMod
 
 
 def segment(fusion: Fusion, bound: Bound, cap: Capability = DEFAULT_CAPABILITY) -> Plan:
-    """Plan `fusion` for the shape class of `bound` (from `Fusion.bind`)."""
-    return _Segmenter(fusion, bound, cap).run()
+    """Plan `fusion` for the shape class of `bound` (from `Fusion.bind`). GraphError when a size
+    the plan derives is too complex (shapes.SizeTooComplex); the passes charge their work to the
+    caller's budget (limits.budget), BudgetExceeded past it."""
+    try:
+        return _Segmenter(fusion, bound, cap).run()
+    except SizeTooComplex as e:
+        raise GraphError(f"cannot plan this graph: {e.msg}") from None
 
 
 def plan_checks(plan: Plan) -> Checks:
@@ -85,6 +92,7 @@ class _Segmenter:
         """(mode, why, readers): how s may write into its self, before weighing ordered vs copy."""
         self_t = s.operands[0]
         root = g.root(self_t)
+        charge(len(g.types))
         fam = g.family(root)
         readers = [(r, k) for r, k in g.readers(fam) if not (r is s and k == 0)]
         outs = [t for t in fam if t in g.graph_outputs]
@@ -143,6 +151,7 @@ class _Segmenter:
 
     def fits_block(self, g: WorkGraph, steps: list, leaving: set | None = None):
         """(fits, smem bytes, why not) for running `steps` in one thread block."""
+        charge(len(steps))
         for s in steps:
             if s.node is not None:
                 ok, why = can_generate(s.node, g.types, SINGLE_BLOCK, self.cap, self.checks)
@@ -191,19 +200,21 @@ class _Segmenter:
 
         # Rule 4 for whole regions: decided first, since a region that fits is one segment.
         block_regions, grid_nodes = [], []
+        scatter_set = set(scatters)
         for comp in self.components():
             # One block runs the region's phases in order, so a self with other readers gets an
             # in-block copy (its readers cannot go to an earlier segment inside one segment).
             tentative = dict(decisions)
-            for p in comp:
-                if p in scatters:
-                    g = self.graph(tentative, default_copy={q for q in scatters if q in comp and q > p})
-                    mode, why, readers = self.conflict(g, _step_at(g, p))
-                    if mode == ORDERED:
-                        mode, why = COPIED, f"other readers in the same block ({readers[0].label()})"
-                    tentative[p] = (mode, why)
+            comp_scatters = [q for q in comp if q in scatter_set]
+            for k, p in enumerate(comp_scatters):
+                g = self.graph(tentative, default_copy=set(comp_scatters[k + 1:]))
+                mode, why, readers = self.conflict(g, _step_at(g, p))
+                if mode == ORDERED:
+                    mode, why = COPIED, f"other readers in the same block ({readers[0].label()})"
+                tentative[p] = (mode, why)
             g = self.graph(tentative)
-            if self.fits_block(g, [s for s in g.steps if _pos_of(g, s) in comp])[0] and \
+            comp_set = set(comp)
+            if self.fits_block(g, [s for s in g.steps if _pos_of(g, s) in comp_set])[0] and \
                     self.grid_launches(g, tentative, set(comp)) > 1:
                 decisions = tentative
                 block_regions.append(comp)
@@ -246,7 +257,8 @@ class _Segmenter:
             placed = self.place(g, decisions, grid_set)
         segs, _, must_follow = placed
         for comp in reversed(block_regions):
-            steps = [s for s in g.steps if _pos_of(g, s) in comp]
+            comp_set = set(comp)
+            steps = [s for s in g.steps if _pos_of(g, s) in comp_set]
             ok, smem, _ = self.fits_block(g, steps)
             for s in steps:
                 s.library = ""  # generated inside the block
@@ -331,11 +343,13 @@ class _Segmenter:
 
         for seg in segs:
             candidate = [s for r in run for s in r.steps] + seg.steps
+            charge(len(candidate))
             if any(s.library and not can_generate(s.node, g.types, SINGLE_BLOCK, self.cap, self.checks)[0] for s in seg.steps):
                 close()
                 out.append(seg)
                 continue
-            conflict = any((id(a), id(b)) in ordered_pairs for a in candidate for b in candidate)
+            ids = {id(s) for s in candidate} if ordered_pairs else ()
+            conflict = any(a in ids and b in ids for a, b in ordered_pairs)
             if not conflict and self.fits_block(g, candidate, leaving=set())[0]:
                 run.append(seg)
                 continue

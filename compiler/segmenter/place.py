@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..limits import charge
 from .graph import COPY, NONE, OWN, Step, WorkGraph, access
 
 SCATTERED, COMPLETE_OWN = "scattered", "own"  # why a tensor made in a segment is not yet readable
@@ -90,16 +91,17 @@ def boundary(seg: Seg, t: str, step: Step, k: int, g: WorkGraph) -> str | None:
     return None
 
 
-def incompatible(seg: Seg, step: Step, fuse_copies: bool = True) -> str | None:
-    """Why `step` cannot share `seg`'s kernel at all; None when it can."""
+def incompatible(seg: Seg, step: Step, fuse_copies: bool = True, seg_library: bool | None = None) -> str | None:
+    """Why `step` cannot share `seg`'s kernel at all; None when it can. `seg_library`: whether
+    seg holds a library step, when the caller keeps track (each look is a pass over its steps)."""
     if not fuse_copies and seg.steps and ((step.kind == COPY) != all(s.kind == COPY for s in seg.steps)):
         return f"{step.label()} is a copy and copies run as their own segment"
     if step.library:
         return f"{step.label()} runs as a library call: {step.library}"
-    if seg.library:
+    if seg.library if seg_library is None else seg_library:
         return f"{seg.steps[0].label()} is a library call and shares its segment with nothing"
-    h = seg.heavy
-    if step.heavy and h is not None:
+    h = seg.heavy if step.heavy else None
+    if h is not None:
         return (f"{step.label()} cannot share a multi-block kernel with {h.label()} "
                 "(one reduction, scan, sort or scatter per kernel)")
     return None
@@ -138,7 +140,9 @@ def topo_order(g: WorkGraph, must_follow: dict) -> list[Step] | None:
 
 def place(g: WorkGraph, order: list[Step], must_follow: dict, fuse_copies: bool = True) -> tuple[list[Seg], dict]:
     segs: list[Seg] = []
+    has_library: list[bool] = []  # per segment: whether it holds a library step (Seg.library)
     where: dict[Step, int] = {}
+    charge(len(order))
     for step in order:
         earliest, why = 0, None
         for k, t in step.tensor_operands():
@@ -161,7 +165,7 @@ def place(g: WorkGraph, order: list[Step], must_follow: dict, fuse_copies: bool 
                 why = f"{why}; {b}"
         target, last_bad = None, None
         for j in range(earliest, len(segs)):
-            bad = incompatible(segs[j], step, fuse_copies)
+            bad = incompatible(segs[j], step, fuse_copies, has_library[j])
             if bad is None:
                 target = j
                 break
@@ -174,8 +178,10 @@ def place(g: WorkGraph, order: list[Step], must_follow: dict, fuse_copies: bool 
             else:
                 reason = last_bad
             segs.append(Seg(reason=reason))
+            has_library.append(False)
             target = len(segs) - 1
         segs[target].add(step, g)
+        has_library[target] = has_library[target] or bool(step.library)
         where[step] = target
     return segs, where
 

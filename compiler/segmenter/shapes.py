@@ -25,6 +25,7 @@ from functools import lru_cache
 import sympy
 
 from ..errors import OpError
+from ..limits import charge, counted, memoized
 from ..ops.registry import InferCtx, TensorType
 from ..shapes import norm, symbol
 from ..shapes import numel as _numel
@@ -69,8 +70,10 @@ def class_types(fusion, env: dict[str, int]) -> dict[str, TensorType] | None:
     if key not in _CLASS_TYPES:
         if len(_CLASS_TYPES) > 1024:
             _CLASS_TYPES.clear()
-        _CLASS_TYPES[key] = _infer_class_types(fusion, env)
-    return _CLASS_TYPES[key]
+        _CLASS_TYPES[key] = counted(_infer_class_types, fusion, env)
+    types, units = _CLASS_TYPES[key]
+    charge(units)  # what inferring them cost, remembered or not (limits.memoized)
+    return types
 
 
 def _infer_class_types(fusion, env: dict[str, int]) -> dict[str, TensorType] | None:
@@ -95,13 +98,13 @@ def evaluate(expr, env: dict[str, int]) -> int:
     return int(sympy.sympify(expr).subs({symbol(k): v for k, v in env.items()}))
 
 
-@lru_cache(maxsize=4096)
+@memoized(4096)
 def numel(shape: tuple):
     """Elements of a shape (cached: simplifying symbolic products dominates planning time)."""
     return _numel(shape)
 
 
-@lru_cache(maxsize=4096)
+@memoized(4096)
 def nbytes(t: TensorType):
     n = numel(tuple(t.shape))
     return n * t.dtype.itemsize if isinstance(n, int) else norm(n * t.dtype.itemsize)
