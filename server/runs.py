@@ -325,7 +325,8 @@ def _outcome(rt: Runtime, job: Job) -> RunOutcome:
         # A warm run compiled nothing; the CuPy runner repeats the compile time of the cached
         # preparation on every run, which would inflate the metrics and mislead the caller.
         timings["compile"] = 0.0
-    timings["queue"] = (job.t_start - job.t_admit) * 1e6
+    # planning before the queue is in "plan" (compute_input), not in the queue's wait as well
+    timings["queue"] = max(0.0, (job.t_start - job.t_admit) * 1e6 - job.plan_us)
     timings["batch"] = (job.t_end - job.t_start) * 1e6
     timings["total"] = (t_end - job.t_admit) * 1e6
     rt.metrics.observe_run(t_end - job.t_admit, hits, misses, compiled, timings.get("compile", 0.0))
