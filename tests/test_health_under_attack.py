@@ -39,6 +39,7 @@ class Attack:
     prepare: Callable[[str], None] | None = None  # done before the probes start (register a graph)
     info: str = ""
     seen: list = field(default_factory=list)
+    run_within: float = OTHERS_WITHIN  # seconds for another client's small run, unless it queues behind the attack
 
 
 def post_all(url: str, path: str, bodies: list, timeout: float = ATTACK_TIMEOUT) -> list[int]:
@@ -152,8 +153,10 @@ ATTACKS = {
     "scatter_chain_cold_runs": Attack(scatter_chain_cold_runs, {413}, prepare=register_scatter_chain,
                                       info="planning past max_plan_work or max_plan_seconds"),
     "huge_inline_outputs": Attack(huge_inline_outputs, {413}, info="past max_run_bytes"),
+    # its run is real work on the one run worker (--run-workers 1): a small run queued behind it waits
+    # for it, while health and buffer reads, which it must not hold up, keep the tight bounds
     "large_inline_json_infer": Attack(large_inline_json_infer, {200}, prepare=register_wide_sum,
-                                      info="decoded by the codec process"),
+                                      info="decoded by the codec process", run_within=10.0),
     "gzip_past_the_body_limit": Attack(gzip_past_the_body_limit, {413}, info="inflates past max_body_bytes"),
 }
 
@@ -264,7 +267,7 @@ def test_health_buffers_and_runs_answer_while_the_server_is_attacked(server, nam
     assert probes.wrong == [], probes.wrong
     assert probes.rounds >= 2, probes.rounds
     assert probes.slowest["health"] < HEALTH_WITHIN, (probes.slowest, took)
-    assert probes.slowest["buffer"] < OTHERS_WITHIN and probes.slowest["run"] < OTHERS_WITHIN, (probes.slowest, took)
+    assert probes.slowest["buffer"] < OTHERS_WITHIN and probes.slowest["run"] < attack.run_within, (probes.slowest, took)
     # and afterwards it serves as before
     assert httpx.get(url + "/v2/health/ready", timeout=10).status_code == 200
     assert httpx.post(url + "/v2/fusions", json=graph(f"after_{name}", [
