@@ -51,6 +51,7 @@ class CompilerPool:
     max_waiting = 32
 
     def __init__(self, name: str, what: str, settings: Settings):
+        self.name = name
         self.pool = ThreadPoolExecutor(self.threads, thread_name_prefix=f"segfuse-{name}")
         self.what, self.work, self.seconds = what, settings.max_plan_work, settings.max_plan_seconds
         self.pending = 0  # calls queued or running (counted on the event loop)
@@ -82,7 +83,10 @@ class CompilerPool:
         return within_budget(self.what, self.work, self.seconds, fn, *args)
 
     def shutdown(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        # A fresh pool (its threads start on first use) in place of the old: an app's lifespan may
+        # run again in the same process, and validation must work then too (it answered 500).
+        old, self.pool = self.pool, ThreadPoolExecutor(self.threads, thread_name_prefix=f"segfuse-{self.name}")
+        old.shutdown(wait=False, cancel_futures=True)
 
 
 class RunExecutor:
