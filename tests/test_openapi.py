@@ -152,3 +152,73 @@ async def test_model_ready_answers_the_documented_json(asgi_server, moe_graph):
             documented = spec["paths"][template]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
             assert documented == {"$ref": "#/components/schemas/ModelReady"}
         assert (await c.get("/v2/models/nope/ready")).status_code == 404
+
+
+def _links(spec):
+    for path, item in spec["paths"].items():
+        for method, op in item.items():
+            for status, response in op.get("responses", {}).items():
+                for name, link in response.get("links", {}).items():
+                    yield f"{method.upper()} {path} {status} {name}", op, link
+
+
+@pytest.mark.parametrize("token", [None, "tok"])
+def test_links_lead_to_operations_of_the_document(token):
+    """Every OpenAPI link (what schemathesis's stateful phase follows) names an operation of the
+    document, fills only parameters that operation has, all of its path parameters, and from
+    values the source has: its own path parameters or fields of its documented response."""
+    import re
+
+    spec = _schema(token)
+    found = {label.rsplit(" ", 1)[1] for label, _, _ in _links(spec)}
+    assert {"GetBuffer", "GetFusion", "Infer", "Unload", "Load", "RegionStatus", "Unregister"} <= found, found
+    for label, source, link in _links(spec):
+        m = re.fullmatch(r"#/paths/(.+)/(get|put|post|delete)", link["operationRef"])
+        assert m, label
+        target = spec["paths"][m.group(1).replace("~1", "/").replace("~0", "~")][m.group(2)]
+        params = {p["name"]: p["in"] for p in target.get("parameters", [])}
+        assert set(link["parameters"]) <= set(params), (label, link["parameters"], params)
+        assert {n for n, where in params.items() if where == "path"} <= set(link["parameters"]), label
+        source_path = {p["name"] for p in source.get("parameters", []) if p["in"] == "path"}
+        for value in link["parameters"].values():
+            if value.startswith("$request.path."):
+                assert value.removeprefix("$request.path.") in source_path, (label, value)
+            elif value.startswith("$response.body#/"):
+                status = label.split()[2]
+                schema = source["responses"][status]["content"]["application/json"].get("schema", {})
+                ref = schema.get("$ref")
+                if ref:  # typed response: the field is one of its properties
+                    props = spec["components"]["schemas"][ref.rsplit("/", 1)[1]]["properties"]
+                    assert value.split("/")[1] in props, (label, value)
+            else:
+                assert not value.startswith("$"), (label, value)  # a constant (the version)
+
+
+@pytest.mark.anyio
+async def test_linked_calls_succeed_on_what_the_source_returned(asgi_server, moe_graph):
+    """Following each link of a registration, a buffer PUT and a repository load with the values
+    the response gave answers 2xx (the operations a stateful client reaches are the intended ones)."""
+    spec = _schema()
+    async with asgi_server() as c:
+        reg = (await c.post("/v2/fusions", json=moe_graph)).json()
+        put = await c.put("/v2/buffers/b1", json={"dtype": "int64", "shape": [2], "data": [1, 2]})
+        assert put.status_code == 201
+        infer_body = {"inputs": [{"name": "topk_ids", "datatype": "INT64", "shape": [2, 2], "data": [1, 3, 3, 15]}]}
+        links = spec["paths"]["/v2/fusions"]["post"]["responses"]["201"]["links"]
+        order = [n for n in links if n not in ("Unload", "DeleteFusion")] + ["Unload"]
+        for name in order:
+            link = links[name]
+            path, method = link["operationRef"][len("#/paths/"):].rsplit("/", 1)
+            url = path.replace("~1", "/")
+            for p, expr in link["parameters"].items():
+                value = reg[expr.split("/")[-1]] if expr.startswith("$response") else expr
+                url = url.replace("{" + p + "}", value)
+            query = {"shape": "T=2,K=2"} if url.endswith("/plan") else None  # the sizes no link can give
+            r = await c.request(method.upper(), url, params=query, json=infer_body if url.endswith("/infer") else None)
+            assert r.status_code == 200, (name, url, r.text)
+        load = spec["paths"]["/v2/repository/models/{model}/unload"]["post"]["responses"]["200"]["links"]["Load"]
+        assert load["parameters"] == {"model": "$response.body#/name"}
+        assert (await c.post(f"/v2/repository/models/{reg['name']}/load")).status_code == 200
+        for name, link in spec["paths"]["/v2/buffers/{name}"]["put"]["responses"]["201"]["links"].items():
+            method = link["operationRef"].rsplit("/", 1)[1]
+            assert (await c.request(method.upper(), "/v2/buffers/b1")).status_code == 200, name

@@ -30,6 +30,7 @@ from ..tensors import (
     to_json_data,
     to_npy,
 )
+from .links import link
 
 router = APIRouter(prefix="/v2/buffers", tags=["buffers"])
 
@@ -58,14 +59,21 @@ PUT_BODY = {
             RAW: {"schema": {"type": "string", "format": "binary",
                              "description": "raw little-endian row-major bytes; dtype and shape as query parameters"}},
             NPY: {"schema": {"type": "string", "format": "binary", "description": "a .npy file"}},
-            JSON: {"schema": {"$ref": "#/components/schemas/BufferJson"}},
+            JSON: {"schema": {"$ref": "#/components/schemas/BufferJson"},
+                   "examples": {"int64_2x2": {"summary": "a 2x2 int64 array",
+                                              "value": {"dtype": "int64", "shape": [2, 2], "data": [1, 2, 3, 4]}}}},
         },
     }
 }
 
 
+STORED = {"GetBuffer": link("/v2/buffers/{name}", "get", "read it back", name="$request.path.name"),
+          "DeleteBuffer": link("/v2/buffers/{name}", "delete", "delete it", name="$request.path.name")}
+
+
 @router.put("/{name}", response_model=BufferPut, summary="Create or replace a buffer", openapi_extra=PUT_BODY,
-            responses={201: {"model": BufferPut, "description": "created"}, **errors(400, 401, 413, 422, 503)})
+            responses={200: {"links": STORED}, 201: {"model": BufferPut, "description": "created", "links": STORED},
+                       **errors(400, 401, 413, 422, 503)})
 async def put_buffer(rt: ReadyRuntime, request: Request, response: Response, name: str = BufferName,
                      dtype: str | None = Query(None, description="with application/octet-stream: int64 or INT64"),
                      shape: str | None = Query(None, description="with application/octet-stream: e.g. 4096,8"),

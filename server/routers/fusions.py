@@ -24,6 +24,7 @@ from ..models import (
 )
 from ..runtime import Runtime
 from ..tensors import size_from_digits
+from .links import fusion_links
 
 router = APIRouter(prefix="/v2/fusions", tags=["fusions"])
 
@@ -61,7 +62,8 @@ async def register(rt: Runtime, graph: Any, replace: bool) -> tuple[Fusion, dict
 
 
 @router.post("", response_model=FusionRegistered, summary="Register a fusion graph", openapi_extra=GRAPH_BODY_DOC,
-             responses={201: {"model": FusionRegistered, "description": "registered"},
+             responses={200: {"links": fusion_links()},
+                        201: {"model": FusionRegistered, "description": "registered", "links": fusion_links()},
                         **errors(400, 401, 409, 413, 422), **STORAGE_ERROR})
 async def register_fusion(rt: AnyRuntime, request: Request, response: Response,
                           replace: bool = Query(False, description="replace a different graph with the same name"),

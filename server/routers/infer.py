@@ -16,14 +16,23 @@ from ..request_bodies import LargeBody, decode, read_body
 from ..run_request import parse_request, response
 from ..runs import run
 from ..runtime import Runtime
-from .fusions import register
+from .fusions import MOE_EXAMPLE, register
+from .links import link
 
 router = APIRouter(tags=["inference"])
 
 
+# Requests on fusions.MOE_EXAMPLE, the documented graph (schemathesis's stateful phase sends them too).
+MOE_INPUTS = [{"name": "topk_ids", "datatype": "INT64", "shape": [2, 2], "data": [1, 3, 3, 15]}]
+EXAMPLES = {"InferRequest": {"inputs": MOE_INPUTS},
+            "ExecuteRequest": {"graph": MOE_EXAMPLE, "inputs": MOE_INPUTS}}
+
+
 def _body_doc(schema: str) -> dict:
     return {"requestBody": {"required": True, "content": {
-        "application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"}},
+        "application/json": {"schema": {"$ref": f"#/components/schemas/{schema}"},
+                             "examples": {"moe_problem_sizes": {"summary": "MoE problem sizes of 2 tokens, top-2",
+                                                                "value": EXAMPLES[schema]}}},
         CONTENT_TYPE: {"schema": {"type": "string", "format": "binary",  # (a media type has no description)
                                   "description": "binary tensor data extension: the JSON header (its length in "
                                                  "the Inference-Header-Content-Length header), then raw tensor "
@@ -130,8 +139,13 @@ async def model_ready(rt: ReadyRuntime, model: str) -> ModelReady:
     return ModelReady(name=rt.fusions.resolve(model).name, ready=True)
 
 
-@router.post("/v2/execute", summary="Register an inline graph and run it in one call",
-             response_model=InferResponse, responses=INFER_RESPONSES, openapi_extra=_body_doc("ExecuteRequest"))
+EXECUTED = {"GetFusion": link("/v2/fusions/{key}", "get", "the graph it registered", key="$response.body#/model_name"),
+            "Infer": link("/v2/models/{model}/infer", "post", "run it again", model="$response.body#/model_name")}
+
+
+@router.post("/v2/execute", summary="Register an inline graph and run it in one call", response_model=InferResponse,
+             responses={**INFER_RESPONSES, 200: {**INFER_RESPONSES[200], "links": EXECUTED}},
+             openapi_extra=_body_doc("ExecuteRequest"))
 async def execute(rt: ReadyRuntime, request: Request) -> Response:
     req, tail = await decode(rt, ExecuteRequest, await _request_body(rt, request), request.headers.get(HEADER))
     try:

@@ -31,6 +31,7 @@ from ..jsonio import loads
 from ..protocol import MODEL_VERSION, check_version
 from ..tensors import kserve_name
 from .fusions import STORAGE_ERROR, json_body, register
+from .links import fusion_links, link
 
 router = APIRouter(tags=["model repository"])
 
@@ -95,7 +96,7 @@ def _graph_of(config: Any, model: str) -> dict:
 
 
 @router.post("/v2/repository/models/{model}/load", summary="Load (register) a fusion",
-             responses={**errors(400, 401, 404, 413, 422), **STORAGE_ERROR})
+             responses={200: {"links": fusion_links()}, **errors(400, 401, 404, 413, 422), **STORAGE_ERROR})
 async def load_model(rt: AnyRuntime, model: str, request: Request) -> dict:
     params = _params(await request.body(), {"config"})
     if "config" in params:
@@ -116,7 +117,9 @@ async def load_model(rt: AnyRuntime, model: str, request: Request) -> dict:
 
 
 @router.post("/v2/repository/models/{model}/unload", summary="Unload (unregister) a fusion",
-             responses=errors(400, 401, 404))
+             responses={200: {"links": {"Load": link("/v2/repository/models/{model}/load", "post", "load it again",
+                                                     model="$response.body#/name")}},
+                        **errors(400, 401, 404)})
 async def unload_model(rt: AnyRuntime, model: str, request: Request) -> dict:
     params = _params(await request.body(), {"unload_dependents"})
     if not isinstance(params.get("unload_dependents", False), bool):

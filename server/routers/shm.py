@@ -20,6 +20,7 @@ from ..models import (
 from ..names import path_name
 from ..regions import CUDA, SYSTEM, TITLE, Region, RegionStore
 from ..runtime import Runtime
+from .links import link
 
 
 class JsonBodyRoute(APIRoute):
@@ -42,10 +43,22 @@ router = APIRouter(tags=["shared memory"], route_class=JsonBodyRoute)
 RegionName = path_name("shared memory region", "; one namespace for system and CUDA regions")
 SYSTEM_PREFIX, CUDA_PREFIX = "/v2/systemsharedmemory", "/v2/cudasharedmemory"
 
+# The object a client made with shm_open("/input_data") and ftruncate to 64 bytes or more.
+SYSTEM_EXAMPLE = {"requestBody": {"content": {"application/json": {"examples": {"input_data": {
+    "summary": "64 bytes of /input_data", "value": {"key": "/input_data", "offset": 0, "byte_size": 64}}}}}}}
+
+
+def _registered(prefix: str) -> dict:
+    """A registered region leads to its status and its unregistering."""
+    name = "$request.path.name"
+    return {200: {"links": {
+        "RegionStatus": link(f"{prefix}/region/{{name}}/status", "get", "its status", name=name),
+        "Unregister": link(f"{prefix}/region/{{name}}/unregister", "post", "unregister it", name=name)}}}
+
 
 @router.post(f"{SYSTEM_PREFIX}/region/{{name}}/register", response_model=SystemRegionStatus,
              summary="Register a POSIX shared-memory object (or a slice of it) as a region",
-             responses=errors(400, 401, 413, 503))
+             responses={**_registered(SYSTEM_PREFIX), **errors(400, 401, 413, 503)}, openapi_extra=SYSTEM_EXAMPLE)
 async def register_system(rt: ReadyRuntime, body: SystemRegionRegister, name: str = RegionName) -> dict:
     region = await asyncio.to_thread(rt.regions.register_system, name, body.key, body.offset, body.byte_size)
     return region.status()
@@ -53,7 +66,7 @@ async def register_system(rt: ReadyRuntime, body: SystemRegionRegister, name: st
 
 @router.post(f"{CUDA_PREFIX}/region/{{name}}/register", response_model=CudaRegionStatus,
              summary="Register another process's GPU allocation (a cudaIpcMemHandle_t) as a region",
-             responses=errors(400, 401, 413, 501, 503))
+             responses={**_registered(CUDA_PREFIX), **errors(400, 401, 413, 501, 503)})
 async def register_cuda(rt: ReadyRuntime, body: CudaRegionRegister, name: str = RegionName) -> dict:
     region = await rt.on_device(rt.regions.register_cuda, name, body.raw_handle.b64, body.device_id,
                                 body.byte_size, rt.arrays)
