@@ -114,7 +114,7 @@ class JsonCodec:
                 return self._spare.pop(k)
         return Segment.new(size)
 
-    async def _recycle(self, seg: Segment) -> None:
+    async def recycle(self, seg: Segment) -> None:
         if len(self._spare) < SPARE_SEGMENTS and seg.size <= SPARE_MAX_BYTES:
             self._spare.append(seg)
         else:
@@ -149,7 +149,7 @@ class JsonCodec:
         finally:
             call.close()
 
-    async def _call(self, name: str, fds: list[int], *args) -> tuple:
+    async def call(self, name: str, fds: list[int], *args) -> tuple:
         if self._thread is None:
             self._thread = ThreadPoolExecutor(1, thread_name_prefix="segfuse-codec")
         call = _Call(fds)
@@ -175,7 +175,7 @@ class JsonCodec:
         try:
             await fill_body(chunks, seg.buf, size)
         except BaseException:
-            await self._recycle(seg)
+            await self.recycle(seg)
             raise
         return seg
 
@@ -184,12 +184,12 @@ class JsonCodec:
         """(dtype name, shape, host array view, its segment: `release` it once copied)."""
         out = anonymous_fd()
         try:
-            _, dtype, shape = await self._call("decode", [body.fd, out], size, max_rank, max_bytes)
+            _, dtype, shape = await self.call("decode", [body.fd, out], size, max_rank, max_bytes)
         except BaseException:
             os.close(out)
             raise
         finally:
-            await self._recycle(body)
+            await self.recycle(body)
         from segfuse.compiler.dtypes import DType
 
         seg = Segment(out)
@@ -202,7 +202,7 @@ class JsonCodec:
         out = anonymous_fd()
         try:
             await asyncio.to_thread(np.copyto, np.ndarray(host.shape, host.dtype, buffer=seg.buf), host)
-            _, size = await self._call("encode", [seg.fd, out], name, dtype, list(host.shape))
+            _, size = await self.call("encode", [seg.fd, out], name, dtype, list(host.shape))
         except BaseException:
             os.close(out)
             raise

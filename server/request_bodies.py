@@ -97,7 +97,7 @@ async def decode(rt, model: type[pydantic.BaseModel], body: bytes | LargeBody, h
     codec, out, tail = rt.codec, anonymous_fd(), None
     try:
         try:
-            result = await codec._call("request", [body.seg.fd, out], body.size, header_length, model.__name__,
+            result = await codec.call("request", [body.seg.fd, out], body.size, header_length, model.__name__,
                                        rt.settings.max_rank)
             if result[0] == "invalid":
                 raise RequestValidationError(result[1])
@@ -108,7 +108,7 @@ async def decode(rt, model: type[pydantic.BaseModel], body: bytes | LargeBody, h
                 await asyncio.to_thread(np.copyto, tail, src)
                 del src
         finally:
-            await codec._recycle(body.seg)
+            await codec.recycle(body.seg)
     except BaseException:
         os.close(out)
         raise

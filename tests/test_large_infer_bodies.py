@@ -73,13 +73,13 @@ async def register(c, *graphs) -> None:
 def codec_calls(c, monkeypatch) -> list[str]:
     """The names of the calls the server makes to its codec process, as they are made."""
     codec, calls = c.app.state.runtime.codec, []
-    real = codec._call
+    real = codec.call
 
     async def spy(name, *args):
         calls.append(name)
         return await real(name, *args)
 
-    monkeypatch.setattr(codec, "_call", spy)
+    monkeypatch.setattr(codec, "call", spy)
     return calls
 
 
