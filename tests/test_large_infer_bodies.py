@@ -8,10 +8,7 @@ details, outputs) must equal the small one's. Results are also checked against N
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import signal
-import subprocess
 import time
 
 import httpx
@@ -186,36 +183,6 @@ async def test_large_binary_bodies(asgi_server, moe_graph, chain_graph):
 HEALTH_BOUND_S = 1.0  # generous: before, a 40 MB body held every request for over 3 s
 
 
-@contextlib.contextmanager
-def served(*flags):
-    """`segfuse serve` in its own process (the test's client never shares its GIL): its URL."""
-    from test_server_cli import SEGFUSE, free_port
-
-    port = free_port()
-    proc = subprocess.Popen([*SEGFUSE, "serve", "--backend", "numpy", "--host", "127.0.0.1", "--port", str(port),
-                             "--log-level", "warning", *flags], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(url + "/v2/health/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None, proc.stdout.read().decode()
-            assert time.monotonic() < deadline, "server did not start"
-            time.sleep(0.1)
-        yield url
-    finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 async def slowest_health_while(url: str, request) -> tuple[float, int, object]:
     """(the slowest /v2/health/live answer, how many answered, the response) while `request` (a
     coroutine) is in flight."""
@@ -245,7 +212,10 @@ async def test_health_answers_while_a_large_inline_json_infer_is_decoded(moe_gra
     ids = np.random.default_rng(2).integers(0, 10, n)
     body = (b'{"inputs": [{"name": "topk_ids", "datatype": "INT64", "shape": [%d, 2], "data": ' % (n // 2)
             + digits_json(ids) + b"}]}")
-    with served() as url:
+    from test_client import server_process
+    from test_server_cli import SEGFUSE
+
+    with server_process([*SEGFUSE, "serve"]) as url:  # its own process: the client never shares its GIL
         async with httpx.AsyncClient(base_url=url, timeout=120) as c:
             assert (await c.post("/v2/fusions", json=moe_graph)).status_code == 201
             # (this first large body also starts the codec process)
