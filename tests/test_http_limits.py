@@ -206,9 +206,10 @@ def test_the_limits_are_settings_and_serve_flags():
 
 
 def test_serve_applies_the_limits():
-    from test_large_infer_bodies import served
+    from test_client import server_process
+    from test_server_cli import SEGFUSE
 
-    with served("--max-header-bytes", "2K", "--header-timeout", "1") as url:
+    with server_process([*SEGFUSE, "serve", "--max-header-bytes", "2K", "--header-timeout", "1"]) as url:
         host, port = url.removeprefix("http://").split(":")
         with socket.create_connection((host, int(port)), timeout=WAIT_S) as sock:
             sock.sendall(request(extra=b"X-Big: " + b"a" * 3000 + b"\r\n"))

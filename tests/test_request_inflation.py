@@ -12,7 +12,9 @@ import zlib
 import numpy as np
 import pytest
 from segfuse.server.compression import InflateError, inflate, inflate_chunks
-from test_large_infer_bodies import HEALTH_BOUND_S, MOE, served, slowest_health_while
+from test_client import server_process
+from test_large_infer_bodies import HEALTH_BOUND_S, MOE, slowest_health_while
+from test_server_cli import SEGFUSE
 
 pytestmark = pytest.mark.anyio
 
@@ -112,7 +114,7 @@ async def test_health_answers_while_gzip_bodies_inflate(moe_graph):
     fits = gzip_of(head, SPACES, repeat=250)
     bomb = gzip_of(b"", SPACES, repeat=1024)
     assert len(fits) < 1 << 20 and len(bomb) < 2 << 20
-    with served() as url:
+    with server_process([*SEGFUSE, "serve"]) as url:  # its own process: the client never shares its GIL
         import httpx
 
         async with httpx.AsyncClient(base_url=url, timeout=120) as c:
