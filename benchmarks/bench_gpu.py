@@ -22,8 +22,6 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))  # the test corpus (tests/corpus/)
 
 REPS, WARM = 20, 3
 MOE_REPS = 100  # small calls: more repetitions, same for every implementation
@@ -107,24 +105,21 @@ def bench_chain(rows, n=2**28):
     out = eng.run(f, {"a": a, "b": b, "c": c}).outputs["o"]
     ref = torch.where(ta > 0, ta * tb + tc, torch.exp(tc) * 0.5)
     assert torch.allclose(torch.as_tensor(out, device="cuda"), ref, rtol=1e-5, atol=1e-6)
-    from segfuse.compiler.cuda.runtime import get_runtime
-
-    rt = get_runtime()
-    k_us = rt.kernel_time_us(f, {"a": a, "b": b, "c": c})
-    prep = _prep_of(rt, f, {"a": a, "b": b, "c": c})
+    k_us = eng.kernel_time_us(f, {"a": a, "b": b, "c": c})
+    prep = eng.prepared(f, {"a": a, "b": b, "c": c})
     rows.append({"bench": "elementwise chain 2^28 f32", "impl": "segfuse kernels only", "us": k_us,
                  "TB/s": 4 * n * 4 / 1e9 / (k_us * 1e-6) / 1e3, "launches": prep.kernels, "plan": _plan_desc(prep)})
     from segfuse.compiler.codegen import segment as segmod
+    from segfuse.compiler.segmenter.cache import PlanCache
 
     saved = segmod.VEC_BLOCKS_PER_SM
     for per_sm in (64, 1024, 1 << 20):  # launch-geometry variants of the same kernel, for the record
         segmod.VEC_BLOCKS_PER_SM = per_sm
-        rt._prepared.clear()
-        kv = rt.kernel_time_us(f, {"a": a, "b": b, "c": c})
+        # (a plan cache of its own: a new plan, so a preparation of its own, generated now)
+        kv = Engine("cupy", plan_cache=PlanCache()).kernel_time_us(f, {"a": a, "b": b, "c": c})
         rows.append({"bench": "elementwise chain 2^28 f32", "impl": f"segfuse kernels only, {per_sm} blocks/SM",
                      "us": kv, "TB/s": 4 * n * 4 / 1e9 / (kv * 1e-6) / 1e3})
     segmod.VEC_BLOCKS_PER_SM = saved
-    rt._prepared.clear()
 
     def te():
         return torch.where(ta > 0, ta * tb + tc, torch.exp(tc) * 0.5)
@@ -167,11 +162,8 @@ def bench_scatter(rows, bins, n=2**26):
     ref = torch.zeros(bins, device="cuda").scatter_add_(0, tidx, tsrc)
     assert torch.allclose(torch.as_tensor(out, device="cuda"), ref, rtol=1e-3, atol=1e-2)
     t_seg = timeit(lambda: eng.run(f, {"dst": dst, "i": idx, "v": src}))
-    from segfuse.compiler.cuda.runtime import get_runtime
-
-    rt = get_runtime()
-    k_us = rt.kernel_time_us(f, {"dst": dst, "i": idx, "v": src})
-    prep = _prep_of(rt, f, {"dst": dst, "i": idx, "v": src})
+    k_us = eng.kernel_time_us(f, {"dst": dst, "i": idx, "v": src})
+    prep = eng.prepared(f, {"dst": dst, "i": idx, "v": src})
     t_eager = timeit(lambda: tdst.clone().scatter_add_(0, tidx, tsrc))
 
     def tc_fn(d, i, s):
@@ -216,10 +208,9 @@ def _torch_moe(kind, ids, counts, E, K):
 def bench_moe(rows, E=256, K=8):
     import cupy as cp
     import torch
-    from corpus import moe_graphs
-    from segfuse.compiler.cuda.runtime import get_runtime
     from segfuse.compiler.engine import Engine
     from segfuse.compiler.ir import Fusion
+    from workloads import moe_graphs
 
     eng = Engine("cupy")
     lazy = Engine("cupy", errors="deferred")  # device errors raised by a later call, as torch's
@@ -234,8 +225,7 @@ def bench_moe(rows, E=256, K=8):
                 eng.run(f, ins)  # the second call with this signature sets up the fast path
                 ids = tins.get("topk_ids")
                 counts = tins.get("tokens_per_expert")
-                rt = get_runtime()
-                prep = _prep_of(rt, f, ins)
+                prep = eng.prepared(f, ins)
                 fns = {"seg": lambda: eng.run(f, ins), "eager": lambda: _torch_moe(g["name"], ids, counts, E, K)}
                 if prep.may_fail:  # a plan that checks data: also with errors="deferred"
                     lazy.run(f, ins)
@@ -244,7 +234,7 @@ def bench_moe(rows, E=256, K=8):
                 stats = interleaved(fns)
                 lazy.synchronize()
                 (t_eager, p50_eager) = stats["eager"]
-                k_us = rt.kernel_time_us(f, ins)
+                k_us = eng.kernel_time_us(f, ins)
                 name = f"{g['name']} T={T} {idt}"
                 for key, impl in (("seg", "segfuse Engine.run"), ("lazy", "segfuse Engine.run, errors='deferred'")):
                     if key not in stats:
@@ -259,7 +249,7 @@ def bench_moe(rows, E=256, K=8):
                     ratios[tag] = t_eager / t
                     ratios[tag + "_p50"] = p50_eager / p50
                 if T in (128, 4096):  # the multi-launch lowering, for comparison
-                    split = _split_runtime()
+                    split = _split_engine()
                     split.run(f, ins)
                     rows.append({"bench": name, "impl": "segfuse, one launch per anchor",
                                  "us": timeit(lambda: split.run(f, ins)), "torch eager us": t_eager})
@@ -270,17 +260,28 @@ def bench_moe(rows, E=256, K=8):
 _SPLIT = []
 
 
-def _split_runtime():
-    from segfuse.compiler.cuda.runtime import CupyRuntime
-    from segfuse.compiler.segmenter.reference import simple_plan
+class _SplitPlans:
+    """A plan cache whose plans are the reference planner's one launch per anchor."""
+
+    def __init__(self):
+        self.plans = {}
+
+    def get(self, fusion, bound):
+        from segfuse.compiler.segmenter.reference import simple_plan
+
+        key = (fusion.id, tuple(sorted(bound.env.items())))
+        hit = key in self.plans
+        if not hit:
+            self.plans[key] = simple_plan(fusion, dict(bound.types), small=-1)
+        return self.plans[key], hit
+
+
+def _split_engine():
+    from segfuse.compiler.engine import Engine
 
     if not _SPLIT:
-        _SPLIT.append(CupyRuntime(planner=lambda f, types: simple_plan(f, types, small=-1)))
+        _SPLIT.append(Engine("cupy", plan_cache=_SplitPlans()))
     return _SPLIT[0]
-
-
-def _prep_of(rt, f, ins):
-    return rt.prepared_for(f, ins)
 
 
 def _plan_desc(prep) -> str:
@@ -291,10 +292,11 @@ def _plan_desc(prep) -> str:
 
 def bench_compile_and_overhead(rows):
     import cupy as cp
-    from segfuse.compiler.cuda.runtime import get_runtime
     from segfuse.compiler.engine import Engine
 
-    rt = get_runtime()
+    eng = Engine("cupy")
+    eng.start()  # (the runtime: NVRTC's one-time start runs in the background from here)
+    backend = eng.device_backend
     f = graph("tiny", [{"name": "x", "dtype": "float32", "shape": [1024]}],
               [{"op": "mul", "out": "y", "inputs": ["x", 2.0]}, {"op": "add", "out": "z", "inputs": ["y", 1.0]}], ["z"])
     from segfuse.compiler.codegen.segment import generate
@@ -302,8 +304,8 @@ def bench_compile_and_overhead(rows):
 
     types = f.bind({"x": (1024,)}).types
     mod = generate(f, Segment(0, SegmentKind.pointwise, [0, 1], ["x"], ["z"], "bench"), types)
-    rt.cache.compiler_ready.wait(30)  # NVRTC's one-time start runs in the background from runtime creation
-    first = rt.cache.first_compile_s
+    backend.compiler_ready(30)  # NVRTC's one-time start runs in the background from runtime creation
+    first = backend.compile_stats()["first_compile_s"]
     if first is not None:
         rows.append({"bench": "first NVRTC compile in a process (one-time start; a server does it at start-up)",
                      "impl": "segfuse", "us": first * 1e6})
@@ -311,16 +313,15 @@ def bench_compile_and_overhead(rows):
     for _ in range(3):
         src = mod.source + f"\n// cold-compile nonce {time.time_ns()}\n"
         t0 = time.perf_counter()
-        m = rt.cache.get(src)
+        m = backend.load_module(src)
         m.get_function(mod.launches[0].kernel)
         colds.append((time.perf_counter() - t0) * 1e6)
     cold = max(colds)
     rows.append({"bench": "cold compile of one new kernel (NVRTC + load), worst of 3", "impl": "segfuse", "us": cold})
-    eng = Engine("cupy")
     x = cp.ones(1024, cp.float32)
     eng.run(f, {"x": x})
     t_call = timeit(lambda: eng.run(f, {"x": x}), reps=200)
-    t_k = rt.kernel_time_us(f, {"x": x}, reps=200)
+    t_k = eng.kernel_time_us(f, {"x": x}, reps=200)
     rows.append({"bench": "run on a cache hit (1024 elements)", "impl": "segfuse Engine.run", "us": t_call,
                  "kernel us": t_k, "host overhead us": t_call - t_k})
     k = cp.ElementwiseKernel("float32 x", "float32 z", "z = x * 2.0f + 1.0f", "cupy_tiny")

@@ -1,5 +1,5 @@
 """Row normalizations written as graphs (issue 20), for `python benchmarks/bench_gpu.py --only norm`:
-softmax, log_softmax, RMSNorm and LayerNorm (tests/norm_graphs.py) at [32768, 4096], [32768, 8192],
+softmax, log_softmax, RMSNorm and LayerNorm (benchmarks/workloads.py) at [32768, 4096], [32768, 8192],
 [8, 4096], [8, 8192], float32 and bfloat16, against torch eager, torch + CUDA graph, torch.compile
 (default and reduce-overhead) and the copy-bandwidth limit (a device-to-device copy moving the
 input bytes + output bytes), measured in the same run in three modes:
@@ -23,12 +23,8 @@ SEGFUSE_COMPILE_MODES ("default" to skip reduce-overhead), SEGFUSE_GRAPH_CALLS (
 from __future__ import annotations
 
 import os
-import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
-
-from modes import env_list, graph_of, held_events_us, measure, replay_us, stop_compile_workers, torch_launches  # noqa: E402
+from modes import env_list, graph_of, held_events_us, measure, replay_us, stop_compile_workers, torch_launches
 
 SHAPES = [(32768, 4096), (32768, 8192), (8, 4096), (8, 8192)]
 GRAPH_CALLS = int(os.environ.get("SEGFUSE_GRAPH_CALLS", "20"))
@@ -41,9 +37,8 @@ def bench_one(rows, kind, dtype, R, D, samples):
     import numpy as np
     import segfuse.torch as sft
     import torch
-    from norm_graphs import norm_graph, norm_inputs, torch_norm
-    from segfuse.compiler.cuda.runtime import get_runtime
     from segfuse.compiler.engine import Engine
+    from workloads import norm_graph, norm_inputs, torch_norm
 
     f = norm_graph(kind, dtype)
     host = norm_inputs(kind, R, D, dtype, seed=1)
@@ -57,8 +52,7 @@ def bench_one(rows, kind, dtype, R, D, samples):
     want = torch_norm(kind, t_ins).float().cpu().numpy()
     tol = 2e-2 if dtype == "bfloat16" else 1e-4
     assert np.allclose(got, want, rtol=tol, atol=tol, equal_nan=True), f"{kind} {dtype} {R}x{D} differs from torch"
-    rt = get_runtime()
-    prep = rt.prepared_for(f, ins)
+    prep = eng.prepared(f, ins)
     name = f"{kind} [{R}, {D}] {dtype}"
     out_bytes = R * D * (4 if dtype == "float32" else 2)
     in_bytes = sum(int(np.prod(v.shape)) * v.dtype.itemsize for v in ins.values())
@@ -67,7 +61,7 @@ def bench_one(rows, kind, dtype, R, D, samples):
     copy_us = sorted(held_events_us(lambda: dst.copy_(src)) for _ in range(3))[1]
     calls = GRAPH_CALLS if out_bytes <= GRAPH_CALLS_BYTES else 1
     impls = {"segfuse": (lambda: eng.run(f, ins), lambda: deferred.run(f, ins),
-                         lambda: rt.kernel_time_us(f, ins, reps=50), prep.kernels if prep else None)}
+                         lambda: eng.kernel_time_us(f, ins, reps=50), prep.kernels if prep else None)}
     op = sft.fusion(f)  # the same kernels inside the caller's CUDA graph, timed as torch's rows are
     sg = graph_of(lambda: op(**t_ins))
     impls["segfuse.torch in a CUDA graph"] = (sg.replay, sg.replay, replay_us(lambda: op(**t_ins), calls),

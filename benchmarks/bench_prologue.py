@@ -1,4 +1,4 @@
-"""The whole MoE routing prologue as ONE graph (issue 20; tests/torch_graphs.py: counts by
+"""The whole MoE routing prologue as ONE graph (issue 20; benchmarks/workloads.py: counts by
 scatter-add, expert offsets by cumsum and pad, the stable argsort, `order // K`, the inverse
 permutation by scattering an iota; E = 256, K = 8), for `python benchmarks/bench_gpu.py --only
 prologue`: T in {1, 128, 4096, 16384, 65536} x {int32, int64}, against torch eager, torch + CUDA
@@ -20,12 +20,8 @@ Knobs: SEGFUSE_PROLOGUE_T ("1,128,4096"), SEGFUSE_PROLOGUE_IDT, SEGFUSE_PROLOGUE
 from __future__ import annotations
 
 import os
-import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests"))
-
-from modes import env_list, graph_of, held_events_us, measure, replay_us, stop_compile_workers, torch_launches  # noqa: E402
+from modes import env_list, graph_of, held_events_us, measure, replay_us, stop_compile_workers, torch_launches
 
 TOKENS = [1, 128, 4096, 16384, 65536]
 
@@ -33,10 +29,9 @@ TOKENS = [1, 128, 4096, 16384, 65536]
 def bench_one(rows, idt, T, samples):
     import cupy as cp
     import torch
-    from segfuse.compiler.cuda.runtime import get_runtime
     from segfuse.compiler.engine import Engine
     from segfuse.compiler.ir import Fusion
-    from torch_graphs import E, K, prologue_graph, torch_prologue
+    from workloads import E, K, prologue_graph, torch_prologue
 
     f = Fusion.from_json(prologue_graph(idt))
     ids_t = torch.randint(0, E, (T, K), device="cuda", dtype=getattr(torch, idt))
@@ -47,8 +42,7 @@ def bench_one(rows, idt, T, samples):
     want = torch_prologue(ids_t)
     for name, w in zip(("counts", "offsets", "input_perm", "output_perm"), want):
         assert torch.equal(torch.as_tensor(got[name], device="cuda").long(), w.long()), f"{name} T={T} {idt}"
-    rt = get_runtime()
-    prep = rt.prepared_for(f, ins)
+    prep = eng.prepared(f, ins)
     name = f"moe prologue T={T} {idt}"
 
     def seg_call():
@@ -57,7 +51,7 @@ def bench_one(rows, idt, T, samples):
     def seg_pipe():
         deferred.run(f, ins)
 
-    impls = {"segfuse": (seg_call, seg_pipe, lambda: rt.kernel_time_us(f, ins, reps=50), prep.kernels if prep else None)}
+    impls = {"segfuse": (seg_call, seg_pipe, lambda: eng.kernel_time_us(f, ins, reps=50), prep.kernels if prep else None)}
     if T * K > 16384:  # the histogram in a kernel of its own (Capability.fuse_sort_histograms off)
         import dataclasses
 
@@ -70,10 +64,9 @@ def bench_one(rows, idt, T, samples):
         hgot = he.run(hf, ins).outputs
         for nm, w in zip(("counts", "offsets", "input_perm", "output_perm"), want):
             assert torch.equal(torch.as_tensor(hgot[nm], device="cuda").long(), w.long()), f"two launches: {nm} T={T} {idt}"
-        plan = cache.get(hf, hf.bind({"topk_ids": (T, K)}))[0]
         impls["segfuse, histogram in its own kernel"] = (lambda: he.run(hf, ins), lambda: hd.run(hf, ins),
-                                                   lambda: rt.kernel_time_us(hf, ins, reps=50, plan=plan),
-                                                   rt.prepared_for(hf, ins).kernels)
+                                                   lambda: he.kernel_time_us(hf, ins, reps=50),
+                                                   he.prepared(hf, ins).kernels)
     try:  # the segfuse.torch op inside the caller's CUDA graph
         import segfuse.torch as sft
 

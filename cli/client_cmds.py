@@ -114,15 +114,15 @@ def _client(args):
 
 
 def _guard(cmd):
-    """For commands that talk to a server: a client SegfuseError is printed and exits with 1 for
+    """For commands that talk to a server: a ClientError is printed and exits with 1 for
     a server bug (5xx), else 2 (a refused request or an unreachable server)."""
     @functools.wraps(cmd)
     def wrapper(args) -> int:
-        from segfuse.client import SegfuseError
+        from segfuse.client import ClientError
 
         try:
             return cmd(args)
-        except SegfuseError as e:
+        except ClientError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1 if (e.status or 0) >= 500 else 2
     return wrapper
@@ -197,7 +197,7 @@ def cmd_buffers_rm(args) -> int:
 def run_remote(args) -> int:
     """`segfuse run GRAPH --server URL`: the same inputs/outputs as the in-process run, plus
     `NAME=buffer:BUF` to read an input from, or store an output into, a server buffer."""
-    from segfuse.client import Buffer, SegfuseError
+    from segfuse.client import Buffer, ClientError
 
     inputs: dict = {}
     for name, src in parse_pairs(args.input, "input").items():
@@ -220,7 +220,7 @@ def run_remote(args) -> int:
         # Named outputs only when some are named: otherwise every output comes back.
         try:
             res = c.run(graph, inputs=inputs, outputs=outputs or None)
-        except SegfuseError as e:
+        except ClientError as e:
             if e.status == 409 and any(d.get("loc", [])[:1] == ["graph"] for d in e.details or []):
                 print(f"error: {e}\nhint: --replace registers this graph in its place", file=sys.stderr)
                 return 2
@@ -255,12 +255,13 @@ def parse_symbols(text: str) -> dict[str, int]:
 
 
 def _engine(backend: str):
-    """The engine `segfuse serve --backend` would use (the server's own resolution of 'auto')."""
-    from segfuse.server.backend import BackendUnavailable, resolve
+    """The engine `segfuse serve --backend` would use ('auto': cupy where CuPy sees a GPU, else
+    numpy; the compiler's backend registry resolves it, as for the server)."""
+    from segfuse.compiler.engine import Engine
 
     try:
-        return resolve(backend, 0, None)[0]
-    except BackendUnavailable as e:
+        return Engine(backend)
+    except ValueError as e:
         raise UserError(str(e)) from None
 
 
@@ -329,9 +330,9 @@ def _stderr_console():
 # ---- bench --------------------------------------------------------------------------------------
 def gpu_visible() -> bool:
     """True when CuPy imports and sees at least one CUDA device (the server's own test)."""
-    from segfuse.server.backend import cupy_visible
+    from segfuse.compiler.engine import backend_unavailable
 
-    return cupy_visible()
+    return backend_unavailable("cupy") is None
 
 
 def _repo_root() -> Path:

@@ -61,11 +61,13 @@ def device_smem() -> dict:
     return TARGET_SMEM
 
 
-def _launch(h: dict, env: dict) -> str:
+def _launch(seg, fusion, env: dict) -> str:
+    h = seg.hints
     if not h.get("launch", True):
         return "no launch (a view)"
-    if "routine" in h:
-        return h["routine"]
+    if seg.routine is not None:  # a library segment: what runs, from its op's registry entry
+        return seg.routine.describe(next((fusion.nodes[p].op for p in seg.nodes
+                                          if fusion.nodes[p].op.library_sort is not None), None))
     if h.get("single_block"):
         return f"1 block x {h['threads']} threads, intermediates in shared memory {size(h['intermediate_smem_bytes'], env)} B"
     blocks = h.get("blocks")
@@ -95,7 +97,7 @@ def plan_lines(plan, fusion, env: dict[str, int], smem: dict, budget: int, width
                          break_long_words=False)
     for seg in plan.segments:
         out.append("")
-        out.append(f"  #{seg.id} {seg.kind.value}: {_launch(seg.hints, env)}")
+        out.append(f"  #{seg.id} {seg.kind.value}: {_launch(seg, fusion, env)}")
         field("ops", _ops(seg, fusion))
         field("reads", ", ".join(seg.inputs) or "-")
         field("writes", ", ".join(seg.outputs) or "-")

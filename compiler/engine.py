@@ -17,13 +17,14 @@ op and index). Runs that update an input in place are always checked before they
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
 import numpy as np
 
+from .backend import Backend
 from .ir import Fusion
-from .numpy_backend import input_types
 from .plan import Plan
 from .segmenter.cache import SHARED_PLANS, PlanCache
 
@@ -75,75 +76,88 @@ def _fast_result(outputs: dict, run_us: float) -> RunResult:
 _NEW = object.__new__
 
 
-def _run_numpy(plan: Plan, fusion: Fusion, bound, inputs: dict, deferred: bool = False) -> tuple[dict, dict]:
-    from .plan_executor import run_plan
-
-    return run_plan(plan, fusion, bound.types, inputs), {}
-
-
-
-# Backend name -> runner(plan, fusion, bound, inputs, deferred) -> (outputs, extra timings). A backend
-# is added by register_backend (Engine("cupy") registers compiler/cuda/backend.py's hooks).
-BACKENDS: dict[str, Callable] = {"numpy": _run_numpy}
-DEVICES: dict[str, str] = {"numpy": "cpu"}
-# Backend name -> warmup(plan, fusion, shapes): compiles the plan's kernels without running it.
-WARMUPS: dict[str, Callable] = {}
-# Backend name -> modules(plan, fusion, shapes) -> [(segment id, codegen Module)]: the modules its
-# preparation of the plan compiled (prepared as warmup does, so runs find them).
-MODULES: dict[str, Callable] = {}
-# Backend name -> (signature(fusion, inputs) -> hashable | None, make(plan, fusion, inputs, deferred)
-# -> call(inputs) -> outputs | None): the per-signature fast path of a warm graph.
-FAST_PATHS: dict[str, tuple[Callable, Callable]] = {}
-# Backend name -> synchronize(): waits for the calling thread's runs, raises a deferred error.
-SYNCS: dict[str, Callable] = {}
-# Backend name -> (begin(), owner(key), end() -> {key: RunError}, most runs per batch): the calling
-# thread's runs between begin and end defer their errors, each to a block of its own (run_batch).
-BATCHES: dict[str, tuple] = {}
 ERROR_MODES = ("raise", "deferred")
 MAX_FAST_SIGNATURES = 4096  # per Engine; past that the table starts over (bounded memory)
 
 
-def register_backend(name: str, runner: Callable, device: str = "cuda", warmup: Callable | None = None,
-                     fast: tuple[Callable, Callable] | None = None, synchronize: Callable | None = None,
-                     batch: tuple | None = None, modules: Callable | None = None) -> None:
-    BACKENDS[name] = runner
-    if modules is not None:
-        MODULES[name] = modules
-    if batch is not None:
-        BATCHES[name] = batch
-    DEVICES[name] = device
-    if synchronize is not None:
-        SYNCS[name] = synchronize
-    if warmup is not None:
-        WARMUPS[name] = warmup
-    if fast is not None:
-        FAST_PATHS[name] = fast
+def _numpy_backend() -> type[Backend]:
+    from .numpy_backend import NumpyBackend
+
+    return NumpyBackend
+
+
+def _cupy_backend() -> type[Backend]:
+    from .cuda.backend import CupyBackend  # its module imports CuPy only when it runs
+
+    return CupyBackend
+
+
+# Backend name -> its class (imported when first asked for). One instance per process and name
+# (`backend_for`): a backend's state (the CUDA runtime, its kernel cache) is the process's.
+BACKEND_CLASSES: dict[str, Callable[[], type[Backend]]] = {"numpy": _numpy_backend, "cupy": _cupy_backend}
+_INSTANCES: dict[str, Backend] = {}
+_ILOCK = threading.Lock()
+
+
+def backend_unavailable(name: str) -> str | None:
+    """Why backend `name` cannot run in this process, or None (ValueError: no such backend)."""
+    if name not in BACKEND_CLASSES:
+        raise ValueError(f"unknown backend '{name}' (available: {', '.join(sorted(BACKEND_CLASSES))})")
+    return BACKEND_CLASSES[name]().unavailable()
+
+
+def resolve_backend(name: str) -> str:
+    """The backend a name stands for: "auto" is "cupy" where CuPy sees a GPU, else "numpy"; other
+    names stand for themselves (ValueError: unknown, or not available here)."""
+    if name == "auto":
+        return "cupy" if backend_unavailable("cupy") is None else "numpy"
+    why = backend_unavailable(name)
+    if why:  # refused here, not at the first run
+        raise ValueError(f"the {name} backend is not available here: {why}")
+    return name
+
+
+def backend_for(name: str) -> Backend:
+    """The process's instance of backend `name` ("auto" resolved first)."""
+    hit = _INSTANCES.get(name)
+    if hit is not None:
+        return hit
+    name = resolve_backend(name)
+    with _ILOCK:
+        hit = _INSTANCES.get(name)
+        if hit is None:
+            hit = _INSTANCES[name] = BACKEND_CLASSES[name]()()
+        return hit
+
+
+def compile_fallbacks() -> dict:
+    """{lowering taken: count} over the process for generated kernels that did not compile
+    (whichever backend compiled them; the server's segfuse_compile_fallbacks metric)."""
+    out: dict = {}
+    for load in BACKEND_CLASSES.values():
+        for lowering, n in load().compile_fallbacks().items():
+            out[lowering] = out.get(lowering, 0) + n
+    return out
 
 
 class Engine:
-    """Runs fusions on one backend ('numpy' now; 'cupy' once the GPU backend registers)."""
+    """Runs fusions on one backend: "numpy", "cupy", "auto" (cupy where CuPy sees a GPU, else
+    numpy), or a `Backend` instance (compiler/backend.py)."""
 
     _defaults: dict[str, Engine] = {}
 
-    def __init__(self, backend: str = "numpy", plan_cache: PlanCache | None = None, errors: str = "raise"):
-        if backend == "cupy" and backend not in BACKENDS:
-            from .cuda import backend as cuda_backend  # imports CuPy only when it runs
-
-            why = cuda_backend.unavailable()
-            if why:  # refused here, not at the first run
-                raise ValueError(f"the cupy backend is not available here: {why}")
-            register_backend("cupy", **cuda_backend.hooks())
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown backend '{backend}' (available: {', '.join(sorted(BACKENDS))})")
+    def __init__(self, backend: str | Backend = "numpy", plan_cache: PlanCache | None = None, errors: str = "raise"):
         if errors not in ERROR_MODES:
             raise ValueError(f"errors must be one of {', '.join(ERROR_MODES)}, not {errors!r}")
-        self.backend = backend
+        impl = backend if isinstance(backend, Backend) else backend_for(backend)
+        self.device_backend = impl
+        self.backend = impl.name
         self.errors = errors
         self._deferred = errors == "deferred"
         # One cache per process unless given (segmenter.cache.SHARED_PLANS)
         self.plans = plan_cache if plan_cache is not None else SHARED_PLANS
         # input signature -> prepared call: a warm graph skips binding, planning and lookups
-        self._fast = FAST_PATHS.get(backend)
+        self._signature = impl.signature if impl.fast_path else None
         self._calls: dict = {}
         # run_batch defers every run's errors: its prepared calls are made in that mode
         self._deferred_calls: dict = self._calls if self._deferred else {}
@@ -156,25 +170,27 @@ class Engine:
 
     @property
     def device(self) -> str:
-        return DEVICES.get(self.backend, "cpu")
+        return self.device_backend.device
 
     @property
     def compiles(self) -> bool:
         """Whether this backend compiles kernels (and so whether warmup does more than plan)."""
-        return self.backend in WARMUPS
+        return self.device_backend.compiles
+
+    def start(self) -> None:
+        """Set the backend up now rather than in the first run (CUDA: the runtime, and NVRTC's
+        one-time start in the background)."""
+        self.device_backend.start()
 
     def synchronize(self) -> None:
         """Wait for this thread's runs on this backend; with `errors="deferred"`, raise the first
         failure among them (`DeferredRunError`). A no-op on the NumPy backend."""
-        sync = SYNCS.get(self.backend)
-        if sync is not None:
-            sync()
+        self.device_backend.synchronize()
 
     def warmup(self, fusion: Fusion, shapes: dict[str, tuple]) -> Plan:
         """Plan for these input shapes and compile every kernel of the plan, without running it."""
         plan = self.plan(fusion, shapes)
-        if self.backend in WARMUPS:
-            WARMUPS[self.backend](plan, fusion, shapes)  # the cached plan: runs find its kernels
+        self.device_backend.warmup(plan, fusion, shapes)  # the cached plan: runs find its kernels
         return plan
 
     def kernel_modules(self, fusion: Fusion, shapes: dict[str, tuple], plan: Plan | None = None) -> list:
@@ -184,9 +200,9 @@ class Engine:
         (compiling; runs then find the kernels); a backend that compiles nothing answers with the
         CUDA preparation's modules for the code generator's nominal device, compiling nothing."""
         plan = plan if plan is not None else self.plan(fusion, shapes)
-        hook = MODULES.get(self.backend)
-        if hook is not None:
-            return hook(plan, fusion, shapes)
+        modules = self.device_backend.kernel_modules(plan, fusion, shapes)
+        if modules is not None:
+            return modules
         from .cuda.prepare import modules_without_device
 
         return modules_without_device(fusion, plan, fusion.bind(shapes))
@@ -205,14 +221,29 @@ class Engine:
         return compiler, [(seg, mod.key, len(nvrtc.compile_cubin(mod.source, nvrtc.default_options(arch))[0]))
                           for seg, mod in self.kernel_modules(fusion, shapes)]
 
-    def plan(self, fusion: Fusion, shapes: dict[str, tuple]) -> Plan:
-        """The plan for inputs of these shapes (through the per-shape-class cache)."""
-        return self.plans.get(fusion, fusion.bind(shapes))[0]
+    def plan(self, fusion: Fusion, shapes: dict[str, tuple], dtypes: dict | None = None) -> Plan:
+        """The plan for inputs of these shapes (and dtypes; default: the graph's), through the
+        per-shape-class cache."""
+        return self.plans.get(fusion, fusion.bind(shapes, dtypes))[0]
+
+    def prepared(self, fusion: Fusion, inputs: dict):
+        """What the backend's last prepared run of `fusion` on inputs of these shapes executes (its
+        steps, launch count, fallbacks), or None (not prepared; a backend that prepares nothing)."""
+        return self.device_backend.prepared(fusion, inputs)
+
+    def kernel_time_us(self, fusion: Fusion, inputs: dict, reps: int = 20, warmup: int = 3,
+                       plan: Plan | None = None) -> float:
+        """Mean device time of the launches alone of a run on `inputs` (of `plan`; default: the
+        cached one), for benchmarks. NotImplementedError on a backend that launches no kernels."""
+        if plan is None:
+            shapes, dtypes, _ = self.device_backend.read_inputs(fusion, inputs)
+            plan = self.plan(fusion, shapes, dtypes)
+        return self.device_backend.kernel_time_us(plan, fusion, inputs, reps=reps, warmup=warmup)
 
     def run(self, fusion: Fusion, inputs: dict[str, np.ndarray]) -> RunResult:
-        fast = self._fast
-        if fast is not None:  # `_run`'s fast path, inline (a call's host time at decode sizes)
-            key = fast[0](fusion, inputs)
+        sig = self._signature
+        if sig is not None:  # `_run`'s fast path, inline (a call's host time at decode sizes)
+            key = sig(fusion, inputs)
             call = self._calls.get(key) if key is not None else None
             if call is not None:
                 t0 = _clock()
@@ -223,10 +254,10 @@ class Engine:
     def is_warm(self, fusion: Fusion, inputs: dict) -> bool:
         """Whether a run of `fusion` on inputs like these takes the prepared fast path in a batch:
         no binding, planning or compiling, only launches (a server runs those inline)."""
-        fast = self._fast
-        if fast is None:
+        sig = self._signature
+        if sig is None:
             return False
-        key = fast[0](fusion, inputs)
+        key = sig(fusion, inputs)
         return key is not None and key in self._deferred_calls
 
     def run_batch(self, calls: list[tuple[Fusion, dict]],
@@ -240,16 +271,14 @@ class Engine:
         `on_launched(i, result)` is called once run i is launched, before the batch waits: work it
         queues on the thread's stream (copies of the outputs, say) is covered by the same wait; an
         exception from it becomes run i's outcome."""
-        hooks = BATCHES.get(self.backend)
+        be = self.device_backend
         results: list = []
-        step = hooks[3] if hooks else len(calls) or 1
+        step = be.batch_size or len(calls) or 1
         for start in range(0, len(calls), step):
-            if hooks:
-                hooks[0]()
+            be.begin_batch()
             try:
                 for k, (fusion, inputs) in enumerate(calls[start:start + step]):
-                    if hooks:
-                        hooks[1](k)
+                    be.batch_owner(k)
                     try:
                         result = self._run(fusion, inputs, True, self._deferred_calls)
                         if on_launched is not None:
@@ -258,38 +287,33 @@ class Engine:
                     except Exception as e:  # this run's failure; the batch goes on
                         results.append(e)
             finally:
-                failures = hooks[2]() if hooks else {}
+                failures = be.end_batch()
             for k, err in failures.items():
                 results[start + k] = err
         return results
 
     def _run(self, fusion: Fusion, inputs: dict, deferred: bool, calls: dict) -> RunResult:
-        fast = self._fast
+        sig = self._signature
         key = None
-        if fast is not None:
-            key = fast[0](fusion, inputs)
+        if sig is not None:
+            key = sig(fusion, inputs)
             call = calls.get(key) if key is not None else None
             if call is not None:
                 t0 = _clock()
                 outputs = call(inputs)
                 return _fast_result(outputs, (_clock() - t0) * 1e6)
+        be = self.device_backend
         t0 = time.perf_counter()
-        if DEVICES.get(self.backend) == "cuda":  # NumPy or CuPy arrays in, CuPy arrays out
-            from .cuda.arrays import shape_proxies
-
-            shapes, dtypes = input_types(shape_proxies(fusion, inputs))
-        else:
-            inputs = {k: np.asarray(v) for k, v in inputs.items()}
-            shapes, dtypes = input_types(inputs)
+        shapes, dtypes, inputs = be.read_inputs(fusion, inputs)
         bound = fusion.bind(shapes, dtypes)
         plan, hit = self.plans.get(fusion, bound)
         t1 = time.perf_counter()
-        outputs, extra = BACKENDS[self.backend](plan, fusion, bound, inputs, deferred)
+        outputs, extra = be.run(plan, fusion, bound, inputs, deferred)
         t2 = time.perf_counter()
         if key is not None:  # it ran, so the signature is valid: later calls take the fast path
             if len(calls) >= MAX_FAST_SIGNATURES:
                 calls.clear()
-            call = fast[1](plan, fusion, inputs, deferred)
+            call = be.prepared_call(plan, fusion, inputs, deferred)
             if call is not None:
                 calls[key] = call
         timings = {"plan": (t1 - t0) * 1e6, "compile": 0.0, "run": (t2 - t1) * 1e6}

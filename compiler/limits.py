@@ -40,67 +40,10 @@ ROW_CACHE_BYTES = 96 * 1024
 # ROW_REGISTER_ELEMS (all cached inputs together; 32 keeps a 1024-thread block within its 64
 # registers a thread)
 ROW_REGISTER_ELEMS = 32
-# Inputs of the row's own shape broadcast over the rows (RMSNorm's and LayerNorm's weights) are then
-# loaded once per thread, with vector loads, before the row loop, while a thread's share of them is
-# at most ROW_REGISTER_WEIGHTS elements (0: read per element). 2-byte weights only while the rows
-# do not fill the SMs. On the H200 (benchmarks/norm_variants.py, 2026-12-02 00:1x UTC), held weights
-# took float32 RMSNorm/LayerNorm at 32768 rows 1-4.5% faster and 8 rows 4-18% faster, but bfloat16
-# at 32768 rows 5-10% slower (RMSNorm [32768, 8192]: 273 -> 300 us).
-ROW_REGISTER_WEIGHTS = 32
-# Row kernels ask ptxas to fit this many threads on an SM (`__launch_bounds__(block, this // block)`,
-# a register cap): 0 leaves it to ptxas. The first applies to rows of 4-byte (or wider) elements,
-# the second to rows in registers whose held elements are all 2-byte, a block a row, more rows than SMs. Measured on the H200
-# (2026-12-02 02:1x-02:3x UTC, benchmarks/norm_variants.py NORM_MIN_THREADS, a block per row):
-# 2048 took bfloat16 softmax [32768, 4096] 164.3 -> 146.5 us and LayerNorm 146.0 -> 136.3 us
-# (RMSNorm [32768, 8192] unchanged), but float32 RMSNorm 262.5 -> 358.6 us and LayerNorm 268 -> 729
-# us: at 32 registers their 16 elements and 16 weights a thread spill. 1536 was slower in float32 too.
-ROW_MIN_RESIDENT_THREADS = 0
-ROW_MIN_RESIDENT_THREADS_2BYTE = 2048
-# Row kernels of a block per row reduce across the block with one barrier instead of three (two
-# shared buffers, alternating per row: sf_block_reduce1) while the rows do not fill the SMs: a
-# few-row kernel is a chain of latencies (load, reduce, store) that no other block hides. On the
-# H200 one barrier took RMSNorm bfloat16 [8, 4096] from 2.7 to 2.5 us (2026-12-02 03:28 UTC,
-# benchmarks/norm_variants.py NORM_ONE_BARRIER=1); on an H100 (2026-12-06 17:06 UTC, norm_ab.py,
-# one process) it was as fast or faster for 9 of 10 norms at [8, 4096] and [8, 8192] (softmax
-# float32 2.48 -> 2.39 us, RMSNorm float32 [8, 8192] 2.55 -> 2.43; the tenth 1.92 -> 1.93).
-# Rows that fill the SMs keep three: there every warp's own pass over the partials cost bfloat16
-# softmax [32768, 4096] 12% (145.8 -> 163.2 us), and the norms were within 2%. None: that rule;
-# True or False: one barrier always or never.
+# The code generator's measured choices for row kernels (weights in registers, launch bounds, the
+# block reduction's form, load hints) are `codegen.options.CodegenOptions`, passed down as a value.
 # Loading the next row while this one reduces (a second set of registers) was measured and dropped:
-# 2026-12-02 02:1x UTC, no faster in float32, bfloat16 softmax [32768, 8192] 335 -> 398 us.
-ROW_ONE_BARRIER = None
-# sf_block_reduce1 with the block's warp count compiled in, its partials combined in a butterfly
-# that leaves the result in every lane (codegen/prelude.py BLOCK_REDUCE1_BUTTERFLY), instead of a
-# predicated shuffle-down and a broadcast: two dependent shuffles fewer on a few-row kernel's chain of
-# latencies. On an H100 (2026-12-07 00:12 UTC, benchmarks/norm_ab.py NORM_BFLY=1, one process) it was
-# faster for all 9 few-row norms measured: RMSNorm bfloat16 [8, 4096] 1.88 -> 1.83 us, float32 1.93 ->
-# 1.86, LayerNorm bfloat16 2.22 -> 2.09, softmax bfloat16 [8, 8192] 2.89 -> 2.79, RMSNorm bfloat16
-# [8, 8192] 2.16 -> 2.15. Not yet measured on the H200.
-ROW_REDUCE_BUTTERFLY = True
-# Rows (and weights) held in registers load with L1/L2 evict-last hints, as torch.compile's kernels
-# load theirs (codegen/prelude.py VLOAD_LAST). On the H200 (2026-12-02 12:09-12:13 UTC,
-# benchmarks/norm_variants.py NORM_HINTS=0 against the default) at 32768 rows: RMSNorm float32
-# [32768, 4096] 262.1 -> 251.8 us, LayerNorm float32 266.0 -> 250.6, softmax float32 [32768, 8192]
-# 516.6 -> 498.8, RMSNorm bfloat16 [32768, 8192] 260.3 -> 251.5; LayerNorm bfloat16 [32768, 8192]
-# the one row slower, 278.1 -> 283.5; 8 rows the same. The vector variant only (the scalar one,
-# for misaligned tensors, loads plainly).
-ROW_LOAD_HINTS = True
-# Weights held in registers load inside the row loop, after the row, where every block (or cluster)
-# has one row and the rows fit the SMs (few rows: one wave, a latency chain), instead of before the
-# loop. Before the loop, nvcc converts them (bfloat16 to float) there as well, and that conversion
-# waits for their load before the row's load is even issued: two memory latencies in a row on a
-# few-row kernel's critical path (SASS of RMSNorm bfloat16 [8, 4096], 2026-12-07). Measured
-# (norm_ab.py NORM_LATE_W=1, H100, 2026-12-07 01:45 and 01:55, two processes): RMSNorm bfloat16
-# [8, 4096] 1.84 -> 1.67 us, [8, 8192] 2.14 -> 2.02, LayerNorm bfloat16 [8, 4096] 2.08 -> 2.00;
-# float32 at 8 rows -0.05 to +0.07 us. Rows that fill the SMs keep the old order (not measured).
-ROW_WEIGHTS_AFTER_ROW = True
-# Rows in registers whose every vector access (rows, weights, row-shaped outputs) is of 2-byte
-# elements, not split over a cluster, rows of a multiple of 8: vectors of 8 (16-byte loads and
-# stores, the width of torch.compile's float32 row accesses in its PTX) instead of 4 (8 bytes).
-# Off: measured (norm_ab.py NORM_WIDE=1, H100, 2026-12-06 20:54) it is 1% faster for RMSNorm
-# bfloat16 [8, 8192] (2.17 -> 2.15 us) and slower for the rest: softmax bfloat16 [8, 4096] 2.28 ->
-# 2.34 us, LayerNorm bfloat16 [8, 8192] 2.49 -> 2.54, [32768, 4096] 180.6 -> 196.5.
-ROW_WIDE_2BYTE_VECTORS = False
+# no faster in float32, bfloat16 softmax [32768, 8192] 335 -> 398 us.
 
 # Few long rows split over a thread-block cluster (sm_90; codegen/row_reduction.py): the blocks of
 # a cluster each hold a contiguous part of one row in registers, reduce it, and combine their
@@ -108,7 +51,7 @@ ROW_WIDE_2BYTE_VECTORS = False
 # 64 SMs instead of 8. Up to ROW_SPLIT_MAX blocks a row (8: the portable cluster size), doubling while the
 # rows times the blocks a row stay within the SM count and each block keeps more than ROW_WARP_MAX
 # elements (a block's work, not a warp's). Only rows longer than ROW_SPLIT_MIN_LENGTH: on the H200
-# (2026-12-02 03:43 and 03:51 UTC, benchmarks/norm_variants.py NORM_SPLIT=1 against the default)
+# (the split on against off, in one run)
 # the split took 2 rows of 40000 from 13.4 to 6.3 us (LayerNorm float32), 1 row of 65536 from 15.5
 # to 4.8 us (RMSNorm), 8 from 21.3 to 7.6 us (softmax), bfloat16 softmax [8, 32768] 7.2 -> 6.5 us
 # and RMSNorm [4, 32768] 5.2 -> 4.5 us, but rows of 4096 and 8192 0.9-1.3 us slower (8, 16 and

@@ -1,5 +1,6 @@
 """The CPU backend: executes a fusion with each op's NumPy reference implementation.
 
+`NumpyBackend` runs a plan segment by segment with its real buffer aliasing (compiler/plan_executor.py).
 `run_graph` interprets the graph op by op (the oracle the segmented backends are compared
 with). Inputs are never written, except that outputs declared `alias_of` an input are copied
 into that input's array once the whole run has succeeded.
@@ -9,10 +10,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from .backend import Backend
 from .dtypes import from_numpy
 from .errors import BindError, Issue, OpError, RunError
 from .ir import Fusion
 from .ops.registry import Scalar
+from .plan_executor import run_plan
 
 
 def input_types(inputs: dict[str, np.ndarray], loc_prefix=("inputs",)):
@@ -77,6 +80,20 @@ def commit_outputs(fusion: Fusion, values: dict, inputs: dict[str, np.ndarray]) 
             # C-contiguous and writeable (a view such as expand's broadcast is read-only); keeps 0-d
             result[o.name] = np.require(v, requirements=["C", "W"])
     return result
+
+
+class NumpyBackend(Backend):
+    """Plans executed on the host: synchronous, nothing to compile, no fast path."""
+
+    name = "numpy"
+
+    def read_inputs(self, fusion, inputs: dict) -> tuple[dict, dict, dict]:
+        inputs = {k: np.asarray(v) for k, v in inputs.items()}
+        shapes, dtypes = input_types(inputs)
+        return shapes, dtypes, inputs
+
+    def run(self, plan, fusion, bound, inputs: dict, deferred: bool = False) -> tuple[dict, dict]:
+        return run_plan(plan, fusion, bound.types, inputs), {}
 
 
 _ = Scalar

@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from enum import Enum
 from typing import TypedDict
 
+from .ops.registry import OpDef
+
 
 class SegmentKind(str, Enum):
     pointwise = "pointwise"  # elementwise ops, creation, views and movement fused into one grid
@@ -61,12 +63,79 @@ class Copy:
     at: int = 0
 
 
+class LibraryRoutine(str, Enum):
+    """What a library segment runs (the backend maps each to its routine)."""
+
+    sort_epilogue = "sort_epilogue"  # the radix sort's fused variant: `Segment.sort_epilogue`
+    library_sort = "library_sort"  # the op's library sort (`OpDef.library_sort`; `OpDef.library` says which)
+    kernel_or_host = "kernel_or_host"  # no routine: a grid kernel, else the host reference
+
+    def describe(self, op: OpDef | None = None) -> str:
+        """What runs, in words (`segfuse explain`); `op`: the segment's library op."""
+        if self is LibraryRoutine.sort_epilogue:
+            return "segfuse.radix_sort+epilogue"
+        if self is LibraryRoutine.library_sort and op is not None and op.library:
+            return op.library
+        return "a grid kernel, else the host reference"
+
+
+@dataclass(frozen=True)
+class RowKernel:
+    """A row_reduction segment's kernel as the planner decided it (compiler/segmenter/row_fusion.py):
+    a block (or a warp) owns a row and runs every reduction of the row and the pointwise work around
+    them. Sizes are the shape class's (for display); the code generator takes the concrete rows and
+    row length from the run's types, with the same dims."""
+
+    reductions: tuple  # node positions of the reductions, in order
+    rank: int  # the rank of the row-shaped tensors
+    dims: tuple  # the reduced dims (a trailing run)
+    rows: int | str
+    row_length: int | str
+    full_outputs: tuple  # segment outputs stored per element of a row
+    row_outputs: tuple  # segment outputs stored once per row
+    cached_inputs: tuple  # segment inputs of the row's shape read only at their own row
+    in_place: tuple  # segment inputs every op reads at the element it computes (row_fusion.read_in_place)
+    combined: tuple  # per reduction, the tensor it combines (its input, or the source of an identity pad)
+
+
+@dataclass(frozen=True)
+class SortHistogram:
+    """The keys' histogram a fused sort writes (compiler/segmenter/sort_epilogue.py): the keys' low
+    byte is the bin."""
+
+    scatter: int  # node position of the histogram scatter
+    counts: str
+    bins: int
+    csum: str | None = None  # cumsum(counts), inclusive
+    offsets: str | None = None  # pad(csum, [1, 0]): exclusive offsets and the total
+    outputs: tuple = ()  # which of counts, csum, offsets are segment outputs
+
+
+@dataclass(frozen=True)
+class SortEpilogue:
+    """A multi-block sort whose consumers run in its last pass (compiler/segmenter/sort_epilogue.py
+    matched it; compiler/codegen/sort_epilogue.py renders it)."""
+
+    argsort: int  # node position of the sort
+    key: str  # the segment input holding the keys, in the row's element order
+    descending: bool
+    order: str  # the argsort's output
+    stores: tuple  # position tensors stored at pos (segment outputs), in output order
+    scatters: tuple  # (node position, target needs a phase-0 init) per scatter
+    producer: dict  # tensor -> node position, for every tensor made in the region
+    hist: SortHistogram | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict) -> SortEpilogue:
+        h = d.get("hist")
+        return cls(**{**d, "stores": tuple(d["stores"]), "scatters": tuple(tuple(x) for x in d["scatters"]),
+                      "hist": None if h is None else SortHistogram(**{**h, "outputs": tuple(h["outputs"])})})
+
+
 class SegmentHints(TypedDict, total=False):
     """The keys a segment's `hints` may hold (tests/test_plan_fields.py checks every plan's)."""
 
     launch: bool  # False: a pure view, nothing runs
-    routine: str  # library segments: what the backend runs (the registry's OpDef.library, or the
-    #               sort epilogue's ROUTINE)
     index_bits: int  # 32 or 64: the index type of the kernel's offsets (compiler/limits.py)
     single_block: bool
     blocks: int | str  # an int when static, else an expression in the size symbols
@@ -79,7 +148,6 @@ class SegmentHints(TypedDict, total=False):
     elements: int | str
     anchor: dict  # the heavy op's geometry (rows, row length, axis) in grid segments
     launches: int  # 2: a grid anchor's kernel, then one for the segment's other outputs (default 1)
-    row: dict  # row_reduction segments: the reductions' nodes, reduced dims, rows and row length
 
 
 @dataclass
@@ -123,9 +191,18 @@ class Segment:
     intermediates: list[str] = field(default_factory=list)  # made and consumed inside (registers/smem)
     hints: SegmentHints = field(default_factory=dict)  # launch geometry and heuristics
     copies: list[Copy] = field(default_factory=list)  # private copies made in this segment (rule 1)
-    # a library segment the sort epilogue pass made: a multi-block sort whose consumers run in its
-    # last pass (compiler/segmenter/sort_epilogue.py; the backend's routine for it)
-    fused_sort: bool = False
+    routine: LibraryRoutine | None = None  # library segments: what runs
+    # a library segment the sort epilogue pass made: a multi-block sort whose consumers run in its last pass
+    sort_epilogue: SortEpilogue | None = None
+    row: RowKernel | None = None  # row_reduction segments: the row kernel's plan
+
+    def __post_init__(self):
+        if self.routine is not None:
+            self.routine = LibraryRoutine(self.routine)
+
+    @property
+    def fused_sort(self) -> bool:
+        return self.sort_epilogue is not None
 
 
 @dataclass
@@ -193,19 +270,6 @@ class Plan:
         older plan's JSON) derived from `fusion`'s outputs and the plan's views."""
         return self.commits or commits_for(fusion.outputs, fusion.input_names, self.views)
 
-    def root_of(self, tensor: str) -> str:
-        """The tensor whose storage `tensor` views (itself when it is not a view)."""
-        while tensor in self.views:
-            tensor = self.views[tensor]
-        return tensor
-
-    def segment_of(self, tensor: str) -> Segment | None:
-        """The segment making `tensor` (None for a graph input)."""
-        for s in self.segments:
-            if tensor in s.outputs or tensor in s.intermediates:
-                return s
-        return None
-
     def to_dict(self) -> dict:
         d = asdict(replace(self, checks=None))  # (the checks are not plan data)
         d.pop("checks")
@@ -213,6 +277,8 @@ class Plan:
             s["kind"] = str(s["kind"].value if isinstance(s["kind"], Enum) else s["kind"])
             for a in s["aliases"]:
                 a["mode"] = a["mode"].value
+            if s["routine"] is not None:
+                s["routine"] = s["routine"].value
         return d
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -226,8 +292,16 @@ class Plan:
 
     @classmethod
     def from_dict(cls, d: dict) -> Plan:
-        segs = [Segment(**{**s, "kind": SegmentKind(s["kind"]), "aliases": [Alias(**a) for a in s["aliases"]],
-                           "copies": [Copy(**c) for c in s.get("copies", [])]}) for s in d["segments"]]
+        def row(r):
+            return None if r is None else RowKernel(**{k: tuple(v) if isinstance(v, list) else v for k, v in r.items()})
+
+        def sort_epilogue(e):
+            return None if e is None else SortEpilogue.from_dict(e)
+
+        segs = [Segment(**{**{k: v for k, v in s.items() if k != "fused_sort"}, "kind": SegmentKind(s["kind"]),
+                           "aliases": [Alias(**a) for a in s["aliases"]],
+                           "copies": [Copy(**c) for c in s.get("copies", [])], "row": row(s.get("row")),
+                           "sort_epilogue": sort_epilogue(s.get("sort_epilogue"))}) for s in d["segments"]]
         bufs = [Buffer(**b) for b in d.get("buffers", [])]
         commits = [Commit(**c) for c in d.get("commits", [])]
         known = {f.name for f in fields(cls)} - {"checks"}

@@ -23,8 +23,6 @@ import sympy
 from .errors import OpError
 from .limits import charge, memoized
 
-Dim = "int | sympy.Expr"
-
 # A symbolic size may have at most this many nodes (symbols, numbers, operations)...
 MAX_SIZE_EXPR_NODES = 64
 # ...and nest floor, ceiling, Min, Max and Mod at most this deep (`(T+1)//2` nests 1, `T[1:][1:]` 4).
@@ -95,10 +93,6 @@ def norm(d):
     if d.is_Integer:
         return int(d)
     return d
-
-
-def is_static(d) -> bool:
-    return isinstance(d, int)
 
 
 def dims_equal(a, b):
@@ -203,9 +197,6 @@ def _check_tree(text: str, tree) -> None:
         raise SizeTooComplex(f"size expression '{text if len(text) <= 60 else text[:57] + '...'}' is too complex "
                              f"('//' nested more than {MAX_SIZE_EXPR_NESTING} deep): simplifying such sizes takes "
                              "unbounded time")
-
-
-SYMBOL_RE = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
 
 
 def is_identifier(s: str) -> bool:

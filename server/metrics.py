@@ -84,13 +84,13 @@ class Metrics:
 class _CompileFallbacks:
     """segfuse_compile_fallbacks{lowering}: generated kernels that did not compile, by the lowering
     that ran instead (split, library, host); the process's count (one compiler per process),
-    read from the CUDA preparation when scraped."""
+    read from the engine's backends when scraped."""
 
     def describe(self):
         return [self._family()]
 
     def collect(self):
-        from segfuse.compiler.cuda.prepare import compile_fallbacks
+        from segfuse.compiler.engine import compile_fallbacks
 
         fam = self._family()
         for lowering, n in sorted(compile_fallbacks().items()):

@@ -104,7 +104,7 @@ class StandinGPU:
         return a
 
     # ---- kernels -------------------------------------------------------------------------
-    def _module(self, source):
+    def _module(self, source, codegen=None):
         rec = self.generated[source]
         gpu = self
 
@@ -169,7 +169,7 @@ class StandinGPU:
     def runtime(self):
         """A CupyRuntime on this stand-in, its kernels recorded as the preparation generates them."""
         rt = rtmod.CupyRuntime.__new__(rtmod.CupyRuntime)
-        rt.cp, rt.sm_count, rt.arch, rt.cache, rt.planner = self.cp, 132, (9, 0), self.cache, None
+        rt.cp, rt.sm_count, rt.arch, rt.cache = self.cp, 132, (9, 0), self.cache
         rt.use_graphs, rt.graph_fallback_reason, rt.graph_captures = True, "", 0
         rt._prepared, rt._plock, rt._tls = OrderedDict(), threading.Lock(), threading.local()
         return rt

@@ -12,27 +12,15 @@ import types
 
 import numpy as np
 import pytest
-import torch
+from helpers.graphs import topk_scatter
+from helpers.torch_oracle import check_same, to_torch, topk_scatter_in_torch
+from segfuse.compiler.codegen.options import CodegenOptions
 from segfuse.compiler.cuda import prepare
 from segfuse.compiler.cuda.arrays import contiguous_strides
 from segfuse.compiler.cuda.nvrtc import CompileError
 from segfuse.compiler.engine import Engine
 from segfuse.compiler.ir import Fusion
 from standin_kernels import Stream
-from torch_oracle import check_same, to_torch
-
-
-def topk_scatter(cols: int) -> dict:
-    """The graph of issue 15: topk along dim 0 whose indices feed a scatter along dim 0. The
-    scatter's self, a graph input, gets a private copy: inside the one block of a small graph
-    (cols=64), made by the topk's segment for the scatter's segment at [128, 1024]."""
-    return {"format": "segfuse.fusion/1", "name": "topk_scatter",
-            "inputs": [{"name": n, "dtype": "float32", "shape": [128, cols]} for n in ("x", "d")],
-            "ops": [{"op": "topk", "out": ["v", "i"], "inputs": ["x"], "k": 4, "dim": 0},
-                    {"op": "mul", "out": "w", "inputs": ["v", 2.0]},
-                    {"op": "scatter", "out": "o", "inputs": ["d", "i", "w"], "dim": 0}],
-            "outputs": ["o", "v"]}
-
 
 TOPK_SCATTER = topk_scatter(64)
 
@@ -66,7 +54,7 @@ class FakeCache:
         self.fails, self.asked = fails, []
         self.stats = types.SimpleNamespace(compile_s=0.0)
 
-    def get(self, source):
+    def get(self, source, codegen=None):
         self.asked.append(source)
         if self.fails(source, len(self.asked)):
             raise CompileError("NVRTC compilation failed", 'segfuse.cu(9): error: identifier "v0" is undefined',
@@ -75,7 +63,7 @@ class FakeCache:
 
 
 def runtime(fails):
-    return types.SimpleNamespace(cp=NumpyCupy(), sm_count=132, cache=FakeCache(fails))
+    return types.SimpleNamespace(cp=NumpyCupy(), sm_count=132, cache=FakeCache(fails), options=CodegenOptions())
 
 
 def prepared(rt, graph=TOPK_SCATTER):
@@ -84,12 +72,6 @@ def prepared(rt, graph=TOPK_SCATTER):
     bound = f.bind(shapes)
     plan = Engine().plan(f, shapes)
     return f, prepare.prepare_plan(rt, f, plan, bound, {n: contiguous_strides(s) for n, s in shapes.items()})
-
-
-def torch_result(x, d):
-    v, i = torch.sort(x, dim=0, descending=True, stable=True)
-    v, i = v[:4], i[:4]
-    return torch.scatter(d, 0, i, v * 2.0), v
 
 
 @pytest.mark.parametrize("cols", [64, 1024])
@@ -111,7 +93,7 @@ def test_no_kernel_compiles_so_every_piece_runs_on_the_host_and_agrees_with_torc
     ctx = types.SimpleNamespace(stream=Stream(), state=types.SimpleNamespace(buffers={}))
     for step in prep.steps:
         step.run(env, ctx)
-    want_o, want_v = torch_result(to_torch(x), to_torch(d))
+    want_o, want_v = topk_scatter_in_torch(to_torch(x), to_torch(d))
     check_same(np.asarray(env["o"]), want_o, "o")
     check_same(np.asarray(env["v"]), want_v, "v")
     np.testing.assert_array_equal(env["d"], d)  # the scatter's self, a graph input, is not written
@@ -148,7 +130,7 @@ def test_the_failing_source_is_logged_once(caplog):
 def test_without_any_compiler_preparing_fails_with_one_line():
     rt = runtime(lambda src, n: True)
 
-    def no_compiler(source):
+    def no_compiler(source, codegen=None):
         raise CompileError("no CUDA compiler: install the 'nvrtc' extra (cuda-bindings)")
 
     rt.cache.get = no_compiler

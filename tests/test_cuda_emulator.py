@@ -16,8 +16,10 @@ import os
 import cuda_emulator as emu
 import numpy as np
 import pytest
-import test_property_graphs as pg
 from corpus import all_cases, case_inputs, moe_graphs
+from helpers import random_graphs as pg
+from helpers.emulated import on_device
+from helpers.plan_graphs import graphs, runnable, scan_chain, unspecified_write
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from segfuse.compiler import Engine, run_graph
@@ -29,8 +31,6 @@ from segfuse.compiler.ir import Fusion
 from segfuse.compiler.segmenter import segment
 from segfuse.compiler.segmenter import sort_epilogue as sep
 from segfuse.compiler.segmenter.capability import DEFAULT_CAPABILITY
-from test_cuda_buffers import runnable
-from test_plan_executor import graphs, unspecified_write
 from torch_graphs import prologue_graph
 
 pytestmark = pytest.mark.skipif(not emu.available(), reason="needs a C++17 compiler (c++)")
@@ -188,45 +188,6 @@ def _close(got: np.ndarray, want: np.ndarray, what: str):
         np.testing.assert_array_equal(got, want, err_msg=what)
 
 
-@pytest.fixture
-def emulated(monkeypatch):
-    """A CupyRuntime on the stand-in CuPy (tests/standin_kernels.py) whose launches run the
-    generated kernels and the library radix sort on the emulator."""
-    from cupy_standin import Array
-    from segfuse.compiler.cuda import arrays
-    from standin_kernels import StandinGPU
-
-    g = StandinGPU(emulate=True)
-    g.cp.empty = lambda shape, dtype=np.float64: _aligned(shape, dtype).view(Array)  # (CuPy's alignment)
-    g.cp.asarray = lambda a, dtype=None: _aligned_copy(np.asarray(a, dtype=dtype)).view(Array)
-    g.record_generate(monkeypatch)
-    g.install_radix(monkeypatch)
-    monkeypatch.setattr(arrays, "_ND", [Array])
-    return g.runtime(), Array
-
-
-def _aligned(shape, dtype=np.float64, align=256) -> np.ndarray:
-    """np.empty whose memory starts at a multiple of `align` bytes, as CuPy's allocations do (so
-    the runtime launches the vector variants, which need 32-byte aligned tensors, as on the GPU;
-    NumPy's own memory is only 16-byte aligned)."""
-    dt, shape = np.dtype(dtype), (shape,) if isinstance(shape, (int, np.integer)) else tuple(shape)
-    n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-    raw = np.empty(n + align, np.uint8)
-    off = -raw.ctypes.data % align
-    return raw[off:off + n].view(dt).reshape(shape)
-
-
-def _aligned_copy(v: np.ndarray) -> np.ndarray:
-    a = _aligned(v.shape, v.dtype)
-    a[...] = v
-    return a
-
-
-def _device(ins, Array):
-    out = {k: _aligned_copy(np.asarray(v)) for k, v in ins.items()}
-    return {k: a if a.dtype.name == "bfloat16" else a.view(Array) for k, a in out.items()}
-
-
 @pytest.mark.parametrize("case", all_cases(), ids=[c[0] for c in all_cases()])
 def test_corpus_kernels(case, emulated):
     rt, Array = emulated
@@ -234,7 +195,7 @@ def test_corpus_kernels(case, emulated):
     f = Fusion.from_json(g)
     ins = case_inputs(case)
     want = run_graph(f, copy.deepcopy(ins))
-    got, _ = rt.run(f, _device(ins, Array), PLANS.plan(f, {k: np.shape(v) for k, v in ins.items()}))
+    got, _ = rt.run(f, on_device(ins, Array), PLANS.plan(f, {k: np.shape(v) for k, v in ins.items()}))
     for k in want:
         _close(np.array(got[k]), want[k], f"{name}: {k}")
 
@@ -243,7 +204,7 @@ def test_corpus_kernels(case, emulated):
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(graphs(), st.integers(0, 2**16))
 def test_random_graphs(emulated, case, seed):
-    """tests/test_plan_executor.py's random graphs (multi-block sizes included), planned and run
+    """helpers/plan_graphs.py's random graphs (multi-block sizes included), planned and run
     through the CUDA runtime on emulated kernels, against the NumPy interpreter (not graphs with a
     write whose result with duplicate indices is unspecified: as in the GPU suite, either
     duplicate may win; the emulator's thread order differs from the interpreter's)."""
@@ -252,7 +213,7 @@ def test_random_graphs(emulated, case, seed):
         return
     f, ins, want = found
     rt, Array = emulated
-    dev = _device(ins, Array)
+    dev = on_device(ins, Array)
     got, _ = rt.run(f, dev, PLANS.plan(f, {k: np.shape(v) for k, v in ins.items()}))
     for k in want:
         _close(np.array(got[k]), want[k], f"output {k}")
@@ -299,20 +260,20 @@ def test_split_rows_against_torch(emulated, kind, dtype, R, D, split):
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("R,D", [(37, 300), (6, 4096), (5, 1001), (300, 2048)])
 @pytest.mark.parametrize("limit", [None, 0])
-def test_row_weights_in_registers(emulated, monkeypatch, kind, dtype, R, D, limit):
-    """The weights loaded once per thread before the row loop (limits.ROW_REGISTER_WEIGHTS; 2-byte
-    ones only while the rows do not fill the SMs): the kernel reads them from its registers, and
-    agrees with PyTorch; with the limit at 0 it reads them per element, and agrees too."""
+def test_row_weights_in_registers(emulated, kind, dtype, R, D, limit):
+    """The weights loaded once per thread before the row loop (CodegenOptions.row_register_weights;
+    2-byte ones only while the rows do not fill the SMs): the kernel reads them from its registers,
+    and agrees with PyTorch; with the limit at 0 it reads them per element, and agrees too."""
     from norm_graphs import norm_graph
-    from segfuse.compiler.codegen import row_reduction
+    from segfuse.compiler.codegen.options import CodegenOptions
     from segfuse.compiler.cuda.prepare import modules_without_device
     from segfuse.compiler.limits import NOMINAL_SM_COUNT
 
-    if limit is not None:
-        monkeypatch.setattr(row_reduction, "ROW_REGISTER_WEIGHTS", limit)
+    options = CodegenOptions() if limit is None else CodegenOptions(row_register_weights=limit)
+    emulated[0].options = options
     f = norm_graph(kind, dtype)
     shapes = {"x": (R, D), "w": (D,), **({"b": (D,)} if kind == "layernorm" else {})}
-    (_, mod), = modules_without_device(f, PLANS.plan(f, shapes), f.bind(shapes))
+    (_, mod), = modules_without_device(f, PLANS.plan(f, shapes), f.bind(shapes), options=options)
     weights = 0 if limit == 0 or (dtype == "bfloat16" and R > NOMINAL_SM_COUNT) else 2 if kind == "layernorm" else 1
     assert [f"wr{i}[sf_t]" in mod.source for i in range(3)] == [True] * weights + [False] * (3 - weights)
     _check_norm(emulated, kind, dtype, R, D)
@@ -324,49 +285,32 @@ def test_row_weights_in_registers(emulated, monkeypatch, kind, dtype, R, D, limi
 @pytest.mark.parametrize("reduce", ["three barriers", "one barrier", "butterfly"])
 def test_row_loop(emulated, monkeypatch, kind, dtype, R, D, reduce):
     """A block looping over every row (a grid of one block: row_reduction.BLOCK_ROWS_PER_SM = 0),
-    with limits.ROW_ONE_BARRIER's reduction (sf_block_reduce1, two shared buffers alternating per
-    row), its butterfly form (limits.ROW_REDUCE_BUTTERFLY, sf_block_reduce1w) and neither, against PyTorch. (The emulator runs threads in rounds between switch
+    with CodegenOptions.row_one_barrier's reduction (sf_block_reduce1, two shared buffers alternating per
+    row), its butterfly form (row_reduce_butterfly, sf_block_reduce1w) and neither, against PyTorch. (The emulator runs threads in rounds between switch
     points, so a buffer reused too early cannot show here; tests/gpu/test_row_reduction_gpu.py
     runs the same loop on the H200.)"""
     from norm_graphs import norm_graph
     from segfuse.compiler.codegen import row_reduction
+    from segfuse.compiler.codegen.options import CodegenOptions
     from segfuse.compiler.cuda.prepare import modules_without_device
 
     monkeypatch.setattr(row_reduction, "BLOCK_ROWS_PER_SM", 0)
-    monkeypatch.setattr(row_reduction, "ROW_ONE_BARRIER", reduce != "three barriers")
-    monkeypatch.setattr(row_reduction, "ROW_REDUCE_BUTTERFLY", reduce == "butterfly")
+    options = CodegenOptions(row_one_barrier=reduce != "three barriers", row_reduce_butterfly=reduce == "butterfly")
+    emulated[0].options = options
     f = norm_graph(kind, dtype)
     shapes = {"x": (R, D), **({"w": (D,)} if kind != "softmax" else {}), **({"b": (D,)} if kind == "layernorm" else {})}
-    (_, mod), = modules_without_device(f, PLANS.plan(f, shapes), f.bind(shapes))
+    (_, mod), = modules_without_device(f, PLANS.plan(f, shapes), f.bind(shapes), options=options)
     assert ("sf_block_reduce1(acc" in mod.source) == (reduce == "one barrier")
     assert ("sf_block_reduce1w<" in mod.source) == (reduce == "butterfly")
     assert all(launch.grid == 1 for launch in mod.launches)
     _check_norm(emulated, kind, dtype, R, D)
 
 
-@pytest.mark.parametrize("kind", ["softmax", "log_softmax", "rmsnorm", "layernorm"])
-@pytest.mark.parametrize("R,D", [(37, 256), (6, 4096), (3, 8192), (5, 1000), (300, 2048)])
-def test_wide_vectors_of_2byte_rows(emulated, monkeypatch, kind, R, D):
-    """limits.ROW_WIDE_2BYTE_VECTORS: bfloat16 rows in registers move in 16-byte vectors of 8 (a
-    warp a row, a block a row, rows that fill the SMs; the weights too), and agree with PyTorch."""
-    from norm_graphs import norm_graph
-    from segfuse.compiler.codegen import row_reduction
-    from segfuse.compiler.cuda.prepare import modules_without_device
-
-    monkeypatch.setattr(row_reduction, "ROW_WIDE_2BYTE_VECTORS", True)
-    f = norm_graph(kind, "bfloat16")
-    shapes = {"x": (R, D), **({"w": (D,)} if kind in ("rmsnorm", "layernorm") else {}), **({"b": (D,)} if kind == "layernorm" else {})}
-    (_, mod), = modules_without_device(f, PLANS.plan(f, shapes), f.bind(shapes))
-    assert "sf_vload_last((const sf_v8<sf_bf16>*)t0 + row * " in mod.source and "sf_vstore((sf_v8<sf_bf16>*)" in mod.source
-    assert "sf_v4<" not in mod.source[mod.source.index('extern "C"'):]  # (the kernels: no 8-byte vector left)
-    _check_norm(emulated, kind, "bfloat16", R, D)
-
-
 @pytest.mark.parametrize("kind", ["rmsnorm", "layernorm"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("R,D", [(6, 4096), (5, 1001), (300, 2048), (37, 300), (1, 16400)])
-def test_weights_loaded_after_the_row(emulated, monkeypatch, kind, dtype, R, D):
-    """limits.ROW_WEIGHTS_AFTER_ROW: where each block (or cluster) has one row and the rows fit the
+def test_weights_loaded_after_the_row(emulated, kind, dtype, R, D):
+    """CodegenOptions.row_weights_after_row: where each block (or cluster) has one row and the rows fit the
     SMs, the weights held in registers load inside the row loop after the row (a block a row, a row
     split over a cluster; vector and scalar variants), and agree with PyTorch. Without the knob, and
     for rows that fill the SMs (300 here, a warp a row at 300 x 300), they load before the loop.
@@ -374,7 +318,7 @@ def test_weights_loaded_after_the_row(emulated, monkeypatch, kind, dtype, R, D):
     import re
 
     from norm_graphs import norm_graph
-    from segfuse.compiler.codegen import row_reduction
+    from segfuse.compiler.codegen.options import CodegenOptions
     from segfuse.compiler.cuda.prepare import modules_without_device
     from segfuse.compiler.limits import NOMINAL_SM_COUNT
 
@@ -382,13 +326,12 @@ def test_weights_loaded_after_the_row(emulated, monkeypatch, kind, dtype, R, D):
     f = norm_graph(kind, dtype)
     shapes = {"x": (R, D), "w": (D,), **({"b": (D,)} if kind == "layernorm" else {})}
 
-    def kernels():
-        (_, mod), = modules_without_device(f, PLANS.plan(f, shapes), f.bind(shapes))
+    def kernels(options):
+        (_, mod), = modules_without_device(f, PLANS.plan(f, shapes), f.bind(shapes), options=options)
         return mod.source.split('extern "C"')[1:]
 
     for late in (False, True):
-        monkeypatch.setattr(row_reduction, "ROW_WEIGHTS_AFTER_ROW", late)
-        ks = kernels()
+        ks = kernels(CodegenOptions(row_weights_after_row=late))
         held = [k for k in ks if stores.search(k)]
         # (bfloat16 rows that fill the SMs keep their weights out of registers: nothing to place)
         assert bool(held) == (dtype == "float32" or R <= NOMINAL_SM_COUNT), "weights in registers"
@@ -396,23 +339,6 @@ def test_weights_loaded_after_the_row(emulated, monkeypatch, kind, dtype, R, D):
             before = len(stores.findall(k.split(" row = ", 1)[0]))
             assert (before == 0) == (late and R <= NOMINAL_SM_COUNT), (late, before)
     _check_norm(emulated, kind, dtype, R, D)
-
-
-def test_wide_vectors_only_where_every_access_is_2byte():
-    """float32 rows, and rows of no multiple of 8, keep vectors of 4 under the knob."""
-    from norm_graphs import norm_graph
-    from segfuse.compiler.codegen import row_reduction
-    from segfuse.compiler.cuda.prepare import modules_without_device
-
-    saved, row_reduction.ROW_WIDE_2BYTE_VECTORS = row_reduction.ROW_WIDE_2BYTE_VECTORS, True
-    try:
-        for dtype, D in (("float32", 4096), ("bfloat16", 4100)):
-            f = norm_graph("rmsnorm", dtype)
-            shapes = {"x": (6, D), "w": (D,)}
-            (_, mod), = modules_without_device(f, PLANS.plan(f, shapes), f.bind(shapes))
-            assert "sf_v8<" not in mod.source and "sf_vload_last((const sf_v4<" in mod.source, (dtype, D)
-    finally:
-        row_reduction.ROW_WIDE_2BYTE_VECTORS = saved
 
 
 @pytest.mark.parametrize("kind", ["softmax", "log_softmax"])
@@ -459,7 +385,7 @@ def test_reductions_of_padded_rows(emulated, fill, op, in_place, R, D):
     assert ("xr0[sf_t]" in mod.source) == in_place
     rt, Array = emulated
     ins = {"x": (np.random.default_rng(R).standard_normal((R, D)) * 3).astype(np.float32)}
-    got, _ = rt.run(f, _device(ins, Array), plan)
+    got, _ = rt.run(f, on_device(ins, Array), plan)
     got, want = np.array(got["y"]), run_graph(f, copy.deepcopy(ins))["y"]
     if op == "sum":
         # exp(x - s) carries the float32 rounding of s (|s| up to ~600 here) as a relative error:
@@ -481,7 +407,7 @@ def _check_norm(emulated, kind, dtype, R, D, composite=False):
     ins = norm_inputs(kind, R, D, dtype, seed=R + D, special=True)
     plan = PLANS.plan(f, {k: np.shape(v) for k, v in ins.items()})
     assert [s.kind.value for s in plan.segments] == ["row_reduction"]
-    got = np.array(rt.run(f, _device(ins, Array), plan)[0]["y"])
+    got = np.array(rt.run(f, on_device(ins, Array), plan)[0]["y"])
     got = (got.view(ml_dtypes.bfloat16) if dtype == "bfloat16" else got).astype(np.float32)
     tdt = torch.float32 if dtype == "float32" else torch.bfloat16
     want = torch_norm(kind, {k: torch.from_numpy(np.asarray(v).astype(np.float32)).to(tdt) for k, v in ins.items()})
@@ -522,7 +448,7 @@ def test_row_regions_in_registers_or_shared_memory(emulated, name):
         assert ("xr0[sf_t]" in mod.source) == in_registers, shape
         # (two rows of 8 x 2100: split over clusters of 8 blocks, the per-row sum stored by the first)
         assert ("__cluster_dims__(8, 1, 1)" in mod.source) == (shape == (2, 8, 2100)), shape
-        got, _ = rt.run(f, _device(ins, Array), plan)
+        got, _ = rt.run(f, on_device(ins, Array), plan)
         want = run_graph(f, copy.deepcopy(ins))
         for k in want:
             _close(np.array(got[k]), want[k], f"{name} {shape} output {k}")
@@ -544,16 +470,16 @@ def test_whole_prologue_through_the_runtime(emulated, hist, idt):
     plans = Engine("numpy", plan_cache=PlanCache(cap=dataclasses.replace(DEFAULT_CAPABILITY, fuse_sort_histograms=hist)))
     plan = plans.plan(f, {"topk_ids": ids.shape})
     assert plan.kernel_count == (1 if hist else 2)
-    got, _ = rt.run(f, _device({"topk_ids": ids}, Array), plan)
+    got, _ = rt.run(f, on_device({"topk_ids": ids}, Array), plan)
     want = _prologue_oracle(ids)
     for k in want:
         np.testing.assert_array_equal(np.array(got[k]).astype(np.int64), want[k], err_msg=k)
-    prep = rt.prepared_for(f, _device({"topk_ids": ids}, Array))
+    prep = rt.prepared_for(f, on_device({"topk_ids": ids}, Array))
     assert prep.kernels == plan.kernel_count and not prep.fallbacks
     bad = ids.copy()
     bad[7, 2] = 999
     with pytest.raises(RunError, match="index 999 is out of bounds for dimension 0 with size 256"):
-        rt.run(f, _device({"topk_ids": bad}, Array), plan)
+        rt.run(f, on_device({"topk_ids": bad}, Array), plan)
 
 
 # ---- tests/test_property_graphs.py's random graphs, against PyTorch -------------------------
@@ -577,7 +503,7 @@ def test_property_graphs_against_torch(emulated, name):
         g = pg.Gen(data, max_ops=max_ops, kinds=kinds, big=big)
         graph = g.build()
         f = Fusion.from_json(graph)
-        dev = _device(g.arrays, Array)
+        dev = on_device(g.arrays, Array)
         plan = PLANS.plan(f, {k: np.shape(v) for k, v in g.arrays.items()})
         if g.expect_error:
             with pytest.raises(RunError):
@@ -620,7 +546,7 @@ def test_every_sort_consumer_kind_and_a_zero_divisor(emulated):
     plan = PLANS.plan(f, {"ids": ids.shape})
     assert plan.kernel_count == 1
     want = run_graph(f, {"ids": ids.copy()})
-    got, _ = rt.run(f, _device({"ids": ids}, Array), plan)
+    got, _ = rt.run(f, on_device({"ids": ids}, Array), plan)
     for k in want:
         np.testing.assert_array_equal(np.array(got[k]), want[k], err_msg=k)
     ops = [{"op": "reshape", "out": "flat", "inputs": ["ids"], "shape": [-1]},
@@ -629,7 +555,7 @@ def test_every_sort_consumer_kind_and_a_zero_divisor(emulated):
     g = Fusion.from_json(_graph("div0", [{"name": "ids", "dtype": "int64", "shape": ["T", K]}], ops, ["q"]))
     ids64 = ids.astype(np.int64)
     with pytest.raises(RunError, match="division by zero"):
-        rt.run(g, _device({"ids": ids64}, Array), PLANS.plan(g, {"ids": ids64.shape}))
+        rt.run(g, on_device({"ids": ids64}, Array), PLANS.plan(g, {"ids": ids64.shape}))
 
 
 STRIDED_CASES = [c for c in all_cases() if any(np.ndim(v) >= 2 for v in case_inputs(c).values())]
@@ -661,10 +587,8 @@ def test_corpus_kernels_on_column_major_inputs(case, emulated):
 def test_fast_path_and_graph_replays(emulated, deferred):
     """The per-signature fast path on emulated kernels: the first calls launch, later ones replay a
     captured "CUDA graph" of the same kernels on the same buffers while the input's data changes."""
-    from test_cuda_buffers import _chain
-
     rt, Array = emulated
-    f, ins = _chain(dtype="int64")
+    f, ins = scan_chain(dtype="int64")
     n = ins["x"].shape[0]
     dev = {"x": np.array(ins["x"]).view(Array)}
     call = rt.prepared_call(f, dev, PLANS.plan(f, {"x": (n,)}), deferred=deferred)
@@ -689,10 +613,10 @@ def test_a_deferred_run_reports_its_bad_id_later(emulated):
     f = Fusion.from_json(moe_graphs(idt="int64")[0][0])  # moe_problem_sizes: counts by scatter-add
     ids = np.random.default_rng(14).integers(0, 256, (4096, K))
     plan = PLANS.plan(f, {"topk_ids": ids.shape})
-    good, _ = rt.run(f, _device({"topk_ids": ids}, Array), plan, deferred=True)
+    good, _ = rt.run(f, on_device({"topk_ids": ids}, Array), plan, deferred=True)
     bad = ids.copy()
     bad[3, 3] = 300
-    rt.run(f, _device({"topk_ids": bad}, Array), plan, deferred=True)
+    rt.run(f, on_device({"topk_ids": bad}, Array), plan, deferred=True)
     with pytest.raises(DeferredRunError, match="index 300 is out of bounds for dimension 0 with size 256"):
         rt.synchronize()
     np.testing.assert_array_equal(np.array(good["counts"]), np.bincount(ids.reshape(-1), minlength=256))

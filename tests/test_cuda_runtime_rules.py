@@ -11,10 +11,12 @@ import types
 from collections import OrderedDict
 
 import numpy as np
+import pytest
 from cupy_standin import Array
 from segfuse.compiler.cuda import arrays, runtime
-from segfuse.compiler.engine import WARMUPS, Engine
+from segfuse.compiler.engine import Engine
 from segfuse.compiler.ir import Fusion
+from segfuse.compiler.numpy_backend import NumpyBackend
 from segfuse.compiler.plan import Commit
 
 STATE = types.SimpleNamespace(stream=contextlib.nullcontext())
@@ -80,7 +82,7 @@ def _runtime(monkeypatch, capacity: int):
     monkeypatch.setattr(runtime, "prepare_plan", prepare_plan)
     monkeypatch.setattr(runtime, "PREPARED_ENTRIES", capacity)
     rt = runtime.CupyRuntime.__new__(runtime.CupyRuntime)
-    rt._prepared, rt._plock, rt.planner = OrderedDict(), threading.Lock(), None
+    rt._prepared, rt._plock = OrderedDict(), threading.Lock()
     return rt, made
 
 
@@ -114,10 +116,30 @@ def test_warmup_prepares_the_entry_a_run_with_the_same_plan_finds(monkeypatch):
     assert _prepare(rt, f, 16, plan) is warm and len(made) == 1
 
 
-def test_engine_warmup_hands_the_backend_its_cached_plan(monkeypatch):
-    seen = []
-    monkeypatch.setitem(WARMUPS, "numpy", lambda plan, fusion, shapes: seen.append(plan))
-    eng = Engine("numpy")
+class _WarmupRecorder(NumpyBackend):
+    name = "warmup-recorder"
+
+    def __init__(self):
+        self.seen = []
+
+    def warmup(self, plan, fusion, shapes):
+        self.seen.append(plan)
+
+
+def test_engine_warmup_hands_the_backend_its_cached_plan():
+    backend = _WarmupRecorder()
+    eng = Engine(backend)
     f = Fusion.from_json(GRAPH)
     plan = eng.warmup(f, {"a": (32,)})
-    assert seen == [plan] and eng.plan(f, {"a": (32,)}) is plan
+    assert backend.seen == [plan] and eng.plan(f, {"a": (32,)}) is plan
+
+
+def test_the_runtime_runs_only_plans_it_is_handed(monkeypatch):
+    """No plan, no preparation: the runtime never plans by itself (the Engine's cache does)."""
+    rt, made = _runtime(monkeypatch, 8)
+    f = Fusion.from_json(GRAPH)
+    with pytest.raises(TypeError):
+        rt.prepare(f, {"a": (4,)}, {"a": f.inputs[0][1].dtype}, {"a": (1,)})
+    with pytest.raises(TypeError):
+        rt.warmup(f, {"a": (4,)})
+    assert made == []

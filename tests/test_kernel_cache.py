@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from segfuse.compiler.codegen.options import CodegenOptions
 from segfuse.compiler.cuda import nvrtc
 from segfuse.compiler.cuda.cache import SIDECAR, KernelCache, cache_key, default_directory
 
@@ -52,6 +53,19 @@ def test_the_key_names_the_compiler(tmp_path):
     other.get(src)
     assert other.stats.misses == 1 and other.stats.disk_hits == 0
     assert len([n for n in os.listdir(tmp_path) if n.endswith(".cubin")]) == 2
+
+
+def test_the_key_names_the_code_generators_options(tmp_path):
+    """Kernels generated under other CodegenOptions are other cache entries; the default options
+    keep the keys cubins were cached under before there were options."""
+    src, opts = _src(3), nvrtc.default_options()
+    plain = cache_key(src, opts, "sm_90", "nvrtc-13.0")
+    assert cache_key(src, opts, "sm_90", "nvrtc-13.0", CodegenOptions()) == plain
+    assert cache_key(src, opts, "sm_90", "nvrtc-13.0", CodegenOptions(row_load_hints=False)) != plain
+    cache = KernelCache(str(tmp_path))
+    cache.get(src)
+    cache.get(src, CodegenOptions(row_one_barrier=True))
+    assert cache.stats.misses == 2 and len([n for n in os.listdir(tmp_path) if n.endswith(".cubin")]) == 2
 
 
 def test_default_directory_is_per_user(monkeypatch, tmp_path):

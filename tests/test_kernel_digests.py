@@ -4,8 +4,8 @@ of the source, compiler/cuda/cache.py) stay the same. Pure Python, no GPU, no NV
 
 Covered, per graph and input shapes (key: graph | shapes | what | segment index):
 - `plan`: the segmenter's plan (Engine("numpy").plan) with `generate` per segment, as
-  tests/test_codegen_compile.py does; a sort-epilogue segment (hints.routine) digests the fused
-  radix-sort source that segmenter/sort_epilogue.match, sort_epilogue.render and radix_sort.source produce;
+  tests/test_codegen_compile.py does; a sort-epilogue segment (`Segment.sort_epilogue`) digests the
+  fused radix-sort source that codegen's sort_epilogue.render and radix_sort.source produce from it;
 - `runs`: what the CUDA runtime's preparation of that plan compiles for contiguous inputs
   (compiler/cuda/prepare.py `modules_without_device`: views made without kernels, split pieces of
   segments the codegen refuses); key suffix `<segment id>.<module>`, `view` for a segment that
@@ -42,7 +42,6 @@ from segfuse.compiler.cuda.arrays import cp_dtype
 from segfuse.compiler.cuda.prepare import modules_without_device
 from segfuse.compiler.engine import Engine
 from segfuse.compiler.ir import Fusion
-from segfuse.compiler.segmenter import sort_epilogue as segmenter_sort_epilogue
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGESTS = Path(__file__).resolve().parent / "data" / "kernel_digests.json"
@@ -68,12 +67,11 @@ def _plan_digests(eng, f: Fusion, shapes: dict, name: str, out: dict) -> None:
     for i, seg in enumerate(eng.plan(f, shapes).segments):
         if not seg.nodes:
             continue  # a copy segment: no generated kernel
-        if seg.fused_sort:
-            m = segmenter_sort_epilogue.match(f, seg.nodes, seg.inputs, seg.outputs, types, copies=getattr(seg, "copies", ()))
-            if m is not None:
-                epi, _ = sort_epilogue.render(f, m, types)
-                out[f"{base}|{i}|sort_epilogue"] = _sha(radix_sort.source(np.dtype(cp_dtype(types[m.key].dtype)), epi)[0])
-                continue
+        m = seg.sort_epilogue
+        if m is not None:
+            epi, _ = sort_epilogue.render(f, m, types)
+            out[f"{base}|{i}|sort_epilogue"] = _sha(radix_sort.source(np.dtype(cp_dtype(types[m.key].dtype)), epi)[0])
+            continue
         try:
             src = generate(f, seg, types, single_block=seg.kind.value == "single_block").source
         except Unsupported:

@@ -4,7 +4,9 @@ functions, and under `if TYPE_CHECKING:` -- resolves it (relative imports too) t
 and checks it against LAYERS below.
 
 A violation is an import of a module of a higher layer, a client module importing anything but the
-client and the dtype table, or an import edge inside a cycle (a strongly connected component of the
+client and the dtype table, a module outside the compiler importing a backend's internals
+(`compiler/cuda/`, `compiler/numpy_backend.py`: the Engine is the way in; benchmark and example
+scripts are held to that too), or an import edge inside a cycle (a strongly connected component of the
 runtime import graph; `TYPE_CHECKING` imports do not run and are left out of cycles, not of layers).
 Today's violations are listed in tests/data/layering_allowlist.txt; the list may only shrink:
 a new violation fails, and so does a listed one that no longer occurs (delete its line).
@@ -37,7 +39,8 @@ LAYERS: list[tuple[str, list[str]]] = [
     # pure text (the corpus that drives it is test data: tests/corpus/)
     ("codegen", ["segfuse.compiler.codegen.*"]),
     # the CPU backend (numpy reference evaluator, plan executor) and the CUDA one
-    ("backends", ["segfuse.compiler.commit", "segfuse.compiler.numpy_backend", "segfuse.compiler.plan_executor",
+    ("backends", ["segfuse.compiler.backend", "segfuse.compiler.commit", "segfuse.compiler.numpy_backend",
+                  "segfuse.compiler.plan_executor",
                   "segfuse.compiler.cuda",
                   "segfuse.compiler.cuda.*"]),
     ("engine", ["segfuse.compiler.engine"]),
@@ -54,6 +57,10 @@ LAYERS: list[tuple[str, list[str]]] = [
 ]
 # Outside its own package the client needs only the dtype table.
 CLIENT_MAY_IMPORT = {"segfuse.compiler.dtypes"}
+# A backend's internals: outside the compiler, code goes through the Engine (or the Backend it
+# hands out, `Engine.device_backend`): the product packages, and the scripts below.
+BACKEND_INTERNALS = ["segfuse.compiler.cuda", "segfuse.compiler.cuda.*", "segfuse.compiler.numpy_backend"]
+SCRIPT_DIRS = ["benchmarks", "examples"]  # (files under benchmarks/lab/, the lab's own, are not checked)
 
 KINDS = ("module level", "in function", "type checking")
 
@@ -154,6 +161,34 @@ def collect(mods: dict[str, tuple[Path, bool]]) -> tuple[list[Import], int, int]
     return edges, statements, in_function
 
 
+def _in_compiler(mod: str) -> bool:
+    return mod == "segfuse.compiler" or mod.startswith("segfuse.compiler.")
+
+
+def _backend_internal(mod: str) -> bool:
+    return any(fnmatch.fnmatchcase(mod, p) for p in BACKEND_INTERNALS)
+
+
+def script_files() -> list[Path]:
+    files = []
+    for d in SCRIPT_DIRS:
+        files += [f for f in sorted((ROOT / d).rglob("*.py")) if "lab" not in f.relative_to(ROOT / d).parts[:1]]
+    return files
+
+
+def script_imports_of_backend_internals(mods) -> list[str]:
+    """"file:line module" for every import of a backend's internals by a script (benchmarks/,
+    examples/): absolute imports only (scripts are not packages), at any depth of the file."""
+    found = []
+    for f in script_files():
+        for node in ast.walk(ast.parse(f.read_text(), str(f))):
+            if isinstance(node, (ast.Import, ast.ImportFrom)) and not getattr(node, "level", 0):
+                for target in _targets(node, "", mods):
+                    if _backend_internal(_resolve(target, mods) or target):
+                        found.append(f"{f.relative_to(ROOT)}:{node.lineno} {target}")
+    return found
+
+
 def layer_of(mod: str) -> int | None:
     hits = [i for i, (_, pats) in enumerate(LAYERS) for p in pats if fnmatch.fnmatchcase(mod, p)]
     return hits[0] if len(hits) == 1 else None
@@ -230,6 +265,8 @@ def analyse() -> Report:
         if e.importer.startswith("segfuse.client") and not e.imported.startswith("segfuse.client") \
                 and e.imported not in CLIENT_MAY_IMPORT:
             why.append("client beyond the dtype table")
+        if not _in_compiler(e.importer) and _backend_internal(e.imported):
+            why.append("a backend's internals outside the compiler (go through the Engine)")
         if e.kind != "type checking" and e.importer in comp_of and comp_of[e.importer] == comp_of.get(e.imported):
             why.append(f"cycle of {len(comps[comp_of[e.importer]])}")
         if why:
@@ -287,11 +324,36 @@ def test_no_new_layering_violations():
                      f"{lines}\n\n{r.summary()}")
 
 
+def test_nothing_outside_the_compiler_imports_a_backends_internals():
+    """The server, the client, segfuse.torch, scale-out and the CLI (checked as layering violations
+    above), and the benchmark and example scripts, reach a backend only through the Engine."""
+    r = report()
+    product = sorted(k for k in r.violations if not _in_compiler(k[0]) and _backend_internal(k[1]))
+    assert not product, product
+    scripts = script_imports_of_backend_internals(module_files(package_dirs()))
+    assert not scripts, "scripts importing a backend's internals (use the Engine's API):\n" + "\n".join(scripts)
+
+
+def test_the_script_walk_sees_the_scripts():
+    names = {f.name for f in script_files()}
+    assert {"bench_gpu.py", "bench_prologue.py"} <= names and any(f.parent.name == "examples" for f in script_files())
+
+
 def test_allowlist_only_shrinks():
     r = report()
     stale = sorted(read_allowlist() - set(r.violations))
     assert not stale, (f"{len(stale)} line(s) of tests/data/{ALLOWLIST.name} no longer occur -- fixed, thank you: "
                        "delete them.\n" + "\n".join(" | ".join(k) for k in stale) + f"\n\n{r.summary()}")
+
+
+def test_server_modules_form_no_cycle_even_through_type_hints():
+    """Inside the server a `TYPE_CHECKING` import counts too: a cycle closed by type hints means
+    modules that cannot be read (or split) one without the other."""
+    inside = [e for e in report().edges
+              if e.importer.startswith("segfuse.server.") and e.imported.startswith("segfuse.server.")]
+    assert any(e.kind == "type checking" for e in inside)  # the walk sees type-hint imports
+    found = cycles([Import(e.importer, e.imported, "module level", e.line) for e in inside])
+    assert not found, f"import cycles inside segfuse.server (type hints included): {found}"
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The planner and the code generator agree at the limits they share (compiler/limits.py): the
-index width the plan records is the one the kernel uses, and a sort row the plan leaves to codegen
-fits the shared memory codegen has, one element more does not. Shapes only: nothing is allocated."""
+index width the plan records is the one the kernel uses, the kernels at the largest 32-bit size
+step past the end without overflowing, and a sort row the plan leaves to codegen fits the shared
+memory codegen has, one element more does not. Shapes only: nothing is allocated."""
 
 from __future__ import annotations
 
@@ -34,16 +35,24 @@ def test_plan_and_kernel_choose_the_same_index_width(n, bits):
     assert ("long long l = " in mod.source) == (bits == 64)  # the loop index itself
 
 
-def test_index32_limit_leaves_a_grid_of_overshoot():
-    # a grid-stride loop tests l < n after stepping by up to a whole grid (2^25 threads here)
-    assert INDEX32_MAX + 2**25 <= 2**31 - 1
-    assert DEFAULT_CAPABILITY.index32_limit == INDEX32_MAX
+@pytest.mark.parametrize("dtype", ["int8", "float32"])
+def test_grid_stride_loops_at_the_32bit_limit_do_not_overflow(dtype):
+    # a grid-stride loop tests l < n after stepping by a whole grid: at the largest size indexed
+    # with 32 bits, the last index plus every launch's threads still fits an int (the vector
+    # variant steps over vectors of 4 elements)
+    n = INDEX32_MAX
+    f = _graph([{"op": "add", "out": "y", "inputs": ["x", 1]}], [{"name": "x", "dtype": dtype, "shape": [n]}], ["y"])
+    (seg,) = [s for s in ENGINE.plan(f, {"x": (n,)}).segments if s.nodes]
+    mod = generate(f, seg, f.bind({"x": (n,)}).types)
+    assert mod.index_bits == 32 and mod.launches
+    for launch in mod.launches:
+        items = n // 4 if launch.vector_of is not None else n
+        assert items - 1 + launch.grid * launch.block <= 2**31 - 1, launch
 
 
 @pytest.mark.parametrize("dtype", [DType.float32, DType.int64, DType.float16])
 def test_a_sort_row_the_plan_leaves_to_codegen_fits_shared_memory(dtype):
     row = max_sort_row(dtype, DEFAULT_CAPABILITY)
-    assert DEFAULT_CAPABILITY.sort_smem_bytes == SMEM_PER_BLOCK
     for length, fits in ((row, True), (row + 1, False)):
         shape = (4, length)  # several rows: a grid-mode sort (one row per block), no radix sort
         f = _graph([{"op": "argsort", "out": "o", "inputs": ["x"], "dim": 1, "stable": True}],

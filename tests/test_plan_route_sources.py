@@ -41,14 +41,14 @@ class _RecordingCache:
         self.sources: list[str] = []
         self.stats = SimpleNamespace(compile_s=0.0, misses=0)
 
-    def get(self, source):
+    def get(self, source, codegen=None):
         self.sources.append(source)
         return SimpleNamespace(get_function=lambda name: SimpleNamespace(kernel=SimpleNamespace(ptr=0)))
 
 
 def _deviceless_runtime():
     rt = runtime.CupyRuntime.__new__(runtime.CupyRuntime)
-    rt._prepared, rt._plock, rt.planner = OrderedDict(), threading.Lock(), None
+    rt._prepared, rt._plock = OrderedDict(), threading.Lock()
     rt.cp = SimpleNamespace(ndarray=np.ndarray, asarray=np.asarray, empty=np.empty,
                             cuda=SimpleNamespace(driver=SimpleNamespace(launchKernel=None)))
     rt.sm_count, rt.cache = NOMINAL_SM_COUNT, _RecordingCache()
@@ -103,18 +103,14 @@ def test_a_run_in_place_compiles_other_sources_than_the_plain_code_generator():
 def test_the_cupy_engine_answers_with_the_modules_its_runtime_prepared(monkeypatch):
     """On a GPU server the modules come from the runtime's prepared entry (compiled as warmup
     does): the entry a run of contiguous inputs then finds, so the route compiled what runs."""
-    from segfuse.compiler import engine as engine_mod
     from segfuse.compiler.cuda import backend
 
     rt = _deviceless_runtime()
     monkeypatch.setattr(backend, "get_runtime", lambda: rt)
-    for table in ("BACKENDS", "DEVICES", "WARMUPS", "FAST_PATHS", "SYNCS", "BATCHES", "MODULES"):
-        monkeypatch.setattr(engine_mod, table, dict(getattr(engine_mod, table)))
-    engine_mod.register_backend("cupy", **backend.hooks())
     fusion = Fusion.from_json(_example("scatter_add"))
     inputs = CASES[0][2](np.random.default_rng(0))
     shapes = {k: v.shape for k, v in inputs.items()}
-    eng = Engine("cupy")
+    eng = Engine(backend.CupyBackend())
     plan = eng.plan(fusion, shapes)
     modules = eng.kernel_modules(fusion, shapes, plan)
     assert [m.source for _, m in modules] == rt.cache.sources == _run_compiles(fusion, inputs, plan)

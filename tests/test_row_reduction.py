@@ -12,6 +12,7 @@ import pytest
 import torch
 from norm_graphs import NORMS, norm_graph, norm_inputs, torch_norm
 from segfuse.compiler.builder import FusionDefinition
+from segfuse.compiler.codegen.options import DEFAULT_OPTIONS, CodegenOptions
 from segfuse.compiler.cuda.prepare import modules_without_device
 from segfuse.compiler.engine import Engine
 from segfuse.compiler.segmenter import segment
@@ -39,7 +40,7 @@ def test_one_row_kernel_per_normalization(kind, dtype, composite, R, D):
     assert plan.kernel_count == 1
     seg = plan.segments[0]
     assert "row-persistent reduction:" in seg.reason and "over dim 1" in seg.reason
-    assert seg.hints["row"]["dims"] == [1] and seg.hints["row"]["cached_inputs"][0] == "x"
+    assert seg.row.dims == (1,) and seg.row.cached_inputs[0] == "x" and seg.row.reductions[0] in seg.nodes
     shapes = f.input_shapes({"R": R, "D": D})
     mods = modules_without_device(f, plan, f.bind(shapes))
     assert len(mods) == 1
@@ -150,17 +151,15 @@ def test_explain_prints_the_reason():
     assert "row_reduction" in text and "row-persistent reduction: mean" in text
 
 
-def test_a_register_cap_asks_for_resident_threads(monkeypatch):
-    """limits.ROW_MIN_RESIDENT_THREADS (0, off, by default) and ROW_MIN_RESIDENT_THREADS_2BYTE
-    (2048, for rows of 2-byte elements in registers): the row kernels then carry
-    `__launch_bounds__(block, threads // block)`, ptxas's register cap (the compile-check plugin
-    compiles the sources for sm_90). Not for warp-per-row kernels nor rows in shared memory."""
-    from segfuse.compiler.codegen import row_reduction
-
-    def sources(kind, dtype, R, D):
+def test_a_register_cap_asks_for_resident_threads():
+    """CodegenOptions.row_min_resident_threads_2byte (2048, for rows of 2-byte elements in
+    registers that fill the SMs): the row kernels then carry `__launch_bounds__(block, threads //
+    block)`, ptxas's register cap (the compile-check plugin compiles the sources for sm_90). Not for
+    4-byte rows, warp-per-row kernels nor rows in shared memory; 0: no cap."""
+    def sources(kind, dtype, R, D, options=DEFAULT_OPTIONS):
         f = norm_graph(kind, dtype)
         shapes = f.input_shapes({"R": R, "D": D})
-        (_, mod), = modules_without_device(f, ENG.plan(f, shapes), f.bind(shapes))
+        (_, mod), = modules_without_device(f, ENG.plan(f, shapes), f.bind(shapes), options=options)
         return mod.source
 
     assert sources("layernorm", "float32", 32768, 4096).count("__launch_bounds__(256)") == 2  # vector and scalar
@@ -168,10 +167,10 @@ def test_a_register_cap_asks_for_resident_threads(monkeypatch):
     assert sources("softmax", "bfloat16", 8, 4096).count("__launch_bounds__(512)") == 2  # rows do not fill the SMs: no cap
     assert sources("softmax", "bfloat16", 32768, 512).count("__launch_bounds__(256)") == 2  # a warp a row
     assert sources("softmax", "bfloat16", 100, 40000).count("__launch_bounds__(1024)") == 2  # shared memory
-    monkeypatch.setattr(row_reduction, "ROW_MIN_RESIDENT_THREADS", 2048)
-    assert sources("layernorm", "float32", 32768, 4096).count("__launch_bounds__(256, 8)") == 2
-    monkeypatch.setattr(row_reduction, "ROW_MIN_RESIDENT_THREADS_2BYTE", 0)
-    assert sources("layernorm", "bfloat16", 32768, 4096).count("__launch_bounds__(256)") == 2
+    uncapped = CodegenOptions(row_min_resident_threads_2byte=0)
+    assert sources("layernorm", "bfloat16", 32768, 4096, uncapped).count("__launch_bounds__(256)") == 2
+    assert sources("layernorm", "bfloat16", 32768, 4096, CodegenOptions(row_min_resident_threads_2byte=1024)).count(
+        "__launch_bounds__(256, 4)") == 2
 
 
 @pytest.mark.parametrize("R,D,split,block", [
@@ -210,18 +209,17 @@ def test_no_split_for_rows_outside_registers(monkeypatch):
     assert "__cluster_dims__" not in mod.source and all(ln.grid == 8 and ln.block == 1024 for ln in mod.launches)
 
 
-def test_rows_in_registers_load_with_evict_last_hints(monkeypatch):
-    """limits.ROW_LOAD_HINTS: the vector kernel of rows held in registers loads them (and the
+def test_rows_in_registers_load_with_evict_last_hints():
+    """CodegenOptions.row_load_hints: the vector kernel of rows held in registers loads them (and the
     weights held with them) through prelude VLOAD_LAST's `sf_vload_last`, the scalar kernel and rows
     in shared memory plainly; a module that does not use it leaves it out (other kernels keep their
     sources and digests). Off, no module has it. The emulator and the GPU suite check the results."""
-    from segfuse.compiler.codegen import row_reduction
     from segfuse.compiler.codegen.prelude import VLOAD_LAST
 
-    def kernels(kind, dtype, R, D):
+    def kernels(kind, dtype, R, D, options=DEFAULT_OPTIONS):
         f = norm_graph(kind, dtype)
         shapes = f.input_shapes({"R": R, "D": D})
-        (_, mod), = modules_without_device(f, ENG.plan(f, shapes), f.bind(shapes))
+        (_, mod), = modules_without_device(f, ENG.plan(f, shapes), f.bind(shapes), options=options)
         bodies = mod.source.split('extern "C" __global__')[1:]
         return mod.source, [b.count("sf_vload_last(") for b in bodies]
 
@@ -233,35 +231,31 @@ def test_rows_in_registers_load_with_evict_last_hints(monkeypatch):
     assert VLOAD_LAST not in src and counts == [0]
     src, counts = kernels("softmax", "bfloat16", 200, 40000)  # rows in shared memory
     assert VLOAD_LAST not in src and counts == [0, 0]
-    monkeypatch.setattr(row_reduction, "ROW_LOAD_HINTS", False)
-    src, counts = kernels("rmsnorm", "float32", 32768, 4096)
+    src, counts = kernels("rmsnorm", "float32", 32768, 4096, CodegenOptions(row_load_hints=False))
     assert VLOAD_LAST not in src and counts == [0, 0]
 
 
-def test_modules_with_optional_parts_compile_as_one_program(monkeypatch):
+def test_modules_with_optional_parts_compile_as_one_program():
     """prelude.one_program, the tests' batched compiles: the prelude and each optional part
-    (VLOAD_LAST, VEC8, VLOAD8_LAST, CLUSTER_REDUCE, BLOCK_REDUCE1, BLOCK_REDUCE1_BUTTERFLY) once, however many modules carry it; NVRTC
+    (VLOAD_LAST, CLUSTER_REDUCE, BLOCK_REDUCE1, BLOCK_REDUCE1_BUTTERFLY) once, however many modules carry it; NVRTC
     compiles the batch for sm_90 (joined naively, the parts are defined twice)."""
     pytest.importorskip("cuda.bindings.nvrtc")
-    from segfuse.compiler.codegen import row_reduction
     from segfuse.compiler.codegen.prelude import OPTIONAL_PARTS, PRELUDE, one_program
     from segfuse.compiler.cuda.nvrtc import compile_cubin
 
-    def source(kind, dtype, R, D):
+    def source(kind, dtype, R, D, options):
         f = norm_graph(kind, dtype)
         shapes = f.input_shapes({"R": R, "D": D})
-        (_, mod), = modules_without_device(f, ENG.plan(f, shapes), f.bind(shapes))
+        (_, mod), = modules_without_device(f, ENG.plan(f, shapes), f.bind(shapes), options=options)
         return mod.source
 
-    monkeypatch.setattr(row_reduction, "ROW_REDUCE_BUTTERFLY", False)  # (BLOCK_REDUCE1, not its butterfly form)
-    srcs = [source("rmsnorm", "float32", 32768, 4096), source("softmax", "bfloat16", 8, 65536),
-            source("softmax", "float32", 100, 40000)]  # hints; a split row and hints; neither
-    monkeypatch.setattr(row_reduction, "ROW_ONE_BARRIER", True)  # (+ BLOCK_REDUCE1)
-    srcs += [source("layernorm", "float32", 32768, 8192), source("softmax", "float32", 8, 65536)]
-    monkeypatch.setattr(row_reduction, "ROW_WIDE_2BYTE_VECTORS", True)  # (+ VEC8, VLOAD8_LAST)
-    srcs += [source("rmsnorm", "bfloat16", 8, 4096), source("softmax", "bfloat16", 32768, 4096)]
-    monkeypatch.setattr(row_reduction, "ROW_REDUCE_BUTTERFLY", True)  # (+ BLOCK_REDUCE1_BUTTERFLY)
-    srcs += [source("layernorm", "float32", 8, 4096), source("softmax", "bfloat16", 8, 8192)]
+    plain = CodegenOptions(row_reduce_butterfly=False)  # (BLOCK_REDUCE1, not its butterfly form)
+    srcs = [source("rmsnorm", "float32", 32768, 4096, plain), source("softmax", "bfloat16", 8, 65536, plain),
+            source("softmax", "float32", 100, 40000, plain)]  # hints; a split row and hints; neither
+    one = CodegenOptions(row_reduce_butterfly=False, row_one_barrier=True)  # (+ BLOCK_REDUCE1)
+    srcs += [source("layernorm", "float32", 32768, 8192, one), source("softmax", "float32", 8, 65536, one)]
+    srcs += [source("layernorm", "float32", 8, 4096, DEFAULT_OPTIONS),  # (+ BLOCK_REDUCE1_BUTTERFLY)
+             source("softmax", "bfloat16", 8, 8192, DEFAULT_OPTIONS)]
     parts = [p for _, p in OPTIONAL_PARTS]
     assert all(sum(p in s for s in srcs) >= 2 for p in parts)  # each part in several modules
     program = one_program(srcs)

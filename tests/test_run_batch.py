@@ -11,11 +11,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from cupy_standin import fake_cupy
+from helpers.error_blocks import GRAPH, _fail, _Stream
 from segfuse.compiler.cuda import thread_state as ts
 from segfuse.compiler.engine import Engine, RunResult
 from segfuse.compiler.errors import DeferredRunError, RunError
 from segfuse.compiler.ir import Fusion
-from test_deferred_errors import GRAPH, _fail, _Stream
+from segfuse.compiler.numpy_backend import NumpyBackend
 
 
 def _hist(ids, n=4):
@@ -104,27 +105,34 @@ def test_an_earlier_deferred_failure_is_raised_before_the_batch(state):
     assert state.end_batch() == {}
 
 
-def test_engine_run_batch_uses_the_backend_hooks(monkeypatch):
-    """The engine's side of a GPU batch, with the backend's hooks recorded: begin, an owner per
-    run, end once per chunk of at most the ring's size; failures from end replace results."""
-    from segfuse.compiler import engine as engmod
+class _BatchRecorder(NumpyBackend):
+    """The NumPy backend with a GPU backend's batch bookkeeping recorded: runs per batch at most
+    2, and the first batch's end reports run 1 as failed."""
 
-    calls = []
+    name = "batch-recorder"
+    batch_size = 2
+
+    def __init__(self):
+        self.calls = []
+
+    def begin_batch(self):
+        self.calls.append("begin")
+
+    def batch_owner(self, index):
+        self.calls.append(index)
+
+    def end_batch(self):
+        self.calls.append("end")
+        return {1: RunError([])} if self.calls.count("end") == 1 else {}
+
+
+def test_engine_run_batch_drives_the_backends_batches():
+    """The engine's side of a GPU batch: begin, an owner per run, end once per chunk of at most
+    the backend's batch size; failures from end replace results."""
     f = Fusion.from_json(GRAPH)
-
-    def begin():
-        calls.append("begin")
-
-    def owner(k):
-        calls.append(k)
-
-    def end():
-        calls.append("end")
-        return {1: RunError([])} if calls.count("end") == 1 else {}
-
-    monkeypatch.setitem(engmod.BATCHES, "numpy", (begin, owner, end, 2))
-    out = Engine("numpy").run_batch([(f, {"i": np.array([k % 4])}) for k in range(3)])
-    assert calls == ["begin", 0, 1, "end", "begin", 0, "end"]
+    backend = _BatchRecorder()
+    out = Engine(backend).run_batch([(f, {"i": np.array([k % 4])}) for k in range(3)])
+    assert backend.calls == ["begin", 0, 1, "end", "begin", 0, "end"]
     assert isinstance(out[1], RunError)
     np.testing.assert_array_equal(out[0].outputs["c"], _hist([0]))
     np.testing.assert_array_equal(out[2].outputs["c"], _hist([2]))

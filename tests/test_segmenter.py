@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from segfuse.compiler import Engine, FusionDefinition, RunError, load_fusion, run_graph
 from segfuse.compiler.ops.registry import OpKind
+from segfuse.compiler.plan import LibraryRoutine
 from segfuse.compiler.segmenter import segment
 from segfuse.compiler.segmenter.cache import PlanCache
 from segfuse.compiler.segmenter.capability import DEFAULT_CAPABILITY, Capability
@@ -272,8 +273,9 @@ def test_op_codegen_cannot_emit_becomes_a_library_segment():
     f = moe_argsort(4)
     plan = plan_of(f, {"topk_ids": (BIG, 4)}, no_grid_sort)
     lib = [s for s in plan.segments if s.kind.value == "library"]
-    # (the routine the GPU runtime's library sort runs for it: compiler/cuda/runtime.py's _lib_argsort)
-    assert len(lib) == 1 and lib[0].hints["routine"] == "segfuse.radix_sort for one row, else cupy.argsort (stable)"
+    # (the op's library sort: compiler/cuda/library_sorts.py runs it on the GPU)
+    assert len(lib) == 1 and lib[0].routine is LibraryRoutine.library_sort
+    assert lib[0].routine.describe(f.nodes[lib[0].nodes[0]].op) == "segfuse.radix_sort for one row, else cupy.argsort (stable)"
     assert "runs as a library call" in lib[0].reason
     # and at decode sizes the same op is generated inside one block
     assert kinds(plan_of(f, {"topk_ids": (8, 4)}, no_grid_sort)) == ["single_block"]

@@ -19,6 +19,7 @@ from segfuse.compiler.engine import Engine
 from segfuse.compiler.errors import RunError
 from segfuse.compiler.ir import Fusion
 from segfuse.compiler.numpy_backend import run_graph
+from segfuse.compiler.plan import LibraryRoutine
 from segfuse.compiler.segmenter import segment
 from segfuse.compiler.segmenter import sort_epilogue as sep
 from segfuse.compiler.segmenter.cache import PlanCache
@@ -82,7 +83,10 @@ def test_moe_argsort_is_one_library_segment(idt, T):
     f = moe(idt)
     p = plan(f, T)
     (seg,) = p.segments
-    assert seg.kind.value == "library" and seg.fused_sort and seg.hints["routine"] == sep.ROUTINE and p.kernel_count == 1
+    assert seg.kind.value == "library" and seg.routine is LibraryRoutine.sort_epilogue and p.kernel_count == 1
+    # the plan records the match (planned at the class's sizes) as matching at these sizes finds it
+    types = f.bind(shapes(f, T)).types
+    assert seg.sort_epilogue == sep.match(f, seg.nodes, seg.inputs, seg.outputs, types).epilogue()
     assert seg.nodes == list(range(len(f.nodes))) and seg.inputs == ["topk_ids"]
     assert set(seg.outputs) == {"input_permutation", "output_permutation"}
     assert "one launch" in seg.reason and "fit shared memory" in seg.reason
@@ -391,5 +395,5 @@ def test_runtime_step_launches_once_with_the_epilogue(monkeypatch):
     assert prepare.segment_step(FakeRt(), div0, p0.segments[0], prep0.types, {}, prep0).kind == "library"
     assert prep0.may_fail and prep0.kernels == 1
     # a segment the sort epilogue pass did not make is not taken
-    other = dataclasses.replace(p.segments[0], fused_sort=False)
+    other = dataclasses.replace(p.segments[0], sort_epilogue=None)
     assert library_sorts.sort_epilogue_run(FakeRt(), f, other, types) is None

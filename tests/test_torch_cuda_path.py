@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import sys
 import threading
 import types
 
@@ -124,20 +125,33 @@ class _State:
 def standin_cuda(monkeypatch):
     """A CUDA path (cuda_path.Cuda) on the CuPy stand-in: (Cuda, set of calls that allocate an
     extra buffer, capturing flag)."""
+    from segfuse.compiler.cuda.arrays import cp_dtype
     from segfuse.compiler.cuda.external_stream import ErrorBlocks
+    from segfuse.compiler.engine import Engine
     from segfuse.torch import cuda_path
 
     cp = _cupy_standin()
     extra, capturing = [lambda ids: False], [False]
 
-    def prepare(fusion, shapes, dtypes, strides):
+    def prepare(plan, fusion, shapes, dtypes, strides):
+        assert plan.segments  # the Engine's plan, handed to the backend
         T = shapes["topk_ids"][0]
         return types.SimpleNamespace(ctx_token=object(), steps=_prologue_steps(cp, T, dtypes["topk_ids"].np, lambda ids: extra[0](ids)),
                                      fallbacks=[])
 
+    def launcher(prep):
+        def launch(env, st, err_ptr, capturing=False):
+            for step in prep.steps:
+                step.run(env, None)
+
+        return launch
+
     c = cuda_path.Cuda.__new__(cuda_path.Cuda)
     state = _State()
-    c.rt, c.cp, c.errors = types.SimpleNamespace(prepare=prepare), cp, ErrorBlocks(cp)
+    c.engine = Engine("numpy")  # (its plan cache plans)
+    c.ext = types.SimpleNamespace(prepare=prepare, launcher=launcher, host_steps=lambda prep: [],
+                                  launches_only=lambda prep: False, array_dtype=cp_dtype)
+    c.cp, c.errors = cp, ErrorBlocks(cp)
     c.states = types.SimpleNamespace(get=lambda ptr: state, refill=lambda: None)
     c._tls = threading.local()
     c.get_allocator, c.set_allocator = cp.cuda.memory._get_thread_local_allocator, cp.cuda.memory._set_thread_local_allocator
@@ -229,3 +243,91 @@ def _equal(got, want):
     for g, w in zip(got, want):
         assert g.dtype == w.dtype and g.shape == w.shape, (g.dtype, g.shape, w.dtype, w.shape)
         assert torch.equal(g, w), (g, w)
+
+
+class _CachingEmpty:
+    """torch's caching allocator as calls repeated on one stream see it: memory of a tensor nobody
+    holds any more is handed out again for the same request (here: that very tensor)."""
+
+    def __init__(self, real):
+        self.real, self.pool = real, {}
+
+    def __call__(self, shape, dtype=None, device=None):
+        if shape == 0:  # (a tensor the commit sets onto another storage)
+            return self.real(shape, dtype=dtype, device=device)
+        key = ((shape,) if isinstance(shape, int) else tuple(shape), dtype)
+        for t in self.pool.setdefault(key, []):
+            if sys.getrefcount(t) <= 3:  # the pool's list, the loop's name, getrefcount's argument
+                return t
+        t = self.real(shape, dtype=dtype, device=device)
+        self.pool[key].append(t)
+        return t
+
+
+class _Graph:
+    """A "CUDA graph" of a call of the stand-in prologue: replaying it computes the prologue from
+    the memory its input pointer reaches into the memory of its output pointers."""
+
+    def __init__(self, in_ptr, T, dtype, out_ptrs):
+        self.in_ptr, self.T, self.dtype, self.out_ptrs, self.replays = in_ptr, T, np.dtype(dtype), out_ptrs, 0
+
+    def replay(self):
+        self.replays += 1
+        n = self.T * K
+        ids = np.frombuffer((ctypes.c_char * (n * self.dtype.itemsize)).from_address(self.in_ptr), self.dtype)
+        for ptr, want in zip(self.out_ptrs, torch_prologue(torch.from_numpy(ids.reshape(self.T, K).copy()))):
+            src = want.contiguous().numpy()
+            ctypes.memmove(ptr, src.ctypes.data, src.nbytes)
+
+
+def test_a_call_at_an_earlier_calls_pointers_replays_its_graph_on_a_standin(standin_cuda, monkeypatch):
+    """A graph the launcher returned (the first call whose parameters repeat an earlier one's) is
+    replayed, with nothing bound, by a later call whose input, outputs and arena are all where that
+    call had them; the outputs are still the call's own fresh tensors. Other pointers, or a call
+    under the caller's capture, launch again."""
+    from segfuse.torch import memory
+    from segfuse.torch.cuda_path import CudaRunner
+
+    monkeypatch.setattr(memory, "_empty", _CachingEmpty(memory._empty))
+    graphs = []
+
+    def launcher(prep):
+        seen = set()
+
+        def launch(env, st, err_ptr, capturing=False):
+            for step in prep.steps:
+                step.run(env, None)
+            key = tuple(env[n].data.ptr for n in ("topk_ids", "counts", "offsets", "input_perm", "output_perm"))
+            if capturing or key not in seen:
+                seen.add(key)
+                return None
+            x = env["topk_ids"]
+            graphs.append(_Graph(key[0], x.shape[0], x.dtype, key[1:]))
+            return graphs[-1]
+
+        return launch
+
+    standin_cuda.c.ext.launcher = launcher
+    standin_cuda.c.ext.replay = lambda graph, st: graph.replay()
+    op = sft.fusion(prologue_graph())
+    runner = CudaRunner(op)
+    gen = torch.Generator().manual_seed(7)
+    ids = torch.randint(0, E, (6, K), generator=gen)
+    for _ in range(6):  # one input tensor, new ids each call; each call's outputs dropped
+        ids.copy_(torch.randint(0, E, (6, K), generator=gen))
+        outs = runner.run((ids,))
+        _equal(outs, torch_prologue(ids))
+        _fresh(outs, [ids])
+        del outs
+    # call 0 records the allocations, call 1 follows them (its outputs made ahead of the launch),
+    # call 2 repeats call 1's pointers: its graph; calls 3-5 replay it
+    assert len(graphs) == 1 and graphs[0].replays == 3
+    other = ids.clone()  # the same ids at another address: launched, not replayed
+    _equal(runner.run((other,)), torch_prologue(other))
+    assert graphs[0].replays == 3
+    standin_cuda.capturing[0] = True
+    _equal(runner.run((ids,)), torch_prologue(ids))
+    assert graphs[0].replays == 3
+    standin_cuda.capturing[0] = False
+    _equal(runner.run((ids,)), torch_prologue(ids))
+    assert graphs[0].replays == 4

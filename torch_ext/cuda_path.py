@@ -7,10 +7,16 @@
 - Every buffer of a call (outputs, intermediates, scratch) is memory of torch's caching allocator
   on the current stream (torch_ext/memory.py): CuPy's allocator points at it for the duration of
   the call, each returned output is a tensor of its own, and from a signature's second call on the
-  outputs are made before the launch and the rest is one arena. Nothing is kept between calls.
+  outputs are made before the launch and the rest is one arena. No memory is kept between calls.
   Under a capture the allocations come from the graph's private pool, and replays find them there.
-- No host synchronization: failures go to the op's error block (compiler/cuda/external_stream.py),
-  reported by a later call or `segfuse.torch.check()`.
+- Repeated calls (outside a capture) of a kernels-only plan replay a CUDA graph of its launches:
+  the caching allocator hands a call repeated on one stream the same memory again, so its
+  parameter blocks repeat, and a call whose inputs, outputs and arena are all where an earlier
+  call's were replays that call's graph without binding anything (`Signature.memo`).
+- No host synchronization: failures go to the op's error block (the CUDA backend's external-stream
+  runner, `Engine("cupy").device_backend.external_streams()`), reported by a later call or
+  `segfuse.torch.check()`.
+- Plans come from the Engine's plan cache; the backend prepares and launches them.
 - A call during a capture must find its input signature prepared (kernels compiled and loaded,
   lazily made routines compiled): run the op, or `warmup`, once before capturing.
 """
@@ -20,13 +26,12 @@ from __future__ import annotations
 import threading
 
 import torch
-from segfuse.compiler.cuda import external_stream as ext
-from segfuse.compiler.cuda.arrays import cp_dtype
-from segfuse.compiler.cuda.runtime import get_runtime
+from segfuse.compiler.engine import Engine
 
 from .convert import segfuse_dtype, torch_dtype
 from .memory import RECORDS, CallMemory
 
+MEMOS = 8  # calls' pointer sets remembered per signature with the CUDA graph of their launches
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
 
@@ -44,21 +49,28 @@ def is_capturing() -> bool:
 
 
 class Cuda:
-    """The process's CUDA side of segfuse.torch: the runtime (kernel cache, prepared plans), error
-    blocks, stream states and each thread's torch-backed CuPy allocator."""
+    """The process's CUDA side of segfuse.torch: the CUDA Engine (its plan cache), its backend's
+    runner on external streams (prepared plans, error blocks, stream states) and each thread's
+    torch-backed CuPy allocator."""
 
     def __init__(self):
-        self.rt = get_runtime()
-        cp = self.cp = self.rt.cp
-        self.errors = ext.ErrorBlocks(cp)
-        self.states = ext.StreamStates(cp)
-        self.states.refill()
+        self.engine = Engine("cupy")
+        ext = self.ext = self.engine.device_backend.external_streams()
+        cp = self.cp = ext.cp
+        self.errors = ext.errors
+        self.states = ext.states
         self._tls = threading.local()
         mem = cp.cuda.memory
         get, put = getattr(mem, "_get_thread_local_allocator", None), getattr(mem, "_set_thread_local_allocator", None)
         if get is None or put is None:  # (CuPy's own context manager does exactly this, a little slower)
             get, put = _allocator_via_context(cp)
         self.get_allocator, self.set_allocator = get, put
+
+    def prepare(self, fusion, shapes: dict, dtypes: dict, strides: dict):
+        """The backend's prepared entry of the Engine's plan for inputs of these shapes, dtypes
+        and (element) strides."""
+        plan = self.engine.plan(fusion, shapes, dtypes)
+        return self.ext.prepare(plan, fusion, shapes, dtypes, strides)
 
     def memory(self) -> CallMemory:
         """This thread's allocator for CuPy."""
@@ -121,9 +133,9 @@ class InputView:
 
     __slots__ = ("cp", "dtype", "shape", "strides", "nbytes", "device", "last")
 
-    def __init__(self, cp, t: torch.Tensor, where: str):
-        self.cp = cp
-        self.dtype = cp_dtype(segfuse_dtype(t, where))
+    def __init__(self, c: Cuda, t: torch.Tensor, where: str):
+        self.cp = c.cp
+        self.dtype = c.ext.array_dtype(segfuse_dtype(t, where))
         size = t.element_size()
         self.shape, self.strides = tuple(t.shape), tuple(s * size for s in t.stride())
         self.nbytes = _span(0, self.shape, tuple(t.stride()), size)[1]
@@ -150,18 +162,33 @@ def to_cupy(sig, tensors) -> dict:
 
 class Signature:
     """One input signature of an op: its prepared plan, how its inputs become CuPy arrays, and
-    its allocation plan (memory.py) once a call recorded one."""
+    its allocation plan (memory.py) once a call recorded one; what every call of it would
+    otherwise work out again is decided here, once."""
 
-    __slots__ = ("prep", "names", "views", "device", "plan", "records", "host_steps")
+    __slots__ = ("prep", "names", "views", "device", "index", "plan", "records", "host_steps", "in_stream", "launch",
+                 "memo")
 
     def __init__(self, c: Cuda, prep, names, tensors):
         self.prep = prep
         self.names = tuple(names)
-        self.views = tuple(InputView(c.cp, t, f"inputs.{n}") for n, t in zip(names, tensors))
+        self.views = tuple(InputView(c, t, f"inputs.{n}") for n, t in zip(names, tensors))
         self.device = tensors[0].device
+        self.index = self.device.index
         self.plan = None
         self.records = 0
-        self.host_steps = ext.host_steps(prep)
+        self.host_steps = c.ext.host_steps(prep)
+        # CuPy routines and host steps use CuPy's current stream: those calls run in the stream's
+        # context; kernels and views allocate and launch on the stream they are given
+        self.in_stream = not c.ext.launches_only(prep)
+        self.launch = c.ext.launcher(prep)  # (kernels-only plans replay CUDA graphs of their launches)
+        # every pointer of a call -> (stream state, the CUDA graph of its launches): a later call on
+        # the same state whose pointers are all the same replays the graph as it is (see `run`)
+        self.memo: dict = {}
+
+
+def _key(tensors) -> tuple:
+    """A call's signature: each input's shape, strides, dtype and device index."""
+    return tuple([(t.shape, t.stride(), t.dtype, t.get_device()) for t in tensors])
 
 
 class CudaRunner:
@@ -180,17 +207,21 @@ class CudaRunner:
         self.returned = tuple((o.name, self.dtypes[o.name]) for o in self.fusion.outputs if o.alias_of is None)
 
     def _signature(self, c: Cuda, key, tensors) -> Signature:
+        index = tensors[0].get_device()  # (a CUDA device: the op dispatched on the first input)
+        if any(t.get_device() != index for t in tensors):  # (a CPU tensor's is -1)
+            self.owner._mixed(tensors)  # (each input's device is part of a signature's key)
         names = self.fusion.input_names
         shapes = {n: tuple(t.shape) for n, t in zip(names, tensors)}
         dtypes = {n: segfuse_dtype(t, f"inputs.{n}") for n, t in zip(names, tensors)}
         strides = {n: tuple(t.stride()) for n, t in zip(names, tensors)}
-        prep = c.rt.prepare(self.fusion, shapes, dtypes, strides)
+        prep = c.prepare(self.fusion, shapes, dtypes, strides)
         sig = self.sigs[key] = Signature(c, prep, names, tensors)
         return sig
 
     def run(self, tensors) -> list:
         """The graph's outputs that are not `alias_of` an input, as fresh tensors, in the graph's
-        order; `alias_of` inputs are updated in place. Launched on the current stream."""
+        order; `alias_of` inputs are updated in place. Launched on the current stream. The
+        inputs are CUDA tensors on one device (a call with others fails naming them)."""
         capturing = is_capturing()
         c = _CUDA[0] if _CUDA else cuda(capturing)
         if not capturing:
@@ -207,7 +238,7 @@ class CudaRunner:
                 staged[i] = tensors[i]
         if staged:
             tensors = [t.contiguous() if i in staged else t for i, t in enumerate(tensors)]
-        key = tuple((t.shape, t.stride(), t.dtype) for t in tensors)
+        key = _key(tensors)
         sig = self.sigs.get(key)
         if sig is None:
             if capturing:
@@ -219,20 +250,43 @@ class CudaRunner:
             raise RuntimeError(f"segfuse.torch: '{self.fusion.name}' has steps that run on the host "
                                f"({'; '.join(sig.host_steps)}); they cannot be captured in a CUDA graph")
         device = sig.device
-        st = c.states.get(current_stream_ptr(device.index))
+        st = c.states.get(current_stream_ptr(sig.index))
         if not capturing:
             c.states.refill()
         mem = c.memory()
         plan = sig.plan
         mem.begin(device, plan, plan is None and sig.records < RECORDS)
+        if sig.memo and not capturing and plan is not None:
+            # the outputs and the arena are made: when they and the inputs are where an earlier
+            # call had them, binding would write that call's parameter bytes, so its graph runs
+            hit = sig.memo.get((*[t.data_ptr() for t in tensors], *mem.pre_ptrs, mem.base))
+            if hit is not None and hit[0] is st:
+                try:
+                    c.ext.replay(hit[1], st)
+                    return mem.pre
+                finally:
+                    mem.end()
         prev = c.get_allocator()
         c.set_allocator(mem.malloc)
         try:
-            with st.stream:
-                env = to_cupy(sig, tensors)
-                ext.launch(c.rt, sig.prep, env, st, self.err_ptr)
+            env = to_cupy(sig, tensors)
+            if sig.in_stream:
+                with st.stream:
+                    graph = sig.launch(env, st, self.err_ptr, capturing)
+                    outs, followed = self._commit(mem, env, tensors, staged)
+            else:
+                graph = sig.launch(env, st, self.err_ptr, capturing)
                 outs, followed = self._commit(mem, env, tensors, staged)
-                env.clear()  # (every buffer of the call is freed now, but the outputs' memory)
+            env.clear()  # (every buffer of the call is freed now, but the outputs' memory)
+            if graph is not None and outs is mem.pre and mem.plan.fixed and not staged and not self.alias_pos:
+                # every output is the tensor made for it and every other buffer a slice of the arena
+                memo = sig.memo
+                if len(memo) >= MEMOS:
+                    try:
+                        memo.pop(next(iter(memo)), None)  # (the oldest)
+                    except (RuntimeError, StopIteration):  # (another thread changed it meanwhile)
+                        pass
+                memo[(*[t.data_ptr() for t in tensors], *mem.pre_ptrs, mem.base)] = (st, graph)
         finally:
             c.set_allocator(prev)
             rec = mem.rec
@@ -240,8 +294,10 @@ class CudaRunner:
         if rec is not None:
             sig.records += 1
             sig.plan = rec.plan(len(self.returned))
+            sig.memo = {}
         elif plan is not None and not followed:
             sig.plan = None  # the call left its plan: the next one records again (RECORDS at most)
+            sig.memo = {}
         return outs
 
     def _commit(self, mem: CallMemory, env, tensors, staged) -> tuple[list, bool]:

@@ -39,12 +39,15 @@ class AllocPlan:
     """One signature's allocations: per buffer its size and slot (an output position, ARENA_SLOT
     with its offset, or OWN_SLOT), the arena's size, and each planned output's shape and dtype."""
 
-    __slots__ = ("sizes", "slots", "offsets", "n", "arena_bytes", "outs", "complete")
+    __slots__ = ("sizes", "slots", "offsets", "n", "arena_bytes", "outs", "complete", "fixed")
 
     def __init__(self, sizes, slots, offsets, arena_bytes, outs):
         self.sizes, self.slots, self.offsets = tuple(sizes), tuple(slots), tuple(offsets)
         self.n, self.arena_bytes, self.outs = len(self.sizes), arena_bytes, tuple(outs)
         self.complete = all(o is not None for o in self.outs)  # every returned output planned
+        # every buffer is a planned output or in the arena: what a call following the plan hands
+        # out is fixed by those tensors' pointers alone
+        self.fixed = self.complete and OWN_SLOT not in self.slots
 
 
 class Recording:

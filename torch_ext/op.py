@@ -82,6 +82,7 @@ class TorchFusion:
         # among the returned outputs)
         self._assemble = tuple((True, self._alias[n]) if n in self._alias else (False, self._returned.index(n))
                                for n in self.output_names)
+        self._fresh_only = not self._alias  # the outputs are the returned ones, in order
         self._n_in = len(self.input_names)
         self._engine = Engine("numpy")
         self._cuda = None
@@ -101,14 +102,10 @@ class TorchFusion:
     def _run(self, tensors) -> list:
         """The returned (not alias_of) outputs of a run on `tensors`, in the graph's order."""
         if tensors and tensors[0].is_cuda:
-            index = tensors[0].get_device()
-            for t in tensors:
-                if not t.is_cuda or t.get_device() != index:
-                    self._mixed(tensors)
             cuda = self._cuda
             if cuda is None:
                 cuda = self._cuda_runner()
-            return cuda.run(tensors)
+            return cuda.run(tensors)  # (it checks the inputs' devices once per signature)
         for t in tensors:
             if not t.is_cpu:
                 self._mixed(tensors)
@@ -175,7 +172,7 @@ class TorchFusion:
         else:
             res = self.op(*tensors)
             fresh = list(res) if isinstance(res, (tuple, list)) else [] if res is None else [res]
-        outs = [tensors[i] if alias else fresh[i] for alias, i in self._assemble]
+        outs = fresh if self._fresh_only else [tensors[i] if alias else fresh[i] for alias, i in self._assemble]
         if out is not None:
             outs = self._write_out(outs, out)
         return outs[0] if len(outs) == 1 else tuple(outs)

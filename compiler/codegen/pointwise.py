@@ -2,7 +2,8 @@
 lazily computed outputs (a grid-stride loop, plus a 16-byte-vector variant when every tensor of
 the outputs' cone is flat and contiguous).
 
-A mixin of `SegmentCodegen` (segment.py): it reads the driver's types, locations and index type.
+`PointwiseRenderer` reads the segment's placement (types, locations, index type) from the driver
+(segment.py); its `lambdas` are every family's way to read a tensor (`KernelInput.lambdas`).
 """
 
 from __future__ import annotations
@@ -30,11 +31,15 @@ class LambdaCtx:
         return f"{self._lam[x]}({', '.join(cs)})"
 
 
-class PointwiseKernels:
+class PointwiseRenderer:
     LOWERINGS = frozenset(RENDERERS)  # the lazy ops, rendered as lambdas (lazy.py)
 
+    def __init__(self, seg, nodes, types, strides, loc, stage, copies, producer, params, I):
+        self.seg, self.nodes, self.types, self.strides, self.loc, self.stage = seg, nodes, types, strides, loc, stage
+        self.copies, self.producer, self.params, self.I = copies, producer, params, I
+
     # ---- lambdas -----------------------------------------------------------------------
-    def _lambdas(self, flat_leaf=None, only=None, leaf=None) -> tuple[str, dict]:
+    def lambdas(self, flat_leaf=None, only=None, leaf=None) -> tuple[str, dict]:
         """Definitions of one lambda per tensor. flat_leaf(name) gives leaf bodies in flat mode;
         `only` restricts the definitions to those tensors (flat mode defines just the outputs' cone);
         leaf(name) may give a materialized tensor's body in coordinate mode (None: read its location)."""
@@ -132,11 +137,12 @@ class PointwiseKernels:
 
         return all(ok(o) for o in outs), set(seen)
 
-    def _materialize(self, outs, start, step, lam_names=None) -> str:
+    def materialize(self, outs, start, step, lam_names=None) -> str:
+        """A grid-stride loop (from `start` by `step`) storing outputs `outs` of one shape."""
         I = self.I
         t = self.types[outs[0]]
         n = numel(t.shape)
-        _, names = self._lambdas() if lam_names is None else (None, lam_names)
+        _, names = self.lambdas() if lam_names is None else (None, lam_names)
         cs = coords(t.rank)
         stores = []
         for o in outs:
@@ -146,7 +152,9 @@ class PointwiseKernels:
         return (f"  for ({I} l = {start}; l < ({I}){n}; l += {step}) {{\n"
                 f"    {delinearize('l', t.shape, I)}\n    " + "\n    ".join(stores) + "\n  }")
 
-    def _vector_materialize(self, outs):
+    def vector_materialize(self, outs):
+        """`materialize`'s 16-byte-vector variant, or None where the outputs' cone is not flat and
+        contiguous."""
         t = self.types[outs[0]]
         n = numel(t.shape)
         if n < 4:
@@ -164,7 +172,7 @@ class PointwiseKernels:
         def x_id(x):
             return ids[x]
 
-        lam_flat, names = self._lambdas(flat_leaf=lambda x: (
+        lam_flat, names = self.lambdas(flat_leaf=lambda x: (
             f"return {ct.cvt(f'ld_{x_id(x)}.v[j]', ct.value(self.types[x].dtype))};" if x in leaves else
             f"return {ct.cvt(f'{self.loc[x].ref}[l]', ct.value(self.types[x].dtype))};"), only=cone)
         loads = "".join(f"    sf_v4<{ct.storage(self.types[x].dtype)}> ld_{x_id(x)} = "
@@ -182,7 +190,7 @@ class PointwiseKernels:
                 + "\n".join("    " + ln for ln in lam_flat.split("\n")) + "\n"
                 + outs_set + "    }\n" + outs_st + "  }\n")
         # tail (n % 4 elements) in scalar flat mode
-        lam_tail, tnames = self._lambdas(flat_leaf=lambda x: f"return {ct.cvt(f'{self.loc[x].ref}[l]', ct.value(self.types[x].dtype))};",
+        lam_tail, tnames = self.lambdas(flat_leaf=lambda x: f"return {ct.cvt(f'{self.loc[x].ref}[l]', ct.value(self.types[x].dtype))};",
                                          only=cone)
         tail_stores = "".join(f"    {self.loc[o].ref}[l] = {ct.cvt(f'{tnames[o]}(l)', ct.storage(self.types[o].dtype))};\n"
                               for o in outs)

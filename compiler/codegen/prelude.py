@@ -291,7 +291,7 @@ template <typename V> struct sf_argpair { V v; long long i; };
 """
 
 
-# Emitted before a module's kernels only when one of them uses it (limits.ROW_ONE_BARRIER), so the
+# Emitted before a module's kernels only when one of them uses it (CodegenOptions.row_one_barrier), so the
 # modules that do not keep their sources (and digests).
 BLOCK_REDUCE1 = r"""
 // sf_block_reduce with one barrier instead of three: each warp writes its partial to buffer `par` (0 or 1) and then every
@@ -311,7 +311,7 @@ template <typename T, typename F> __device__ __forceinline__ T sf_block_reduce1(
 """
 
 
-# sf_block_reduce1 for a block of NW warps known when the kernel is generated (limits.ROW_REDUCE_BUTTERFLY).
+# sf_block_reduce1 for a block of NW warps known when the kernel is generated (CodegenOptions.row_reduce_butterfly).
 BLOCK_REDUCE1_BUTTERFLY = r"""
 // sf_block_reduce1 for NW warps (a power of two), known at compile time: after the one barrier lane i
 // reads partial i % NW and the warp combines them in a butterfly (shfl.bfly, as Triton's reductions do).
@@ -404,28 +404,9 @@ template <typename T, typename F> __device__ __forceinline__ T sf_cluster_reduce
 """
 
 
-# 16-byte vectors of 8 two-byte elements (row_reduction.py, limits.ROW_WIDE_2BYTE_VECTORS), where
-# sf_v4 moves 8 bytes: the width (ld.global.v4.b32) of torch.compile's float32 row loads.
-VEC8 = r"""
-template <typename T> struct alignas(sizeof(T) * 8) sf_v8 { T v[8]; };
-template <typename T> __device__ __forceinline__ sf_v8<T> sf_vload(const sf_v8<T>* p) { return *p; }
-template <typename T> __device__ __forceinline__ void sf_vstore(sf_v8<T>* p, sf_v8<T> v) { *p = v; }
-"""
-
-# sf_vload_last (VLOAD_LAST's hints) for sf_v8: after both parts
-VLOAD8_LAST = r"""
-template <typename T> __device__ __forceinline__ sf_v8<T> sf_vload_last(const sf_v8<T>* p) {
-  sf_v8<T> r;
-  sf_ld_last<sizeof(sf_v8<T>) / 4>((const unsigned*)p, (unsigned*)&r, sf_policy_last());
-  return r;
-}
-"""
-
-
 # The parts segment.py emits only into modules that use them: (what a kernel that uses it calls,
 # the part), in the order they come before the kernels
-OPTIONAL_PARTS = (("sf_vload_last(", VLOAD_LAST), ("sf_v8<", VEC8), ("sf_vload_last((const sf_v8<", VLOAD8_LAST),
-                  ("sf_cluster_reduce(", CLUSTER_REDUCE), ("sf_block_reduce1(", BLOCK_REDUCE1),
+OPTIONAL_PARTS = (("sf_vload_last(", VLOAD_LAST), ("sf_cluster_reduce(", CLUSTER_REDUCE), ("sf_block_reduce1(", BLOCK_REDUCE1),
                   ("sf_block_reduce1w<", BLOCK_REDUCE1_BUTTERFLY))
 
 

@@ -1,5 +1,6 @@
 """The reduction family: reductions (sum, prod, amax, amin, mean, argmax, argmin) and inclusive scans
-(cumsum, cumprod; cummax, cummin with their positions), one row per warp or per block. A mixin of `SegmentCodegen` (segment.py).
+(cumsum, cumprod; cummax, cummin with their positions), one row per warp or per block.
+`ReductionRenderer` reads a `KernelInput` (kernel_input.py).
 """
 
 from __future__ import annotations
@@ -9,15 +10,20 @@ from ..ops.reductions import reduced_dims
 from ..ops.registry import Combiner, Lowering
 from . import ctypes_ as ct
 from .geometry import THREADS
+from .kernel_input import KernelInput
 from .layout import numel
 from .lazy import Unsupported, delinearize, linearize
 
 
-class ReductionKernels:
+class ReductionRenderer:
     LOWERINGS = frozenset({Lowering.reduce, Lowering.argreduce, Lowering.scan, Lowering.argscan})
 
+    def __init__(self, inp: KernelInput):
+        self.types, self.I, self.sm, self.loc = inp.types, inp.I, inp.sm, inp.loc
+        self._lambdas, self._dst, self._grid = inp.lambdas, inp.dst, inp.grid
+
     # ---- reductions --------------------------------------------------------------------
-    def _reduce_parts(self, nd):
+    def parts(self, nd):
         x = nd.inputs[0]
         xt = self.types[x]
         ot = self.types[nd.outputs[0]]
@@ -31,8 +37,8 @@ class ReductionKernels:
         K = numel([xt.shape[k] for k in rd])
         return x, xt, ot, op, rd, kd, R, K
 
-    def _reduce_body(self, nd, row0, rowstep, lane, lanes, reducer, dst_ref) -> str:
-        x, xt, ot, op, rd, kd, R, K = self._reduce_parts(nd)
+    def body(self, nd, row0, rowstep, lane, lanes, reducer, dst_ref) -> str:
+        x, xt, ot, op, rd, kd, R, K = self.parts(nd)
         I = self.I
         row_decl = delinearize("row", [xt.shape[k] for k in kd], I, "r")
         k_decl = delinearize("k", [xt.shape[k] for k in rd], I, "s")
@@ -69,22 +75,23 @@ class ReductionKernels:
                 f"    acc = {red};\n"
                 f"    if ({lane} == 0) {dst_ref}[row] = {ct.cvt(post, ct.storage(ot.dtype))};\n  }} }}")
 
-    def _reduce_grid(self, nd):
-        x, xt, ot, op, rd, kd, R, K = self._reduce_parts(nd)
+    def grid_kernel(self, nd):
+        """(body, grid, block, smem, vector flag): a warp a row for short rows, else a block."""
+        x, xt, ot, op, rd, kd, R, K = self.parts(nd)
         lam, _ = self._lambdas()
         dst = self.loc[nd.outputs[0]].ref
         if K <= 256 and R >= 64:
-            body = self._reduce_body(nd, f"((({self.I})blockIdx.x * blockDim.x + threadIdx.x) >> 5)",
+            body = self.body(nd, f"((({self.I})blockIdx.x * blockDim.x + threadIdx.x) >> 5)",
                                      f"((({self.I})gridDim.x * blockDim.x) >> 5)", "(threadIdx.x & 31)", "32",
                                      "sf_warp_reduce(acc, comb)", dst)
             return (lam + "\n" + body, self._grid(R * 32), THREADS, 0, None)
         threads = 1024 if K >= 4096 else max(32, min(1024, 1 << max(5, (K - 1).bit_length())))
-        body = self._reduce_body(nd, "blockIdx.x", "gridDim.x", "threadIdx.x", "blockDim.x",
+        body = self.body(nd, "blockIdx.x", "gridDim.x", "threadIdx.x", "blockDim.x",
                                  "sf_block_reduce(acc, comb)", dst)
         return (lam + "\n" + body, max(1, min(R, self.sm * 16)), threads, 0, None)
 
     # ---- scans -------------------------------------------------------------------------
-    def _scan_body(self, nd, row0, rowstep, dst_ref) -> str:
+    def scan_body(self, nd, row0, rowstep, dst_ref) -> str:
         if nd.op.lowering is Lowering.argscan:
             return self._argscan_body(nd, row0, rowstep, dst_ref)
         x = nd.inputs[0]
@@ -150,12 +157,13 @@ class ReductionKernels:
                 f"{self._dst(nd.outputs[1])}[{lin}] = yv.i; }}\n"
                 f"      carry = comb(carry, tot);\n    }}\n  }} }}")
 
-    def _scan(self, nd, grid: bool):
+    def scan_kernel(self, nd):
+        """(body, grid, block, smem, vector flag): a block per row."""
         xt = self.types[nd.inputs[0]]
         L = xt.shape[nd.attrs.dim % xt.rank] if xt.rank else 1
         R = numel(xt.shape) // max(L, 1) if L else 0
         dst = self.loc[nd.outputs[0]].ref
-        body = self._scan_body(nd, "blockIdx.x", "gridDim.x", dst)
+        body = self.scan_body(nd, "blockIdx.x", "gridDim.x", dst)
         lam, _ = self._lambdas()
         threads = max(32, min(1024, 1 << max(5, (max(L, 1) - 1).bit_length())))
         return (lam + "\n" + body, max(1, min(R, self.sm * 16)), threads, 0, None)

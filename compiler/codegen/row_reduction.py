@@ -7,17 +7,17 @@ lambdas read as a register; last, the row-shaped outputs are stored and the per-
 Where the row is kept:
 
 - registers, when each thread's share of the cached rows is at most `limits.ROW_REGISTER_ELEMS`
-  and every op reads them at the element it computes (row_fusion.read_in_place): thread `lane`
+  and every op reads them at the element it computes (the plan's `RowKernel.in_place`): thread `lane`
   owns elements (lane + i * lanes) * V + e (V = 4 in the vector variant, 16-byte or 8-byte
-  vector loads and stores; 8, 16 bytes, for 2-byte rows under limits.ROW_WIDE_2BYTE_VECTORS),
+  vector loads and stores),
   every loop over them is unrolled, and the leaf lambda reads element `sf_t` of the thread's
   array, a constant once unrolled. No shared memory, no barrier per row, and the compiler
   computes what two passes share (softmax's exp) once. On the H200 this halved
   the instructions per element of the bfloat16 rows, which were bound by issue, not bandwidth
   (benchmarks/README.md, ncu of 2026-12-01 21:53 UTC). The vector loads carry L1/L2 evict-last
-  hints (`sf_vload_last`, limits.ROW_LOAD_HINTS), as torch.compile's loads of a row do. Inputs of
+  hints (`sf_vload_last`, CodegenOptions.row_load_hints), as torch.compile's loads of a row do. Inputs of
   the row's shape broadcast over the rows (weights) may be held the same way, loaded once before the row loop
-  (`limits.ROW_REGISTER_WEIGHTS`; 2-byte ones only while the rows do not fill the SMs);
+  (`CodegenOptions.row_register_weights`; 2-byte ones only while the rows do not fill the SMs);
   Few rows longer than `limits.ROW_SPLIT_MIN_LENGTH` are split over a thread-block cluster
   (`limits.row_split`): each block holds a contiguous part of its row in registers, and each
   reduction combines the blocks' partials through distributed shared memory (prelude
@@ -28,37 +28,31 @@ Where the row is kept:
 
 Everything op-specific comes from the registry's traits: the combiner and identity of each
 reduction (`OpDef.combiner`, `divide_by_count`) and the pointwise renderings (lazy.py, through
-the shared lambdas). A mixin of `SegmentCodegen` (segment.py).
+the shared lambdas). `RowKernelRenderer` reads a `KernelInput` (kernel_input.py).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..limits import (
     ROW_CACHE_BYTES,
-    ROW_LOAD_HINTS,
-    ROW_MIN_RESIDENT_THREADS,
-    ROW_MIN_RESIDENT_THREADS_2BYTE,
-    ROW_ONE_BARRIER,
-    ROW_REDUCE_BUTTERFLY,
     ROW_REGISTER_ELEMS,
-    ROW_REGISTER_WEIGHTS,
     ROW_SPLIT_MAX,
-    ROW_WEIGHTS_AFTER_ROW,
-    ROW_WIDE_2BYTE_VECTORS,
     SMEM_PER_BLOCK,
     row_split,
     row_threads,
 )
 from ..ops.pointwise import opmath
-from ..segmenter.row_fusion import analyze, identity_pad_source, read_in_place
+from ..plan import RowKernel
 from . import ctypes_ as ct
 from .geometry import align
+from .kernel_input import KernelInput, Rendered
 from .layout import contiguous_strides, numel
 from .lazy import Unsupported, delinearize, linearize
 
 # Grid cap of warp-per-row kernels, in blocks per SM (the row loop strides over the rest). Kernels
-# of a block per row launch a block for every row instead: on the H200 (2026-12-02 02:12 and 02:26 UTC,
-# benchmarks/norm_variants.py NORM_ROWS_PER_SM) a persistent grid of 32 blocks an SM looping over
+# of a block per row launch a block for every row instead: on the H200 a persistent grid of 32 blocks an SM looping over
 # the rows ran 1-5% slower at 32768 rows (RMSNorm float32 [32768, 8192] 533 -> 509 us), its DRAM
 # throughput 82% of peak under ncu against torch.compile's 88% with a program per row.
 ROWS_PER_SM = 32
@@ -66,30 +60,67 @@ BLOCK_ROWS_PER_SM = None  # None: no cap (a block per row); a number caps them t
 WARP_BLOCK = 256  # threads of a block of warp-per-row slots
 
 
-def _share(K: int, lanes: int, width: int = 4) -> int:
-    """Elements of a row each thread holds: the vector variant's share (vectors of `width`), the
+def _share(K: int, lanes: int) -> int:
+    """Elements of a row each thread holds: the vector variant's share (vectors of 4), the
     larger one."""
-    return -(-K // (width * lanes)) * width
+    return -(-K // (4 * lanes)) * 4
 
 
-class RowReductionKernels:
-    def _row_kernels(self) -> list:
-        """(body, grid, block, smem, vector flag) of the segment's kernel: the vector variant first
-        (the runtime runs it when every pointer is aligned), then the scalar one."""
-        region, why = analyze(self.fusion, self.seg.nodes, self.seg.inputs, self.seg.outputs, self.types)
-        if region is None:
-            raise Unsupported(f"not a row-persistent region: {why}")
-        self.scratch_used = 0  # reduction results live in registers
+@dataclass(frozen=True)
+class RowsAt:
+    """A segment's row kernel (`plan.RowKernel`, the planner's decisions) at the run's sizes."""
+
+    reductions: tuple
+    rank: int
+    dims: tuple
+    kept: tuple  # the kept dims' sizes (the rows)
+    row: tuple  # the reduced dims' sizes of the row-shaped outputs and cached inputs
+    full_outputs: tuple
+    row_outputs: tuple
+    cacheable: tuple
+    in_place: frozenset
+    combined: tuple
+
+
+def rows_at(rk: RowKernel, fusion, seg, types) -> RowsAt:
+    """`rk` at concrete `types`: the rows are the first reduction input's kept dims; a row is the
+    trailing dims of the first row-shaped output the segment writes (else of that input). Outputs
+    the segment does not write (views made after it) are left out."""
+    x0 = types[fusion.nodes[rk.reductions[0]].inputs[0]]
+    k = len(rk.dims)
+    full = tuple(o for o in seg.outputs if o in rk.full_outputs)
+    row = tuple((types[full[0]] if full else x0).shape[rk.rank - k:])
+    return RowsAt(tuple(rk.reductions), rk.rank, tuple(rk.dims), tuple(x0.shape[:rk.rank - k]), row, full,
+                  tuple(o for o in seg.outputs if o in rk.row_outputs),
+                  tuple(x for x in seg.inputs if x in rk.cached_inputs), frozenset(rk.in_place), tuple(rk.combined))
+
+
+class RowKernelRenderer:
+    """The row_reduction segment's kernel, from its `KernelInput` (the plan's `RowKernel` at the
+    run's sizes)."""
+
+    def __init__(self, inp: KernelInput):
+        self.fusion, self.seg, self.types, self.strides = inp.fusion, inp.seg, inp.types, inp.strides
+        self.loc, self.I, self.sm, self.options, self._lambdas = inp.loc, inp.I, inp.sm, inp.options, inp.lambdas
+        self.min_blocks, self.cluster = 0, 1
+
+    def render(self) -> Rendered:
+        """The kernel's vector variant first (the runtime runs it when every pointer is aligned),
+        then the scalar one; reduction results live in registers (no scratch)."""
+        if self.seg.row is None:
+            raise Unsupported("a row_reduction segment without its plan's row kernel")
+        region = rows_at(self.seg.row, self.fusion, self.seg, self.types)
         R, K = numel(region.kept), numel(region.row)
         split = row_split(K, R, self.sm, ROW_SPLIT_MAX)
+        out = None
         if split > 1:  # (a split needs the row in registers: else a block per row after all)
             out = self._row_kernels_in(region, R, K, split)
-            if out is not None:
-                return out
-        return self._row_kernels_in(region, R, K, 1)
+        if out is None:
+            out = self._row_kernels_in(region, R, K, 1)
+        return Rendered(out, 0, self.min_blocks, self.cluster)
 
     def _row_kernels_in(self, region, R, K, S):
-        """`_row_kernels` with S blocks (a cluster) a row; None when S > 1 and the parts of the row
+        """The kernels with S blocks (a cluster) a row; None when S > 1 and the parts of the row
         do not fit registers."""
         Kc = K if S == 1 else -(-K // (4 * S)) * 4  # a block's part: a multiple of 4 (vector loads)
         lanes = row_threads(Kc, R * S, self.sm, S)
@@ -111,31 +142,22 @@ class RowReductionKernels:
             if not in_regs or lanes == 32:
                 return None
             grid = R * S  # (R * S <= the SM count: limits.row_split)
-        self.cluster = S  # (segment.py's __cluster_dims__)
+        self.cluster = S  # (__cluster_dims__)
         smem = 0 if in_regs else per_slot * slots
         geo = (region, R, K, lanes, slots, cache, offs, per_slot)
         weights = self._row_weights(region, cache, Kc, lanes, few_rows=R <= self.sm) if in_regs else []
         if in_regs:
-            # (the last field: a block, or cluster, has one row and the rows fit the SMs: limits.ROW_WEIGHTS_AFTER_ROW)
-            geo += (weights, S, Kc, self._vector_width(region, cache, weights, K, lanes, S),
-                    grid * slots >= R * S and R <= self.sm)
+            # (the last field: a block, or cluster, has one row and the rows fit the SMs: row_weights_after_row)
+            geo += (weights, S, Kc, grid * slots >= R * S and R <= self.sm)
         body = self._row_body_registers if in_regs else self._row_body
         narrow = in_regs and lanes > 32 and R > self.sm and all(self.types[x].dtype.itemsize <= 2 for x in (*cache, *weights))
-        # (segment.py's __launch_bounds__; pointless while the rows do not fill the SMs)
-        self.min_blocks = (ROW_MIN_RESIDENT_THREADS_2BYTE if narrow else ROW_MIN_RESIDENT_THREADS) // block
+        # (__launch_bounds__; pointless while the rows do not fill the SMs)
+        self.min_blocks = self.options.row_min_resident_threads_2byte // block if narrow else 0
         out = []
         if cache and K % 4 == 0:
             out.append((body(geo, vector=True), grid, block, smem, True))
         out.append((body(geo, vector=False), grid, block, smem, None))
         return out
-
-    def _vector_width(self, region, cache, weights, K, lanes, S) -> int:
-        """Elements a vector of the registers variant: 8 (16 bytes) where limits.ROW_WIDE_2BYTE_VECTORS
-        allows it (every vector access of 2-byte elements, the row not split over a cluster, rows of
-        a multiple of 8, and a thread's share no larger than with 4), else 4."""
-        if not ROW_WIDE_2BYTE_VECTORS or S > 1 or K % 8 or _share(K, lanes, 8) != _share(K, lanes):
-            return 4
-        return 8 if all(self.types[x].dtype.itemsize == 2 for x in (*cache, *weights, *region.full_outputs)) else 4
 
     def _rows_in_registers(self, region, cache, K, lanes) -> bool:
         """Registers hold the cached rows (K elements a block: a row, or its part of a split row):
@@ -146,14 +168,11 @@ class RowReductionKernels:
             return False
         k = len(region.dims)
 
-        def row_of(p):  # the row a reduction combines (an identity pad's: its source's)
-            x = self.fusion.nodes[p].inputs[0]
-            x = identity_pad_source(self.fusion, self.seg.nodes, x, self.types) or x
-            return tuple(self.types[x].shape[region.rank - k:])
-
-        if any(row_of(p) != tuple(region.row) for p in region.reductions):
-            return False  # (the outputs' rows are longer: a pad along the row)
-        return all(read_in_place(self.fusion, self.seg.nodes, x, self.types) for x in cache)
+        # (the row each reduction combines, an identity pad's source's: the outputs' rows are longer
+        # after a pad along the row)
+        if any(tuple(self.types[x].shape[region.rank - k:]) != tuple(region.row) for x in region.combined):
+            return False
+        return all(x in region.in_place for x in cache)
 
     def _row_body(self, geo, vector: bool) -> str:
         region, R, K, lanes, slots, cache, offs, per_slot = geo
@@ -198,10 +217,11 @@ class RowReductionKernels:
 
     def _row_weights(self, region, cache, K, lanes, few_rows: bool) -> list:
         """Inputs of the row's shape broadcast over the rows, read in place, that a thread holds in
-        registers for all its rows (within `ROW_REGISTER_WEIGHTS` elements a thread); 2-byte ones
-        only for `few_rows` (measured slower on full SMs, limits.py)."""
+        registers for all its rows (within `row_register_weights` elements a thread); 2-byte ones
+        only for `few_rows` (measured slower on full SMs: codegen/options.py)."""
         per_thread = _share(K, lanes)
-        if per_thread > ROW_REGISTER_WEIGHTS:
+        most = self.options.row_register_weights
+        if per_thread > most:
             return []
         r, k = region.rank, len(region.dims)
         out = []
@@ -212,8 +232,7 @@ class RowReductionKernels:
             if t.rank > r or tuple(t.shape[t.rank - k:]) != tuple(region.row) or \
                     any(d != 1 for d in t.shape[:t.rank - k]) or self.strides[x] != contiguous_strides(t.shape):
                 continue
-            if (len(out) + 1) * per_thread <= ROW_REGISTER_WEIGHTS and \
-                    read_in_place(self.fusion, self.seg.nodes, x, self.types, rank=r):
+            if (len(out) + 1) * per_thread <= most and x in region.in_place:
                 out.append(x)
         return out
 
@@ -223,10 +242,10 @@ class RowReductionKernels:
         cluster of S blocks (S > 1): block `sf_rank` of the cluster owns elements [sf_c0, sf_c1)
         of its row, Kc of them (the last block fewer), and each reduction combines the blocks'
         partials through distributed shared memory (sf_cluster_reduce)."""
-        region, R, K, lanes, slots, cache, _offs, _per_slot, weights, S, Kc, width, few_one_row = geo
+        region, R, K, lanes, slots, cache, _offs, _per_slot, weights, S, Kc, few_one_row = geo
         I = self.I
         r, k = region.rank, len(region.dims)
-        V = width if vector else 1
+        V = 4 if vector else 1
         N = -(-Kc // (V * lanes))  # vectors (elements) per thread
         split = S > 1
         first = "sf_c0 + " if split else ""  # a block's first element of the row
@@ -262,11 +281,12 @@ class RowReductionKernels:
         for x in (*cache, *weights):
             lines.append(f"  {ct.storage(self.types[x].dtype)} {arrs[x]}[{N * V}];")
         lines.append(lam)
-        late = ROW_WEIGHTS_AFTER_ROW and few_one_row  # (limits.ROW_WEIGHTS_AFTER_ROW: a block's one row first, few rows)
+        late = self.options.row_weights_after_row and few_one_row  # (a block's one row first, few rows)
         for x in () if late else weights:
             lines.append(self._register_load(x, arrs[x], "", K, N, lanes, V, "  ", split))
-        # (limits.ROW_ONE_BARRIER: by default one barrier while the rows, a block each, do not fill the SMs)
-        one_barrier = lanes > 32 and (ROW_ONE_BARRIER if ROW_ONE_BARRIER is not None else S == 1 and R <= self.sm)
+        # (row_one_barrier: by default one barrier while the rows, a block each, do not fill the SMs)
+        chosen = self.options.row_one_barrier
+        one_barrier = lanes > 32 and (chosen if chosen is not None else S == 1 and R <= self.sm)
         if one_barrier:
             lines.append("  int sf_par = 0;  // sf_block_reduce1's buffer, alternating per row")
         if split:
@@ -303,7 +323,7 @@ class RowReductionKernels:
             q = f"sf_c0 / {V} + q" if split else "q"
             at = f"{row_off}{K // V} + {q}" if row_off else q
             n = f"(sf_c1 - sf_c0) / {V}" if split else f"({I}){K // V}"
-            load = "sf_vload_last" if ROW_LOAD_HINTS else "sf_vload"  # (limits.ROW_LOAD_HINTS)
+            load = "sf_vload_last" if self.options.row_load_hints else "sf_vload"
             return head + (f"if (q < {n}) {{ const {v} w = {load}((const {v}*){src} + {at}); "
                            f"for (int sf_e = 0; sf_e < {V}; ++sf_e) {arr}[sf_i * {V} + sf_e] = w.v[sf_e]; }} }}")
         q = "sf_c0 + q" if split else "q"
@@ -376,7 +396,7 @@ class RowReductionKernels:
             red = "sf_shfl(sf_warp_reduce(acc, comb), 0)"
         else:
             nw = lanes // 32  # (the block is the row's: one barrier needs all of its threads)
-            if parity and ROW_REDUCE_BUTTERFLY and lanes % 32 == 0 and nw & (nw - 1) == 0 and nw <= 32:
+            if parity and self.options.row_reduce_butterfly and lanes % 32 == 0 and nw & (nw - 1) == 0 and nw <= 32:
                 red = f"sf_block_reduce1w<{nw}>(acc, comb, {parity})"
             else:
                 red = f"sf_block_reduce1(acc, comb, {parity})" if parity else "sf_block_reduce(acc, comb)"

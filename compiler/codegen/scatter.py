@@ -1,4 +1,4 @@
-"""Building blocks of the grid-mode scatter kernels (used by `ScatterKernels._scatter_grid`, scatter_kernels.py).
+"""Building blocks of the grid-mode scatter kernels (used by `ScatterRenderer.grid_kernels`, scatter_kernels.py).
 
 Two things make a streaming scatter fast on a GPU with ~4 TB/s of DRAM and ~50 MB of L2:
 

@@ -1,6 +1,6 @@
 """Scatters inside a single-block segment: batched index loads, warp-group replicas of the target in
 shared memory, and the multi-block histogram that shares a long first phase among the grid's
-blocks. A mixin of `SegmentCodegen` (segment.py).
+blocks. `BlockScatterRenderer` extends the grid family's `ScatterRenderer` (scatter_kernels.py).
 """
 
 from __future__ import annotations
@@ -14,16 +14,17 @@ from . import scatter as _sc
 from .geometry import align
 from .layout import numel
 from .lazy import delinearize
+from .scatter_kernels import ScatterRenderer
 
 
-class BlockScatterKernels:
+class BlockScatterRenderer(ScatterRenderer):
     def _block_scatter_loop(self, nd, target_ref, mode, W=None, blocks: int = 1) -> str:
         """The single-block scatter loop, batched: each thread first loads the indices of its next
         BLOCK_BATCH sources, then applies them. One SM walks the whole domain, so without batching
         every iteration waits one global-load latency (the compiler does not move loads above the
         previous iteration's atomic). Bad indices are reported after the loop. With `blocks` > 1
         the blocks of the grid share the domain (the first phase of a multi-block histogram)."""
-        dom, pre, lin, val, reduce, include_self, selft, cs = self._scatter_parts(nd)
+        dom, pre, lin, val, reduce, include_self, selft, cs = self.parts(nd)
         m = _PRE_INDEX.match(pre)
         U = BLOCK_BATCH
         start, step = "threadIdx.x", f"{U} * blockDim.x"
@@ -50,7 +51,7 @@ class BlockScatterKernels:
     def _privatized(self, nd):
         """(replica type, target accumulation type, replica bytes, replicas) when a single-block
         scatter accumulates in warp-group replicas of its target in shared memory; else None."""
-        dom, pre, lin, val, reduce, include_self, selft, cs = self._scatter_parts(nd)
+        dom, pre, lin, val, reduce, include_self, selft, cs = self.parts(nd)
         n_out, n_dom = numel(selft.shape), numel(dom)
         Wd = ct.WIDE[selft.dtype]
         Wt = Wd
@@ -66,7 +67,7 @@ class BlockScatterKernels:
             return Wd, Wt, wsz, reps  # (float replicas: the target rounds once, when they are folded in)
         return None
 
-    def _histogram_blocks(self, phases) -> int:
+    def histogram_blocks(self, phases) -> int:
         """Blocks for a single-block segment that starts with a privatized scatter over many
         sources: that phase is bound by one SM's loads (MoE histogram of 32768 ids: 7 us), so the
         grid's blocks share it, each writing its partial histogram to scratch; the last block to
@@ -76,14 +77,14 @@ class BlockScatterKernels:
         nd = phases[0][1]
         if self._privatized(nd) is None:
             return 1
-        blocks = min(self.sm, -(-numel(self._scatter_parts(nd)[0]) // HIST_BLOCK_SOURCES))
+        blocks = min(self.sm, -(-numel(self.parts(nd)[0]) // HIST_BLOCK_SOURCES))
         return blocks if blocks >= 4 else 1
 
-    def _scatter_block(self, nd, free_off: int, blocks: int = 1) -> tuple[str, int]:
+    def block_body(self, nd, free_off: int, blocks: int = 1) -> tuple[str, int]:
         """(code, extra shared memory at free_off). Many sources per target: warp-group replicas
         of the target in shared memory take the atomics (little contention), then one thread per
-        element combines them into the target. With `blocks` > 1, see `_histogram_blocks`."""
-        dom, pre, lin, val, reduce, include_self, selft, cs = self._scatter_parts(nd)
+        element combines them into the target. With `blocks` > 1, see `histogram_blocks`."""
+        dom, pre, lin, val, reduce, include_self, selft, cs = self.parts(nd)
         o = nd.outputs[0]
         staged = o in self.stage
         tgt = self._dst(o)
@@ -145,7 +146,7 @@ BLOCK_BATCH = 8
 # this size: every target of a single-block segment (at most 32768 elements). A segment whose
 # shared memory then passes SMEM_PER_BLOCK is split; grid kernels accumulate in scratch.
 WIDE_REPLICA_BYTES = 128 * 1024
-# Sources per block of a multi-block histogram (`_histogram_blocks`): limits.HIST_BLOCK_SOURCES, one
+# Sources per block of a multi-block histogram (`histogram_blocks`): limits.HIST_BLOCK_SOURCES, one
 # batch of its 1024 threads (BLOCK_BATCH of them each); at least 4 blocks.
 # The end of a multi-block histogram's shared phase: each block's partial is stored; the last block
 # to take a ticket (sf_ctr[0], zero between launches: that block zeroes it again) goes on alone.

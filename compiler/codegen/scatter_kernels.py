@@ -1,6 +1,6 @@
 """The scatter family (scatter, index_add, index_put): the per-source statements, the grid-stride
 loops, and the grid-mode kernels (privatized shared-memory histograms, or global atomics over L2
-windows; building blocks in scatter.py). A mixin of `SegmentCodegen` (segment.py).
+windows; building blocks in scatter.py). `ScatterRenderer` reads a `KernelInput` (kernel_input.py).
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from ..ops.registry import Lowering, OpKind, Scalar
 from . import ctypes_ as ct
 from . import scatter as _sc
 from .geometry import THREADS, align
+from .kernel_input import KernelInput
 from .layout import numel
 from .lazy import Unsupported, coords, delinearize, linearize
 from .pointwise import LambdaCtx
@@ -67,11 +68,17 @@ _SOURCES = {Lowering.scatter: _scatter_source, Lowering.index_add: _index_add_so
             Lowering.index_put: _index_put_source}
 
 
-class ScatterKernels:
+class ScatterRenderer:
     LOWERINGS = frozenset(_SOURCES)
 
+    def __init__(self, inp: KernelInput, scratch: int):
+        self.seg, self.types, self.strides, self.loc, self.stage = inp.seg, inp.types, inp.strides, inp.loc, inp.stage
+        self.I, self.sm, self.copies, self.producer, self.aliased = inp.I, inp.sm, inp.copies, inp.producer, inp.aliased
+        self._lambdas, self._dst, self._grid = inp.lambdas, inp.dst, inp.grid
+        self.scratch_used = scratch  # where the segment's scratch ends: the family's buffers extend it
+
     # ---- scatter -----------------------------------------------------------------------
-    def _scatter_parts(self, nd):
+    def parts(self, nd):
         """(domain shape, statements computing `lin` (target offset) + `val`, reduce, value type)."""
         selft = self.types[nd.inputs[0]]
         if selft.rank == 0:
@@ -128,7 +135,7 @@ class ScatterKernels:
     def _scatter_loop(self, nd, start, step, target_ref, mode, W=None, window=None) -> str:
         """mode: 'none' store, 'identity' store identity, else atomic reduce into target (type W).
         window (lo, hi): apply only the sources whose target offset falls in it."""
-        dom, pre, lin, val, reduce, include_self, selft, cs = self._scatter_parts(nd)
+        dom, pre, lin, val, reduce, include_self, selft, cs = self.parts(nd)
         I = self.I
         act = _sc.act(self, selft, reduce, lin, val, target_ref, mode, W, window)
         n = numel(dom)
@@ -146,8 +153,8 @@ class ScatterKernels:
                 f"    {delinearize('l', t.shape, I)}\n"
                 f"    {target_ref}[l] = {ct.cvt(f'{names[selfn]}({chr(44).join(coords(t.rank))})', S or ct.storage(t.dtype))};\n  }}")
 
-    def _scatter_grid(self, nd):
-        dom, pre, lin, val, reduce, include_self, selft, cs = self._scatter_parts(nd)
+    def grid_kernels(self, nd):
+        dom, pre, lin, val, reduce, include_self, selft, cs = self.parts(nd)
         o = nd.outputs[0]
         dst = self.loc[o].ref
         I = self.I

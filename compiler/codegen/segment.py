@@ -14,10 +14,12 @@ cached variants. Identifiers are counters (t0, v3, sf_k_<hash>_1); user tensor n
 appear in the source.
 
 This module is the driver (placement, phases, the grid and single-block dispatch, the module
-text); each kernel family is a mixin in its own module: pointwise.py (lambdas, materialize),
-reduction.py (reductions, scans), row_reduction.py (row-persistent reductions), sorting.py, scatter_kernels.py (scatter family, grid mode) and
-scatter_block.py (scatters in one block). The tunables the benchmark sets (VEC_BLOCKS_PER_SM,
-RADIX_MIN) stay here, where the dispatch reads them.
+text). Each kernel family is a renderer in its own module that reads a narrow `KernelInput`
+(kernel_input.py: the placed tensors, the index type, the SM count, the `CodegenOptions`) and
+returns its kernels: pointwise.py (lambdas, materialize), reduction.py (reductions, scans),
+row_reduction.py (row-persistent reductions, from the plan's `RowKernel`), sorting.py,
+scatter_kernels.py (scatter family, grid mode) and scatter_block.py (scatters in one block). The
+tunables the benchmark sets (VEC_BLOCKS_PER_SM, RADIX_MIN) stay here, where the dispatch reads them.
 """
 
 from __future__ import annotations
@@ -25,23 +27,25 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..limits import NOMINAL_SM_COUNT, SMEM_PER_BLOCK, index_bits
 from ..ops.registry import LAZY_KINDS, OpKind
-from ..plan import AliasMode
+from ..plan import AliasMode, SegmentKind
 from . import ctypes_ as ct
 from . import radix
 from .geometry import THREADS, align
+from .kernel_input import KernelInput
 from .layout import contiguous_strides, numel
 from .lazy import Unsupported
-from .pointwise import PointwiseKernels
+from .options import DEFAULT_OPTIONS, CodegenOptions
+from .pointwise import PointwiseRenderer
 from .prelude import OPTIONAL_PARTS, PRELUDE
-from .reduction import ReductionKernels
-from .row_reduction import RowReductionKernels
-from .scatter_block import BlockScatterKernels
-from .scatter_kernels import ScatterKernels
-from .sorting import SortKernels
+from .reduction import ReductionRenderer
+from .row_reduction import RowKernelRenderer
+from .scatter_block import BlockScatterRenderer
+from .scatter_kernels import ScatterRenderer
+from .sorting import SortRenderer
 
 # Streaming kernels: enough blocks that each thread handles a few vectors (more bytes in flight
 # than a grid of 8 blocks per SM looping hundreds of times); tunable from the benchmark.
@@ -69,17 +73,12 @@ class Module:
     params: list[str]  # tensor names, in kernel parameter order (then scratch, err, ctr)
     launches: list[Launch]
     scratch_bytes: int = 0
-    vector_params: list[int] = field(default_factory=list)  # params that need 16-byte alignment
-    vector_align: int = 16
     index_bits: int = 32
     key: str = ""
     # whether a kernel may write the error word (a bounds or division check): runs of modules that
     # cannot fail need no synchronization to learn their outcome
     may_fail: bool = True
-
-    @property
-    def name_hash(self) -> str:
-        return self.key
+    options: CodegenOptions = DEFAULT_OPTIONS  # what generated it (the kernel cache keys by them too)
 
 
 @dataclass
@@ -87,36 +86,39 @@ class Loc:
     kind: str  # param | smem | scratch
     ref: str  # C pointer expression
     strides: tuple
-    offset: int = 0
 
 
-class SegmentCodegen(PointwiseKernels, ReductionKernels, RowReductionKernels, SortKernels, ScatterKernels,
-                     BlockScatterKernels):
-    """One segment's module: `build()` renders every phase with its family's methods."""
+# The kernel families: each renders its ops from a `KernelInput` and lists the lowerings it renders.
+FAMILIES = (PointwiseRenderer, ReductionRenderer, SortRenderer, ScatterRenderer, RowKernelRenderer)
+
+
+class SegmentCodegen:
+    """One segment's module: places its tensors, then `build()` renders every phase with its
+    family's renderer."""
 
     @classmethod
     def lowerings(cls) -> frozenset:
         """Every registry `Lowering` some kernel family renders (each family lists its own)."""
-        return frozenset().union(*(vars(k).get("LOWERINGS", ()) for k in cls.__mro__))
+        return frozenset().union(*(getattr(k, "LOWERINGS", ()) for k in FAMILIES))
 
     def __init__(self, fusion, seg, types: dict, strides: dict | None = None, *, single_block: bool | None = None,
-                 aliased: set | None = None, sm_count: int = NOMINAL_SM_COUNT):
-        self.fusion, self.seg, self.types = fusion, seg, types
+                 aliased: set | None = None, sm_count: int = NOMINAL_SM_COUNT,
+                 options: CodegenOptions = DEFAULT_OPTIONS):
+        self.fusion, self.seg, self.types, self.options = fusion, seg, types, options
         self.nodes = [fusion.nodes[p] for p in seg.nodes]
         types = dict(types)
         # Private copies of a scatter's self (rule 1): the copy is an identity of its source, made
         # here when this segment lists it; a scatter whose alias names a copy reads self from it.
-        self.copies = {c.dst: c.src for c in getattr(seg, "copies", []) or []}
+        self.copies = {c.dst: c.src for c in seg.copies}
         for dst, src in self.copies.items():
             types.setdefault(dst, types[src])
-        for a in getattr(seg, "aliases", []) or []:
+        for a in seg.aliases:
             if a.mode is AliasMode.copy and a.buffer in types:
                 self.nodes = [dataclasses.replace(nd, inputs=(a.buffer,) + tuple(nd.inputs[1:]))
                               if a.tensor in nd.outputs and nd.op.kind is OpKind.scatter else nd for nd in self.nodes]
         self.types = types
         self.sm = sm_count
-        kind = getattr(seg.kind, "value", seg.kind)
-        self.block_mode = (kind == "single_block") if single_block is None else single_block
+        self.block_mode = (seg.kind == SegmentKind.single_block) if single_block is None else single_block
         self.aliased = set(aliased or ())  # scatter outputs whose param already holds self's data
         self.strides = {n: tuple(strides[n]) if strides and n in strides else contiguous_strides(types[n].shape)
                         for n in seg.inputs}
@@ -125,6 +127,8 @@ class SegmentCodegen(PointwiseKernels, ReductionKernels, RowReductionKernels, So
         self.anchors = [nd for nd in self.nodes if nd.op.kind not in LAZY_KINDS]
         self._choose_index_type()
         self._place()
+        self.pointwise = PointwiseRenderer(seg, self.nodes, self.types, self.strides, self.loc, self.stage, self.copies,
+                                           self.producer, self.params, self.I)
 
     # ---- layout ------------------------------------------------------------------------
     def _choose_index_type(self):
@@ -158,11 +162,11 @@ class SegmentCodegen(PointwiseKernels, ReductionKernels, RowReductionKernels, So
                 nbytes = numel(t.shape) * t.dtype.itemsize
                 if self.block_mode and self.smem_used + nbytes <= SMEM_PER_BLOCK // 2:
                     self.loc[o] = Loc("smem", f"((({ct.storage(t.dtype)}*)(sf_smem + {self.smem_used})))",
-                                      contiguous_strides(t.shape), self.smem_used)
+                                      contiguous_strides(t.shape))
                     self.smem_used = align(self.smem_used + nbytes)
                 else:
                     self.loc[o] = Loc("scratch", f"((({ct.storage(t.dtype)}*)(sf_scratch + {self.scratch_used})))",
-                                      contiguous_strides(t.shape), self.scratch_used)
+                                      contiguous_strides(t.shape))
                     self.scratch_used = align(self.scratch_used + nbytes)
         # Block mode stages scatter targets that are segment outputs in shared memory too.
         self.stage: dict[str, Loc] = {}
@@ -174,11 +178,17 @@ class SegmentCodegen(PointwiseKernels, ReductionKernels, RowReductionKernels, So
                     nbytes = numel(t.shape) * t.dtype.itemsize
                     if self.loc[o].kind == "param" and self.smem_used + nbytes <= SMEM_PER_BLOCK // 2:
                         self.stage[o] = Loc("smem", f"((({ct.storage(t.dtype)}*)(sf_smem + {self.smem_used})))",
-                                            contiguous_strides(t.shape), self.smem_used)
+                                            contiguous_strides(t.shape))
                         self.smem_used = align(self.smem_used + nbytes)
         # A scatter finds self's data already in place only where it writes its self's buffer, a
         # parameter; an intermediate placed in shared memory or scratch starts from a copy of self.
         self.aliased = {o for o in self.aliased if self.loc[o].kind == "param"}
+
+    def kernel_input(self) -> KernelInput:
+        """What a family renderer reads of this segment, once its tensors are placed."""
+        return KernelInput(self.fusion, self.seg, tuple(self.nodes), self.types, self.strides, self.loc, self.stage,
+                           self.copies, self.producer, frozenset(self.aliased), self.I, self.sm, self.options,
+                           self.pointwise.lambdas)
 
     # ---- phases ------------------------------------------------------------------------
     def phases(self) -> list:
@@ -201,8 +211,10 @@ class SegmentCodegen(PointwiseKernels, ReductionKernels, RowReductionKernels, So
     def build(self) -> Module:
         body_fns = []  # (name_suffix, body, grid, block, smem, vector_of)
         phases = self.phases()
-        if getattr(self.seg.kind, "value", self.seg.kind) == "row_reduction":
-            body_fns.extend(self._row_kernels())  # one kernel (and its vector variant)
+        if self.seg.kind == SegmentKind.row_reduction:
+            rendered = RowKernelRenderer(self.kernel_input()).render()  # one kernel (and its vector variant)
+            body_fns.extend(rendered.kernels)
+            self.scratch_used, self.min_blocks, self.cluster = rendered.scratch_bytes, rendered.min_blocks, rendered.cluster
         elif self.block_mode:
             body_fns.append(self._block_kernel(phases))
         else:
@@ -235,11 +247,10 @@ class SegmentCodegen(PointwiseKernels, ReductionKernels, RowReductionKernels, So
         for i, (_body, grid, block, smem, vec) in enumerate(body_fns):
             launches.append(Launch(f"{kname}_{i}", grid, block, smem,
                                    vector_of=f"{kname}_{i + 1}" if vec else None))
-        vec_params = [k for k, n in enumerate(self.params)] if any(b[4] is not None for b in body_fns) else []
         return Module(source=source, params=list(self.params), launches=launches,
-                      scratch_bytes=self.scratch_used, vector_params=vec_params,
+                      scratch_bytes=self.scratch_used,
                       index_bits=self.index_bits, key=h,
-                      may_fail=any("sf_err" in b[0] for b in body_fns))
+                      may_fail=any("sf_err" in b[0] for b in body_fns), options=self.options)
 
     # ---- grid mode ---------------------------------------------------------------------
     def _grid(self, work: int, threads: int = THREADS, per_sm: int = 8) -> int:
@@ -251,10 +262,10 @@ class SegmentCodegen(PointwiseKernels, ReductionKernels, RowReductionKernels, So
         gstart = f"(({I})blockIdx.x * blockDim.x + threadIdx.x)"
         gstep = f"(({I})gridDim.x * blockDim.x)"
         if kind == "materialize":
-            lam, _ = self._lambdas()
+            lam, _ = self.pointwise.lambdas()
             n = numel(self.types[what[0]].shape)
-            res = [(lam + "\n" + self._materialize(what, gstart, gstep), self._grid(n), THREADS, 0, None)]
-            vec = self._vector_materialize(what)
+            res = [(lam + "\n" + self.pointwise.materialize(what, gstart, gstep), self._grid(n), THREADS, 0, None)]
+            vec = self.pointwise.vector_materialize(what)
             if vec is not None:
                 # the vector variant is listed first; the runtime picks it when pointers are aligned
                 # listed first: the runtime launches it instead of the next (scalar) kernel when
@@ -264,13 +275,16 @@ class SegmentCodegen(PointwiseKernels, ReductionKernels, RowReductionKernels, So
         nd = what
         kindname = nd.op.kind
         if kindname is OpKind.reduction:
-            return [self._reduce_grid(nd)]
+            return [ReductionRenderer(self.kernel_input()).grid_kernel(nd)]
         if kindname is OpKind.scan:
-            return [self._scan(nd, grid=True)]
+            return [ReductionRenderer(self.kernel_input()).scan_kernel(nd)]
         if kindname is OpKind.sort:
-            return [self._sort(nd, grid=True)]
+            return [SortRenderer(self.kernel_input()).grid_kernel(nd)]
         if kindname is OpKind.scatter:
-            return self._scatter_grid(nd)
+            scatters = ScatterRenderer(self.kernel_input(), self.scratch_used)
+            kernels = scatters.grid_kernels(nd)
+            self.scratch_used = scatters.scratch_used
+            return kernels
         raise Unsupported(f"anchor kind {kindname}")
 
     def _materialize_together(self, groups):
@@ -278,13 +292,13 @@ class SegmentCodegen(PointwiseKernels, ReductionKernels, RowReductionKernels, So
         a range of the grid's blocks and strides over its elements within them. The groups are
         independent: each recomputes its values from the segment's inputs and anchor results."""
         I = self.I
-        lam, _ = self._lambdas()
+        lam, _ = self.pointwise.lambdas()
         parts, first = [], 0
         for what in groups:
             blocks = self._grid(numel(self.types[what[0]].shape))
             start = f"(({I})(blockIdx.x - {first}u) * blockDim.x + threadIdx.x)"
             parts.append(f"  if (blockIdx.x >= {first}u && blockIdx.x < {first + blocks}u) {{\n"
-                         + self._materialize(what, start, f"(({I}){blocks} * blockDim.x)") + "\n  }")
+                         + self.pointwise.materialize(what, start, f"(({I}){blocks} * blockDim.x)") + "\n  }")
             first += blocks
         return (lam + "\n" + "\n".join(parts), first, THREADS, 0, None)
 
@@ -293,43 +307,48 @@ class SegmentCodegen(PointwiseKernels, ReductionKernels, RowReductionKernels, So
 
     # ---- single-block mode -------------------------------------------------------------
     def _block_kernel(self, phases):
-        blocks = self._histogram_blocks(phases)
-        lam, names = self._lambdas()
+        blocks = BlockScatterRenderer(self.kernel_input(), self.scratch_used).histogram_blocks(phases)
+        lam, names = self.pointwise.lambdas()
         parts = [lam]
         sort_off = self.smem_used
         smem = self.smem_used
         work = 32
         for kind, what in phases:
             if kind == "materialize":
-                parts.append(self._materialize(what, "threadIdx.x", "blockDim.x", names))
+                parts.append(self.pointwise.materialize(what, "threadIdx.x", "blockDim.x", names))
                 work = max(work, numel(self.types[what[0]].shape))
             else:
                 nd = what
                 k = nd.op.kind
                 if k is OpKind.reduction:
-                    x, xt, ot, name, rd, kd, R, K = self._reduce_parts(nd)
-                    parts.append(self._reduce_body(nd, "0", "1", "threadIdx.x", "blockDim.x",
-                                                   "sf_block_reduce(acc, comb)", self._dst(nd.outputs[0])))
+                    reductions = ReductionRenderer(self.kernel_input())
+                    x, xt, ot, name, rd, kd, R, K = reductions.parts(nd)
+                    parts.append(reductions.body(nd, "0", "1", "threadIdx.x", "blockDim.x",
+                                                 "sf_block_reduce(acc, comb)", self._dst(nd.outputs[0])))
                     work = max(work, K)
                 elif k is OpKind.scan:
-                    parts.append(self._scan_body(nd, "0", "1", self._dst(nd.outputs[0])))
+                    parts.append(ReductionRenderer(self.kernel_input()).scan_body(nd, "0", "1", self._dst(nd.outputs[0])))
                     xt = self.types[nd.inputs[0]]
                     work = max(work, xt.shape[nd.attrs.dim % xt.rank] if xt.rank else 1)
                 elif k is OpKind.sort:
-                    x, xt, d, L, P, V, nbytes = self._sort_parts(nd)
+                    sorts = SortRenderer(self.kernel_input())
+                    x, xt, d, L, P, V, nbytes = sorts.parts(nd)
                     if L > RADIX_MIN and xt.rank == 1 and not xt.dtype.is_float:
-                        parts.append(self._radix_body(nd, sort_off))
+                        body, self.scratch_used = sorts.radix_body(nd, sort_off, self.scratch_used)
+                        parts.append(body)
                         smem = max(smem, sort_off + radix.SMEM_BYTES)
                         work = radix.THREADS  # the radix sort needs exactly 1024 threads
                     else:
                         smem = max(smem, sort_off + nbytes)
-                        parts.append(self._sort_body(nd, "0", "1", sort_off))
+                        parts.append(sorts.body(nd, "0", "1", sort_off))
                         work = max(work, P // 2)
                 elif k is OpKind.scatter:
-                    body, extra = self._scatter_block(nd, sort_off, blocks if nd is phases[0][1] else 1)
+                    scatters = BlockScatterRenderer(self.kernel_input(), self.scratch_used)
+                    body, extra = scatters.block_body(nd, sort_off, blocks if nd is phases[0][1] else 1)
+                    self.scratch_used = scatters.scratch_used
                     parts.append(body)
                     smem = max(smem, sort_off + extra)
-                    dom = self._scatter_parts(nd)[0]
+                    dom = scatters.parts(nd)[0]
                     work = max(work, numel(dom))
                 else:
                     raise Unsupported(f"anchor kind {k}")

@@ -24,14 +24,14 @@ launches before; T=65536 19.6 / 18.7 us against 37.5 / 36.4 us. The sort itself 
 (the plain radix argsort of the same keys: 14.5 / 13.6 us at T=4096).
 
 Three parts: `match` and `fuse_plan` (compiler/segmenter/sort_epilogue.py: the planner pass that
-merges the region's consecutive segments into one library segment whose hints name `ROUTINE`),
+merges the region's consecutive segments into one library segment carrying the match, `Segment.sort_epilogue`),
 `render` here (pure text, CPU) and the runtime step (compiler/cuda/library_sorts.py).
 """
 
 from __future__ import annotations
 
 from ..ops.registry import OpKind, Scalar
-from ..segmenter.sort_epilogue import Match
+from ..plan import SortEpilogue
 from . import ctypes_ as ct
 from .lazy import render_lazy
 from .prelude import PRELUDE
@@ -57,7 +57,7 @@ class _Ctx:
         return f"{self.names[x]}({', '.join(cs)})"
 
 
-def _lambdas(fusion, m: Match, types, wanted, leaf: str):
+def _lambdas(fusion, m: SortEpilogue, types, wanted, leaf: str):
     """C lambda definitions (`sf_vK(c0)`) for the position tensors `wanted` need, in node order;
     `order` reads `leaf`."""
     need, stack = set(), list(wanted)
@@ -80,7 +80,7 @@ def _lambdas(fusion, m: Match, types, wanted, leaf: str):
     return lines, names
 
 
-def render(fusion, m: Match, types):
+def render(fusion, m: SortEpilogue, types):
     """(radix_sort.Epilogue, tensor names of its parameters e0.., in order) at concrete types."""
     params, ctypes_, stores, scatters, inits = [], [], [], [], []
     scatter_nodes = [(fusion.nodes[p], init) for p, init in m.scatters]
@@ -124,7 +124,7 @@ def render(fusion, m: Match, types):
     return epi, params
 
 
-def _histogram(m: Match, types, outs: dict, op: int) -> str:
+def _histogram(m: SortEpilogue, types, outs: dict, op: int) -> str:
     """Block 0's statements for the keys' histogram (`Histogram`): the counts of bin e are the
     global digit-0 count of key(e) (the sort's key of the value e, its low byte: every key lies
     in [key(0), key(E-1)] when every value is a bin, which the key range shows); an exclusive

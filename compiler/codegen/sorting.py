@@ -1,6 +1,6 @@
 """The sort family (argsort, sort, topk): a bitonic sort of (key, index) pairs in shared memory, stable
 because ties break by index; in one block, long rank-1 integer rows use the block radix sort
-(radix.py). A mixin of `SegmentCodegen` (segment.py).
+(radix.py). `SortRenderer` reads a `KernelInput` (kernel_input.py).
 """
 
 from __future__ import annotations
@@ -10,15 +10,19 @@ from ..ops.registry import Lowering
 from . import ctypes_ as ct
 from . import radix
 from .geometry import align
+from .kernel_input import KernelInput
 from .layout import numel
 from .lazy import Unsupported, delinearize, linearize
 
 
-class SortKernels:
+class SortRenderer:
     LOWERINGS = frozenset({Lowering.sort})
 
+    def __init__(self, inp: KernelInput):
+        self.types, self.I, self.sm, self._lambdas, self._dst = inp.types, inp.I, inp.sm, inp.lambdas, inp.dst
+
     # ---- sorts (bitonic on (key, index) pairs: stable because ties break by index) -------
-    def _sort_parts(self, nd):
+    def parts(self, nd):
         x = nd.inputs[0]
         xt = self.types[x]
         if xt.rank == 0:
@@ -30,8 +34,9 @@ class SortKernels:
         nbytes = bitonic_sort_bytes(P, 8 if V in ("double", "long long") else 4)
         return x, xt, d, L, P, V, nbytes
 
-    def _sort_body(self, nd, row0, rowstep, smem_off) -> str:
-        x, xt, d, L, P, V, nbytes = self._sort_parts(nd)
+    def body(self, nd, row0, rowstep, smem_off) -> str:
+        """Rows row0, row0 + rowstep, ... sorted by one block in shared memory at `smem_off`."""
+        x, xt, d, L, P, V, nbytes = self.parts(nd)
         I = self.I
         # every sort keeps the first out-shape positions of a row (all for sort and argsort)
         desc, k = nd.attrs.descending, self.types[nd.outputs[0]].shape[d]
@@ -67,16 +72,16 @@ class SortKernels:
                 f"    for (int j = threadIdx.x; j < {k}; j += blockDim.x) {{ {stores} }}\n"
                 f"    __syncthreads();\n  }} }}")
 
-    def _radix_body(self, nd, smem_off) -> str:
+    def radix_body(self, nd, smem_off, scratch) -> tuple[str, int]:
         """Stable LSD radix sort of one rank-1 integer row in one block of 1024 threads (see
-        radix.py): 8-bit digits over only the bits of the keys' range, warp-level ranking."""
-        x, xt, d, L, P, V, nbytes = self._sort_parts(nd)
+        radix.py): 8-bit digits over only the bits of the keys' range, warp-level ranking. Its
+        scratch starts at byte `scratch`; (the body, where the scratch used ends)."""
+        x, xt, d, L, P, V, nbytes = self.parts(nd)
         if xt.rank != 1:
             raise Unsupported("radix sort of a multi-row tensor in one block")
         desc, k = nd.attrs.descending, self.types[nd.outputs[0]].shape[0]
         _, names = self._lambdas()
-        base = self.scratch_used
-        self.scratch_used = align(base + radix.scratch_bytes(L))
+        base = scratch
         signed = xt.dtype.is_signed
         bits = xt.dtype.itemsize * 8
         flip = f"(1ULL << {bits - 1})" if signed else "0ULL"
@@ -96,14 +101,16 @@ class SortKernels:
         return radix.radix_body(
             L=L, k=k, key=key, base=base, smem_off=smem_off,
             store_idx=lambda pos, i: f"{idx_ref}[{pos}] = (long long)({i});",
-            store_val=(lambda pos, u: f"{val_ref}[{pos}] = {value(u)};") if val_ref is not None else None)
+            store_val=(lambda pos, u: f"{val_ref}[{pos}] = {value(u)};") if val_ref is not None else None), \
+            align(base + radix.scratch_bytes(L))
 
-    def _sort(self, nd, grid: bool):
-        x, xt, d, L, P, V, nbytes = self._sort_parts(nd)
+    def grid_kernel(self, nd):
+        """(body, grid, block, smem, vector flag): a block per row."""
+        x, xt, d, L, P, V, nbytes = self.parts(nd)
         if nbytes > SMEM_PER_BLOCK:
             raise Unsupported(f"sort of {L} elements does not fit in shared memory")
         R = numel(xt.shape) // max(L, 1) if L else 0
         lam, _ = self._lambdas()
-        body = self._sort_body(nd, "blockIdx.x", "gridDim.x", 0)
+        body = self.body(nd, "blockIdx.x", "gridDim.x", 0)
         threads = max(32, min(1024, P // 2))
         return (lam + "\n" + body, max(1, min(R, self.sm * 16)), threads, nbytes, None)

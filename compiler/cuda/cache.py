@@ -1,6 +1,7 @@
 """KernelCache: generated source -> compiled module, in memory (LRU) and on disk (cubins).
 
-Key = sha256(source + options + arch + NVRTC's version). A restarted server finds its cubins on
+Key = sha256(source + options + arch + NVRTC's version, + the code generator's options when not
+the defaults). A restarted server finds its cubins on
 disk and loads them without compiling; each cubin has a sidecar with its size and sha256, checked
 before it is loaded (a corrupt or half-copied file is compiled again and replaced, never loaded).
 The directory is bounded (`max_bytes`): past it the least recently used cubins go. Concurrent
@@ -22,6 +23,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from ..codegen.options import DEFAULT_OPTIONS, CodegenOptions
 from . import nvrtc
 
 log = logging.getLogger("segfuse.compiler")
@@ -58,9 +60,14 @@ class CacheStats:
         return dict(self.__dict__)
 
 
-def cache_key(source: str, options: list[str], arch: str, compiler: str = "") -> str:
+def cache_key(source: str, options: list[str], arch: str, compiler: str = "",
+              codegen: CodegenOptions = DEFAULT_OPTIONS) -> str:
+    """The key of `source` compiled with NVRTC `options` for `arch` by `compiler`, generated under
+    `codegen`'s options (the defaults add nothing: keys of cubins cached before there were options
+    stay valid)."""
     h = hashlib.sha256()
-    for part in (source, "\0".join(options), arch, compiler):
+    parts = (source, "\0".join(options), arch, compiler) + (() if codegen == DEFAULT_OPTIONS else (codegen.key,))
+    for part in parts:
         h.update(part.encode())
         h.update(b"\1")
     return h.hexdigest()[:32]
@@ -119,10 +126,11 @@ class KernelCache:
     def _path(self, key: str) -> str:
         return os.path.join(self.dir, f"{key}.cubin")
 
-    def get(self, source: str):
-        """The compiled module for `source` (loaded by `loader`, or cubin bytes)."""
+    def get(self, source: str, codegen: CodegenOptions = DEFAULT_OPTIONS):
+        """The compiled module for `source`, generated under `codegen` (loaded by `loader`, or
+        cubin bytes)."""
         opts = self.options()
-        key = cache_key(source, opts, self.arch, self.compiler)
+        key = cache_key(source, opts, self.arch, self.compiler, codegen)
         with self._glock:
             hit = self._mem.get(key)
             if hit is not None:
@@ -219,7 +227,3 @@ class KernelCache:
                     os.remove(p)
             total -= size
             self.stats.evicted += 1
-
-    def clear_memory(self):
-        with self._glock:
-            self._mem.clear()

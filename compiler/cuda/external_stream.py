@@ -13,6 +13,8 @@ reuse output buffers across runs and wait for checked plans. Here instead:
   call, from whatever allocator is current (the caller points CuPy's at its own: torch_ext does at
   torch's caching allocator, so that allocations during a capture come from the graph's pool), and
   freed in stream order. A captured graph therefore holds no pointer into memory a later call reuses.
+  (`ExternalStreams.launcher` keeps CUDA graphs of a plan's own launches, not memory: one is
+  replayed only by a call whose parameter blocks hold its pointers again, that call's buffers.)
 - Device errors (a bad index) go to an error block of the caller's (`ErrorBlocks`, mapped pinned
   host memory): one block per owner shared by all its calls and replays, first failure kept, read
   later by `ErrorBlocks.failures` once the caller has synchronized; as the deferred mode does.
@@ -28,9 +30,13 @@ import numpy as np
 
 from ..errors import DeferredRunError
 from . import radix_sort
+from .arrays import cp_dtype
 from .thread_state import ERR_WORDS, RunCtx, device_error, track
 
 BLOCKS_PER_CHUNK = 256  # error blocks per mapped pinned allocation
+# CUDA graphs kept per prepared entry and stream state (distinct parameter sets, each captured
+# when seen again among the last few calls' sets; past that the oldest goes)
+GRAPHS_PER_STATE = 4
 STATES_AHEAD = 8  # stream states made ahead, for streams first seen during a capture
 MAX_STATES = 512  # (thread, stream) pairs kept; past that the oldest state serves the new pair
 
@@ -74,7 +80,11 @@ class ErrorBlocks:
     def dirty(self) -> bool:
         """Whether some block holds a failure (one read of host memory per chunk, no synchronization;
         a failure still being written shows here once its word 0 is)."""
-        return any(raw.raw != self._zero for _, _, raw in self._chunks)
+        zero = self._zero
+        for _, _, raw in self._chunks:  # (a loop, not any() over a generator: every call pays it)
+            if raw.raw != zero:
+                return True
+        return False
 
     def failures(self) -> list:
         """(owner, error words) of every block holding a failure, the blocks cleared. Call it once
@@ -120,6 +130,7 @@ class StreamState:
         self.ctxs: dict = {}
         track(self)  # (its params and ctxs are keyed by owners' tokens: see thread_state.forget)
         self.err_ptr = 0
+        self.capture_stream = None  # made at the first CUDA graph capture (ExternalStreams.launcher)
         with make_stream:  # zeroed now, on a stream of our own (the caller synchronizes it)
             self.ctr = cp.zeros(16, dtype=np.uint32)
             # the radix sort's launch block and counters in this state (what radix_sort.argsort
@@ -217,7 +228,137 @@ def launch(rt, prep, env: dict, st: StreamState, err_ptr: int) -> None:
         step.run(env, ctx)
 
 
+def _capture(rt, st: StreamState, ctx, key: bytes, recs, fires, err_ptr: int):
+    """The launches of bound parameter blocks `recs` as a CUDA graph kept under `key` (None, and
+    no graphs in this process from now on, where a capture fails). Captured on a non-blocking
+    stream of the state's own (capturing the caller's stream would make its other work part of
+    the capture); replayed on the caller's stream."""
+    stream = st.capture_stream
+    if stream is None:
+        stream = st.capture_stream = rt.cp.cuda.Stream(non_blocking=True)
+    try:
+        stream.begin_capture()
+        try:
+            for rec, fire in zip(recs, fires):
+                fire(rec, err_ptr, stream.ptr)
+        finally:
+            graph = stream.end_capture()
+    except Exception as e:  # this call launches directly
+        rt.use_graphs = False
+        rt.graph_fallback_reason = f"{type(e).__name__}: {e}"
+        return None
+    ctx.graphs[key] = graph
+    rt.graph_captures += 1
+    return graph
+
+
+
 def host_steps(prep) -> list:
     """Descriptions of the prepared plan's steps that run on the host (they synchronize, so they
     cannot be captured), split steps included."""
     return [f for f in prep.fallbacks if ": host (" in f]
+
+
+class ExternalStreams:
+    """Prepared plans run on callers' streams (segfuse.torch's CUDA path goes through this, handed
+    out by the CUDA backend): the runtime's preparation, the error blocks, the stream states."""
+
+    def __init__(self, rt):
+        self.rt = rt
+        self.cp = rt.cp
+        self.errors = ErrorBlocks(rt.cp)
+        self.states = StreamStates(rt.cp)
+        self.states.refill()
+
+    def prepare(self, plan, fusion, shapes: dict, dtypes: dict, strides: dict):
+        """The runtime's prepared entry of `plan` at inputs of these shapes, dtypes and (element)
+        strides (compiled and loaded once; see CupyRuntime.prepare)."""
+        return self.rt.prepare(fusion, shapes, dtypes, strides, plan)
+
+    def launch(self, prep, env: dict, st: StreamState, err_ptr: int) -> None:
+        launch(self.rt, prep, env, st, err_ptr)
+
+    def launcher(self, prep):
+        """`launch(env, st, err_ptr, capturing) -> graph or None` for one prepared entry, decided
+        once: a plan of kernels and views binds every parameter block first and, when those bytes
+        repeat (the caller's allocator handed out the same memory again, as torch's caching
+        allocator does for a call repeated on one stream), replays a CUDA graph of its launches
+        captured once (one `cuGraphLaunch` instead of one launch per kernel), and returns it. Not
+        while the caller captures a graph itself (its capture records the launches), and never
+        for other plans. A graph returned may be replayed (`replay`) by a later call whose every
+        pointer is this call's again: the same parameter bytes, without binding."""
+        rt = self.rt
+        steps = prep.steps
+        token = prep.ctx_token
+        if not (steps and all(s.launches_only for s in steps) and any(s.kind == "kernel" for s in steps)):
+            def launch_steps(env, st, err_ptr, capturing=False):
+                launch(rt, prep, env, st, err_ptr)
+                return None
+
+            return launch_steps
+        binds = tuple(s.run.bind for s in steps)
+        fires = tuple(s.run.fire for s in steps)
+
+        def launch_graphed(env, st, err_ptr, capturing=False):
+            ctx = st.ctxs.get(token)
+            if ctx is None:
+                ctx = st.ctxs[token] = RunCtx(rt, st)
+            st.err_ptr = err_ptr
+            recs = [bind(env, ctx) for bind in binds]
+            if capturing or not rt.use_graphs:
+                for rec, fire in zip(recs, fires):
+                    fire(rec, err_ptr, ctx.sp)
+                return None
+            key = b"".join([bytes(r[0]) for r in recs]) + err_ptr.to_bytes(8, "little")
+            g = ctx.graphs.get(key)
+            if g is None:
+                # (the parameter sets of the last few calls: a caller that holds each result until
+                # the next call returns gets two sets of memory in turn)
+                seen = ctx.last_key or ()
+                if key in seen:
+                    if len(ctx.graphs) >= GRAPHS_PER_STATE:  # the oldest goes (a replay of it in
+                        del ctx.graphs[next(iter(ctx.graphs))]  # flight completes: CUDA frees it after)
+                    g = _capture(rt, st, ctx, key, recs, fires, err_ptr)
+                else:
+                    ctx.last_key = (key,) + seen[:GRAPHS_PER_STATE - 1]
+            if g is not None:
+                g.launch(st.stream)
+                return g
+            for rec, fire in zip(recs, fires):
+                fire(rec, err_ptr, ctx.sp)
+            return None
+
+        return launch_graphed
+
+    @staticmethod
+    def replay(graph, st: StreamState) -> None:
+        """Launch a graph `launch` returned on the state's stream (see `launcher`)."""
+        graph.launch(st.stream)
+
+    @staticmethod
+    def host_steps(prep) -> list:
+        return host_steps(prep)
+
+    @staticmethod
+    def launches_only(prep) -> bool:
+        """Whether every step only launches kernels or makes views: such steps allocate what they
+        need themselves, so a call needs no stream context around them."""
+        return all(s.launches_only for s in prep.steps)
+
+    @staticmethod
+    def array_dtype(dt):
+        """The CuPy dtype a segfuse dtype travels as (bfloat16 as uint16 bits)."""
+        return cp_dtype(dt)
+
+
+_EXTERNAL: list = []
+_EXTERNAL_LOCK = threading.Lock()
+
+
+def external_streams(rt) -> ExternalStreams:
+    """The process's ExternalStreams (on the process's runtime `rt`)."""
+    if not _EXTERNAL:
+        with _EXTERNAL_LOCK:
+            if not _EXTERNAL:
+                _EXTERNAL.append(ExternalStreams(rt))
+    return _EXTERNAL[0]

@@ -11,29 +11,29 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..codegen.layout import numel
 from ..codegen.radix_sort import supported, takes
 from ..codegen.sort_epilogue import render
 from ..dtypes import DType
 from ..ops.registry import LibrarySort
-from ..segmenter.sort_epilogue import match
 from . import radix_sort
 from .arrays import cp_dtype, is_small, output_buffer
 from .buffers import store
 
 
 def sort_epilogue_run(rt, fusion, seg, types, token=None):
-    """(run(env, ctx), may_fail) for a segment the sort epilogue pass made (`fused_sort`), at
-    these concrete types: `run` launches the fused kernel; `may_fail` says whether it can write the
-    error word (a checked divisor), so the run must synchronize to learn its outcome. None: not
-    such a segment, or it no longer matches; the general path runs it."""
-    if not seg.fused_sort:
-        return None
-    m = match(fusion, seg.nodes, seg.inputs, seg.outputs, types, copies=getattr(seg, "copies", ()))
+    """(run(env, ctx), may_fail) for a segment the sort epilogue pass made (its plan's
+    `sort_epilogue`), at these concrete types: `run` launches the fused kernel; `may_fail` says
+    whether it can write the error word (a checked divisor), so the run must synchronize to learn
+    its outcome. None: not such a segment, or the radix sort does not take its keys; the general
+    path runs it."""
+    m = seg.sort_epilogue
     if m is None:
         return None
     kt = types[m.key]
+    n = numel(types[fusion.nodes[m.argsort].inputs[0]].shape)  # the one row's length
     # bfloat16 travels as uint16 bits, which would sort as integers
-    if kt.dtype is DType.bfloat16 or not takes((int(m.n),), cp_dtype(kt.dtype), 0):
+    if kt.dtype is DType.bfloat16 or not takes((n,), cp_dtype(kt.dtype), 0):
         return None
     epi, params = render(fusion, m, types)
     may_fail = "sf_err" in epi.store + epi.scatter + epi.init + epi.hist

@@ -14,12 +14,12 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..codegen.lazy import Unsupported
+from ..codegen.options import DEFAULT_OPTIONS, CodegenOptions
 from ..codegen.segment import NOMINAL_SM_COUNT, generate
 from ..dtypes import DType
 from ..numpy_backend import eval_node
-from ..plan import AliasMode, Segment, SegmentKind
+from ..plan import AliasMode, LibraryRoutine, Segment, SegmentKind
 from ..segmenter.reference import split_nodes
-from ..segmenter.sort_epilogue import ROUTINE
 from .arrays import contiguous_strides, host_view
 from .buffers import DeviceBuffers, store
 from .library_sorts import library_run, sort_epilogue_run
@@ -87,7 +87,7 @@ def prepare_plan(rt, fusion, plan, bound, strides: dict) -> Prepared:
     CupyRuntime, for its kernel cache, SM count and CuPy)."""
     types = dict(bound.types)
     for seg in plan.segments:  # private copies of scatter selfs have their source's type
-        for c in getattr(seg, "copies", []) or []:
+        for c in seg.copies:
             types.setdefault(c.dst, types[c.src])
     t0 = time.perf_counter()
     commits = plan.output_commits(fusion)
@@ -119,17 +119,19 @@ class SourcesOnly:
 
     cp = None
 
-    def __init__(self, sm_count: int | None = None):
+    def __init__(self, sm_count: int | None = None, options: CodegenOptions = DEFAULT_OPTIONS):
         self.sm_count = sm_count if sm_count is not None else NOMINAL_SM_COUNT
+        self.options = options
         self.cache = SimpleNamespace(stats=SimpleNamespace(compile_s=0.0))
 
 
-def modules_without_device(fusion, plan, bound, sm_count: int | None = None) -> list:
+def modules_without_device(fusion, plan, bound, sm_count: int | None = None,
+                           options: CodegenOptions = DEFAULT_OPTIONS) -> list:
     """(segment id, codegen Module) for every module a CupyRuntime's preparation of `plan`
     compiles for contiguous inputs of the bound sizes, found without CuPy or a GPU (SourcesOnly):
     the same preparation, minus the compiles."""
     strides = {n: contiguous_strides(bound.types[n].shape) for n in fusion.input_names}
-    return prepare_plan(SourcesOnly(sm_count), fusion, plan, bound, strides).modules
+    return prepare_plan(SourcesOnly(sm_count, options), fusion, plan, bound, strides).modules
 
 
 def segment_step(rt, fusion, seg, types, in_strides, prep) -> Step:
@@ -149,14 +151,14 @@ def segment_step(rt, fusion, seg, types, in_strides, prep) -> Step:
         run, may_fail = fused
         prep.kernels += 1
         prep.may_fail = prep.may_fail or may_fail  # (a checked divisor writes the error word)
-        return Step("library", seg, run, ROUTINE)
+        return Step("library", seg, run, LibraryRoutine.sort_epilogue.describe())
     # A scatter writes straight into its self's buffer only when that buffer is materialized
     # before the segment (in place, ordered, or a staged alias_of input). Otherwise the kernel
     # initializes its own output from self (which is what a private copy means).
     aliased, alias_buf = set(), {}
     graph_inputs = set(fusion.input_names)
     staged = {o.alias_of for o in fusion.outputs if o.alias_of is not None}
-    for a in getattr(seg, "aliases", []) or []:
+    for a in seg.aliases:
         if a.buffer not in seg.inputs:
             continue
         if a.buffer in graph_inputs and a.buffer not in staged:
@@ -174,7 +176,7 @@ def segment_step(rt, fusion, seg, types, in_strides, prep) -> Step:
     gen = replace(seg, outputs=written) if views is not None else seg
     try:
         mod = generate(fusion, gen, types, strides, aliased=aliased, sm_count=rt.sm_count,
-                       single_block=(kind == "single_block"))
+                       single_block=(kind == "single_block"), options=rt.options)
     except Unsupported as e:
         return _split_step(rt, fusion, seg, types, strides, prep, str(e))
     step = _kernel(rt, mod, types, alias_buf, prep, seg)
@@ -319,7 +321,7 @@ def _kernel(rt, mod, types, alias_buf, prep, seg) -> Step:
         _count_module(prep, mod, seg)
         return Step("kernel", seg, None, mod.key)
     try:
-        rawmod = rt.cache.get(mod.source)
+        rawmod = rt.cache.get(mod.source, mod.options)
         kernels = []
         for ln in mod.launches:
             k = rawmod.get_function(ln.kernel)
@@ -404,11 +406,11 @@ def _split_step(rt, fusion, seg, types, strides, prep, why) -> Step:
     private copies may read their sources at the end: those that later segments read run last (a
     lazily computed source is materialized for them); a piece's scatter reads its self's source in
     place of a copy made here, and the copy an earlier segment made in place of its source."""
-    copies = [(c.src, c.dst) for c in getattr(seg, "copies", None) or [] if c.dst in seg.outputs]
+    copies = [(c.src, c.dst) for c in seg.copies if c.dst in seg.outputs]
     dsts = {d for _, d in copies}
     outs = [o for o in seg.outputs if o not in dsts]
     outs += list(dict.fromkeys(s for s, _ in copies if s not in seg.inputs and s not in outs))
-    reads = [a for a in getattr(seg, "aliases", None) or [] if getattr(a, "mode", "") == "copy" and a.buffer in seg.inputs]
+    reads = [a for a in seg.aliases if a.mode is AliasMode.copy and a.buffer in seg.inputs]
     subs = []
     for nodes, ins, gouts in split_nodes(fusion, seg.nodes, seg.inputs, outs):
         made = {o for p in nodes for o in fusion.nodes[p].outputs}
@@ -417,7 +419,7 @@ def _split_step(rt, fusion, seg, types, strides, prep, why) -> Step:
         sub = Segment(seg.id, SegmentKind.pointwise, nodes, ins, gouts, SPLIT, aliases=als)
         try:
             mod = generate(fusion, sub, types, {n: strides.get(n) or contiguous_strides(types[n].shape) for n in ins},
-                           sm_count=rt.sm_count, single_block=False)
+                           sm_count=rt.sm_count, single_block=False, options=rt.options)
             subs.append(_kernel(rt, mod, types, {}, prep, sub))
         except Unsupported as e:
             lib = library_run(rt, fusion, sub, types)
@@ -428,7 +430,7 @@ def _split_step(rt, fusion, seg, types, strides, prep, why) -> Step:
                 if x not in ins:
                     pre = Segment(seg.id, SegmentKind.pointwise, nodes[:-1], ins, [x], SPLIT)
                     pmod = generate(fusion, pre, types, {n: strides.get(n) or contiguous_strides(types[n].shape) for n in ins},
-                                    sm_count=rt.sm_count, single_block=False)
+                                    sm_count=rt.sm_count, single_block=False, options=rt.options)
                     subs.append(_kernel(rt, pmod, types, {}, prep, pre))
                 one = Segment(seg.id, SegmentKind.library, [nodes[-1]], [x], gouts, SPLIT)
                 lib = library_run(rt, fusion, one, types)
@@ -463,14 +465,14 @@ def _copy_pairs(pairs):
 
 
 def _copy_step(rt, seg, types):
-    pairs = [(c.src, c.dst) for c in getattr(seg, "copies", []) or []] or list(zip(seg.inputs, seg.outputs))
+    pairs = [(c.src, c.dst) for c in seg.copies] or list(zip(seg.inputs, seg.outputs))
     return _copy_pairs(pairs)
 
 
 def _host_step(rt, fusion, seg, types):
     """Last resort: the NumPy references on the host (exact semantics, slow)."""
     cp = rt.cp
-    reads = {a.tensor: a.buffer for a in getattr(seg, "aliases", None) or [] if getattr(a, "mode", "") == "copy"}
+    reads = {a.tensor: a.buffer for a in seg.aliases if a.mode is AliasMode.copy}
     nodes = [fusion.nodes[p] for p in seg.nodes]
     nodes = [dataclasses.replace(nd, inputs=(reads[nd.outputs[0]],) + tuple(nd.inputs[1:])) if nd.outputs[0] in reads
              else nd for nd in nodes]

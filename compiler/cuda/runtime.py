@@ -1,8 +1,10 @@
 """The CuPy backend: executes a Plan on the GPU.
 
-Per (fusion, input shapes/dtypes/strides) the runtime prepares once: plan, generated modules,
+It executes plans it is handed (the Engine's, from its plan cache); it never plans. Per (fusion,
+plan, input shapes/dtypes/strides) the runtime prepares once: generated modules,
 loaded kernels, launch geometry (compiler/cuda/prepare.py). A run then puts the plan's buffers in
-its env (one device allocation per plan buffer, compiler/cuda/buffers.py), launches the kernels on the calling thread's own stream (compiler/cuda/thread_state.py),
+its env (one device allocation per plan buffer, compiler/cuda/buffers.py), launches the kernels
+on the calling thread's own stream (compiler/cuda/thread_state.py),
 checks the device error word once at the end and commits outputs (and in-place `alias_of` updates)
 only if the whole run succeeded. `prepared_call` is the per-signature fast path
 (compiler/cuda/fast_path.py, CUDA graphs in compiler/cuda/graphs.py).
@@ -20,7 +22,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ..segmenter.cache import SHARED_PLANS
+from ..codegen.options import DEFAULT_OPTIONS, CodegenOptions
 from .arrays import commit_outputs, contiguous_strides, signature, to_device
 from .device import get_device
 from .fast_path import make_call
@@ -37,17 +39,17 @@ class CupyRuntime:
     # runs work there, before its stream and buffers are made (CuPy's memory pool is per device: the
     # current device's serves). None: the thread's current device (stand-ins built without __init__).
     device_index: int | None = None
+    options: CodegenOptions = DEFAULT_OPTIONS  # what its kernels are generated with
 
-    def __init__(self, cache_dir: str | None = None, planner=None, cache=None):
-        """`planner(fusion, types) -> Plan`: how runs handed no plan are planned (default: the
-        process's plan cache, as an Engine plans). `cache`: a kernel cache to share (the default
-        runtime shares the device's), else one of its own in `cache_dir`."""
+    def __init__(self, cache_dir: str | None = None, cache=None, options: CodegenOptions = DEFAULT_OPTIONS):
+        """`cache`: a kernel cache to share (the default runtime shares the device's), else one of
+        its own in `cache_dir`. `options`: the code generator's (compiler/codegen/options.py)."""
+        self.options = options
         device = get_device()
         self.cp = device.cp
         self.device_index = device.index
         self.sm_count, self.arch = device.sm_count, device.arch
         self.cache = cache if cache is not None else device.kernel_cache(cache_dir)
-        self.planner = planner
         # CUDA graphs for repeated kernels-only runs (SEGFUSE_CUDA_GRAPHS=0 turns them off); off
         # for good, with the reason kept, if a capture ever fails
         self.use_graphs = os.environ.get("SEGFUSE_CUDA_GRAPHS", "1") != "0"
@@ -65,16 +67,10 @@ class CupyRuntime:
             st = self._tls.st = ThreadState(self.cp)
         return st
 
-    # ---- planning and preparation --------------------------------------------------------
-    def _plan(self, fusion, types, bound):
-        """The plan for a run handed none (the Engine always hands its cached plan)."""
-        if self.planner is not None:
-            return self.planner(fusion, types)
-        return SHARED_PLANS.get(fusion, bound)[0]
-
-    def prepare(self, fusion, shapes: dict, dtypes: dict, strides: dict, plan=None) -> Prepared:
-        """The prepared entry of `plan` (None: planned here) at inputs of these shapes, dtypes and
-        strides: made once, then found in an LRU of PREPARED_ENTRIES."""
+    # ---- preparation -----------------------------------------------------------------------
+    def prepare(self, fusion, shapes: dict, dtypes: dict, strides: dict, plan) -> Prepared:
+        """The prepared entry of `plan` at inputs of these shapes, dtypes and strides: made once,
+        then found in an LRU of PREPARED_ENTRIES."""
         key = (fusion.id, id(plan), tuple((k, shapes[k], dtypes[k], strides[k]) for k in shapes))
         entries = self._prepared
         hit = entries.get(key)
@@ -89,8 +85,6 @@ class CupyRuntime:
             if hit is not None:
                 return hit
             bound = fusion.bind(shapes, dtypes)
-            if plan is None:
-                plan = self._plan(fusion, dict(bound.types), bound)
             prep = entries[key] = prepare_plan(self, fusion, plan, bound, strides)
             # once evicted and unused, its entries in every thread's state go too (the bound on
             # per-thread memory: PREPARED_ENTRIES entries' worth, plus what live callers hold)
@@ -108,16 +102,15 @@ class CupyRuntime:
                 return prep
         return None
 
-    def warmup(self, fusion, shapes: dict, dtypes: dict | None = None, plan=None) -> Prepared:
-        """Compile a graph's kernels for these input shapes without running it. Given the plan a
-        run will be handed (Engine.warmup passes its cached one), the entry is the one that run
-        finds (contiguous inputs)."""
+    def warmup(self, fusion, shapes: dict, plan, dtypes: dict | None = None) -> Prepared:
+        """Compile `plan`'s kernels for these input shapes without running it: the entry a run of
+        contiguous inputs handed the same plan finds (Engine.warmup passes its cached one)."""
         dtypes = dtypes or {n: t.dtype for n, t in fusion.inputs}
         strides = {n: contiguous_strides(shapes[n]) for n in shapes}
         return self.prepare(fusion, {k: tuple(v) for k, v in shapes.items()}, dtypes, strides, plan)
 
     # ---- running -------------------------------------------------------------------------
-    def run(self, fusion, inputs: dict, plan=None, deferred: bool = False) -> tuple[dict, dict]:
+    def run(self, fusion, inputs: dict, plan, deferred: bool = False) -> tuple[dict, dict]:
         """Run `fusion` on `inputs` (the general path). With `deferred`, a plan whose kernels
         check data returns once launched, unless it updates an input in place; its failure is
         raised by a later call on this thread (`DeferredRunError`) or by `synchronize()`."""
@@ -176,12 +169,9 @@ class CupyRuntime:
             return None  # host (NumPy) inputs are uploaded per call: the general path does that
         return make_call(self, fusion, prep, st0, deferred)
 
-    def runner(self, fusion, inputs: dict, plan=None):
+    def runner(self, fusion, inputs: dict, plan):
         """A lean callable for one input signature (shapes/dtypes/strides of `inputs`): the
         serving fast path once a graph is warm. Other signatures take the general path."""
-        if plan is None:
-            bound = fusion.bind({k: tuple(v.shape) for k, v in inputs.items()})
-            plan = self._plan(fusion, dict(bound.types), bound)
         call = self.prepared_call(fusion, inputs, plan)
         key = signature(fusion, inputs)
         if call is None or key is None:
@@ -194,10 +184,9 @@ class CupyRuntime:
 
         return checked
 
-    def kernel_time_us(self, fusion, inputs: dict, reps: int = 20, warmup: int = 3, plan=None) -> float:
-        """Mean device time of a prepared graph's launches alone (of `plan`, None: the default
-        one). The stream is first held by a spin kernel longer than the host needs to enqueue all
-        repetitions, so CUDA events measure the kernels back to back, without the host's launch cost."""
+    def kernel_time_us(self, fusion, inputs: dict, plan, reps: int = 20, warmup: int = 3) -> float:
+        """Mean device time of a prepared plan's launches alone. The stream is first held by a
+        spin kernel longer than the host needs to enqueue all repetitions, so CUDA events measure the kernels back to back, without the host's launch cost."""
         cp = self.cp
         st = self._thread_state()
         stream = st.stream

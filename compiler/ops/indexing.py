@@ -474,6 +474,4 @@ register(OpDef("index_put", OpKind.scatter, ("self", "index", "values"), _index_
                doc="index_put(self, index, values, accumulate=False): self[index] = values (or +=); "
                    "one integer index tensor on dim 0, negative indices wrap"))
 
-# Positions of the scatter family's operands, for the segmenter: (self, index, src).
-SCATTER_SELF = 0
 _ = (Scalar, DType)

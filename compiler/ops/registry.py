@@ -244,7 +244,7 @@ class OpDef:
     # in opmath directly)
     round_operands: bool = True
     scalar_opmath: bool = False  # a 0-d or literal second operand is read at opmath precision
-    library: str = ""  # what a library segment of the op runs on the GPU (plan hints.routine)
+    library: str = ""  # what a library segment of the op runs on the GPU (the plan's Segment.routine)
     library_sort: LibrarySort | None = None  # the library sort routine that runs it (sort ops)
     py_operator: tuple[str, ...] = ()  # builder Tensor operators: (method, reflected method)
     # view ops: `view(xp, x, attrs, out_type)` makes the view of array x with array module xp

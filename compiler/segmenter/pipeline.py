@@ -31,7 +31,7 @@ from ..errors import GraphError
 from ..ir import Bound, Fusion
 from ..limits import NOMINAL_SM_COUNT, charge, row_threads
 from ..ops.registry import LAZY_KINDS, OpKind
-from ..plan import Alias, AliasMode, Copy, Plan, Segment, SegmentKind, commits_for
+from ..plan import Alias, AliasMode, Copy, LibraryRoutine, Plan, Segment, SegmentKind, commits_for
 from ..shapes import SizeTooComplex
 from . import place as P
 from .buffers import assign
@@ -46,8 +46,9 @@ from .capability import (
 )
 from .graph import COPY, OTHER, WorkGraph, access, build
 from .row_fusion import fuse_plan as fuse_rows
+from .row_fusion import row_kernel
 from .shapes import Checks, base_key, class_types, evaluate, fmt, nbytes, numel
-from .sort_epilogue import ROUTINE, fuse_plan
+from .sort_epilogue import fuse_plan
 from .spread import joins_previous, size_phrase, spread_tensors
 
 INPLACE, ORDERED, COPIED, INPUT = AliasMode.inplace, AliasMode.ordered, AliasMode.copy, AliasMode.input
@@ -403,7 +404,10 @@ class _Segmenter:
                 hints["launches"] = 2
             segments.append(Segment(id=sid, kind=kind, nodes=nodes, inputs=inputs, outputs=outputs,
                                     reason=seg.reason, aliases=aliases, intermediates=inter,
-                                    hints=hints, copies=copies, fused_sort=seg.fused_sort))
+                                    hints=hints, copies=copies, routine=self.routine_of(seg, kind),
+                                    sort_epilogue=seg.sort_epilogue,
+                                    row=None if seg.row is None else row_kernel(self.fusion, seg.row, nodes, inputs, outputs,
+                                                                                g.types)))
         buffers, tensor_buffer, views, frees = assign(g, segments, where, lambda t: order_of.get(t, 1 << 30))
         checks = [c.to_dict() for c in self.checks.items]
         plan = Plan(
@@ -448,9 +452,7 @@ class _Segmenter:
         if kind is SegmentKind.view:
             return {"launch": False}
         if kind is SegmentKind.library:
-            lib = next(s for s in steps if s.library)
-            routine = ROUTINE if seg.fused_sort else self.cap.library_routine(lib.node.op)
-            return {"launch": True, "routine": routine, "index_bits": index_bits}
+            return {"launch": True, "index_bits": index_bits}
         if kind is SegmentKind.single_block:
             threads = self.cap.single_block_threads
             if isinstance(elems, int):
@@ -466,14 +468,21 @@ class _Segmenter:
             rows, length = numel(tuple(rg.kept)), numel(tuple(rg.row))
             lanes = row_threads(length, rows if isinstance(rows, int) else 1 << 30, NOMINAL_SM_COUNT) \
                 if isinstance(length, int) else 1024  # (the code generator's choice at these sizes)
-            out.update(blocks=fmt(rows), threads=lanes, anchor=self.anchor_hint(g, seg.heavy),
-                       row={"reductions": list(rg.reductions), "dims": list(rg.dims), "rows": fmt(rows),
-                            "row_length": fmt(length), "cached_inputs": list(rg.cacheable)})
+            out.update(blocks=fmt(rows), threads=lanes, anchor=self.anchor_hint(g, seg.heavy))
         elif seg.heavy is not None:
             out["anchor"] = self.anchor_hint(g, seg.heavy)
             if seg.heavy.kind in (OpKind.scan, OpKind.sort):
                 out["blocks"] = out["anchor"]["rows"]  # codegen runs one block per row
         return out
+
+    def routine_of(self, seg, kind: SegmentKind) -> LibraryRoutine | None:
+        """What a library segment runs: the fused sort's routine, the op's library sort, else none."""
+        if kind is not SegmentKind.library:
+            return None
+        if seg.sort_epilogue is not None:
+            return LibraryRoutine.sort_epilogue
+        op = next(s for s in seg.steps if s.library).node.op
+        return LibraryRoutine.library_sort if op.library_sort is not None else LibraryRoutine.kernel_or_host
 
     def anchor_hint(self, g: WorkGraph, h) -> dict:
         """What the kernel's one reduction/scan/sort/scatter iterates over."""

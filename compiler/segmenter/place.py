@@ -30,8 +30,12 @@ class Seg:
     smem: object = 0  # shared memory bytes of a single-block segment
     made: dict = field(default_factory=dict)  # tensor -> Step making it here
     late: dict = field(default_factory=dict)  # tensor -> SCATTERED | COMPLETE_OWN (absent: recomputable)
-    fused_sort: bool = False  # the sort epilogue pass merged it: a sort with its consumers in its last pass
+    sort_epilogue: object = None  # the sort epilogue pass merged it: its plan.SortEpilogue
     row: object = None  # the row-persistent pass merged it: its row_fusion.RowRegion
+
+    @property
+    def fused_sort(self) -> bool:
+        return self.sort_epilogue is not None
 
     @property
     def library(self) -> bool:

@@ -19,7 +19,8 @@ first reduction input's dims; the kept dims before them are the rows):
   per-row forms, an expand of the keepdim form, pad / slice / cat along reduced dims, reductions;
 - other tensors may be read anywhere (their lambdas read global memory at any coordinate);
 - every segment output is row-shaped with the row's length, or per-row.
-The same function runs on the class types (the plan) and on concrete types (the code generator).
+`row_kernel` records what the code generator needs (`plan.RowKernel`), so it never runs `analyze`
+again: its facts hold for every size of the shape class (the size tests are recorded).
 """
 
 from __future__ import annotations
@@ -28,8 +29,10 @@ from dataclasses import dataclass
 
 from ..ops.reductions import reduced_dims
 from ..ops.registry import LAZY_KINDS, Lowering, OpKind
+from ..plan import RowKernel
 from ..shapes import dims_equal
 from . import place as P
+from .shapes import fmt, numel
 
 # Lazy lowerings a region may hold (views and movement only where `_keeps_rows` says so for row values)
 _LAZY_OK = frozenset({Lowering.pointwise, Lowering.fill, Lowering.iota, Lowering.relinearize, Lowering.expand,
@@ -46,7 +49,6 @@ class RowRegion:
     row: tuple  # the reduced dims' sizes of the row-shaped outputs and cached inputs
     full_outputs: tuple  # segment outputs stored per element of a row
     row_outputs: tuple  # segment outputs stored once per row (keepdim or not)
-    row_values: frozenset  # tensors that hold or depend on a reduction result
     cacheable: tuple  # segment inputs of the row's shape that are read only at their own row
 
 
@@ -118,7 +120,7 @@ def analyze(fusion, nodes, inputs, outputs, types) -> tuple[RowRegion | None, st
             return None, f"output '{o}' is neither row-shaped nor one value per row"
     row = row if row is not None else tuple(x0.shape[r - k:])
     cache = tuple(x for x in inputs if x not in rowv and _caches(fusion, region, x, types, r, k, kept, row))
-    return RowRegion(tuple(reds), r, rd, kept, row, tuple(full), tuple(per), frozenset(rowv), cache), ""
+    return RowRegion(tuple(reds), r, rd, kept, row, tuple(full), tuple(per), cache), ""
 
 
 def _keeps_rows(nd, out, tainted, r, k, row_shaped, per_row_form) -> str:
@@ -219,8 +221,26 @@ def identity_pad_source(fusion, region, t, types):
     return nd.inputs[0]
 
 
+def row_kernel(fusion, region: RowRegion, nodes, inputs, outputs, types) -> RowKernel:
+    """The plan's record of a row region (`Segment.row`) for the segment of `nodes`, `inputs` and
+    `outputs` (each tuple in the segment's order): what the code generator needs besides the run's
+    sizes, decided here once."""
+    rows, length = numel(tuple(region.kept)), numel(tuple(region.row))
+    combined = []
+    for p in region.reductions:
+        x = fusion.nodes[p].inputs[0]
+        combined.append(identity_pad_source(fusion, nodes, x, types) or x)
+    in_place = tuple(x for x in inputs if read_in_place(fusion, nodes, x, types, rank=region.rank))
+    return RowKernel(reductions=tuple(region.reductions), rank=region.rank, dims=tuple(region.dims),
+                     rows=fmt(rows), row_length=fmt(length),
+                     full_outputs=tuple(o for o in outputs if o in region.full_outputs),
+                     row_outputs=tuple(o for o in outputs if o in region.row_outputs),
+                     cached_inputs=tuple(x for x in inputs if x in region.cacheable), in_place=in_place,
+                     combined=tuple(combined))
+
+
 def _candidate(seg) -> bool:
-    return not (seg.single_block or seg.library or seg.fused_sort or getattr(seg, "row", None) is not None) and all(
+    return not (seg.single_block or seg.library or seg.fused_sort or seg.row is not None) and all(
         s.pos is not None and (s.kind in LAZY_KINDS or s.kind is OpKind.reduction) for s in seg.steps)
 
 
@@ -280,4 +300,4 @@ def fuse_plan(fusion, g, segs: list, can_schedule) -> list:
     return out
 
 
-__all__ = ["RowRegion", "analyze", "fuse_plan", "read_in_place", "region_of"]
+__all__ = ["RowRegion", "analyze", "fuse_plan", "read_in_place", "region_of", "row_kernel"]

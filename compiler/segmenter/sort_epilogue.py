@@ -17,9 +17,9 @@ The pattern, for a region of a plan:
              so after its first grid barrier block 0 writes them from the global digit-0 counts,
 
 where every segment output is a position tensor, a scatter result or a histogram output. `match` recognizes it (pure,
-CPU; the runtime asks again at concrete types; anything else: None, and the existing path runs),
+CPU; anything else: None, and the existing path runs),
 `fuse_plan` is the segmenter's post-pass that merges the region's consecutive segments into one
-library segment marked `fused_sort` (`Segment.fused_sort`; its hints' routine names `ROUTINE`).
+library segment whose `Segment.sort_epilogue` records the match (its routine: `LibraryRoutine.sort_epilogue`).
 """
 
 from __future__ import annotations
@@ -27,11 +27,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ops.registry import Combiner, LibrarySort, Lowering, OpKind, Scalar
+from ..plan import LibraryRoutine, SortEpilogue, SortHistogram
 from ..shapes import dims_equal
 from . import place as P
 from .capability import scatter_reduce_of
 
-ROUTINE = "segfuse.radix_sort+epilogue"
+ROUTINE = LibraryRoutine.sort_epilogue.describe()  # (what `segfuse explain` and a run step name it)
 _SPAN = 3  # segments on each side of the sort that a region may take in
 
 
@@ -40,18 +41,10 @@ def _is_anchor(op) -> bool:
     return op.library_sort is LibrarySort.indices
 
 
-@dataclass(frozen=True)
-class Histogram:
-    """The keys' histogram the fused kernel writes (see the module doc). The keys' low byte is the
-    bin: every key in [0, bins) (checked on the GPU from the sort's key range; a key outside
-    fails the run with the scatter's index error, as the unfused scatter does)."""
-
-    scatter: int  # node position of the histogram scatter
-    counts: str
-    bins: int
-    csum: str | None = None  # cumsum(counts), inclusive
-    offsets: str | None = None  # pad(csum, [1, 0]): exclusive offsets and the total
-    outputs: tuple = ()  # which of counts, csum, offsets are segment outputs
+# The keys' histogram the fused kernel writes (see the module doc): every key in [0, bins) (checked
+# on the GPU from the sort's key range; a key outside fails the run with the scatter's index error,
+# as the unfused scatter does).
+Histogram = SortHistogram
 
 
 @dataclass(frozen=True)
@@ -65,6 +58,11 @@ class Match:
     scatters: tuple  # (node position, target needs a phase-0 init) per scatter
     producer: dict  # tensor -> node position, for every tensor made in the region
     hist: Histogram | None = None
+
+    def epilogue(self) -> SortEpilogue:
+        """The plan's record of the match (sizes left to the run's types)."""
+        return SortEpilogue(self.argsort, self.key, self.descending, self.order, self.stores, self.scatters,
+                            self.producer, self.hist)
 
 
 def _numel(shape):
@@ -279,7 +277,7 @@ def _scatter_targets_made_elsewhere(g, segs: list, run: list, steps: list) -> li
 
 def fuse_plan(fusion, g, segs: list, checks, histograms: bool = False) -> list:
     """Merge each matching region (consecutive placed segments around a lone library argsort)
-    into one library segment marked `fused_sort` (its hints' routine: ROUTINE). `g`: the segmenter's WorkGraph."""
+    into one library segment carrying the match (`Seg.sort_epilogue`). `g`: the segmenter's WorkGraph."""
     out = list(segs)
     i = 0
     while i < len(out):
@@ -318,7 +316,8 @@ def fuse_plan(fusion, g, segs: list, checks, histograms: bool = False) -> list:
             moved = hist + "".join(f"; {st.label()} moved here from the segment that made it (it reads no tensor "
                             "and only this scatter reads it)" for _, st in taken)
             merged = P.Seg(reason=f"{seg.reason}; its consumers run in the sort's final pass and its keys "
-                                  f"are read in place: one launch{moved}", single_block=False, fused_sort=True)
+                                  f"are read in place: one launch{moved}", single_block=False,
+                           sort_epilogue=m.epilogue())
             merged.steps = sorted(all_steps, key=lambda s: s.key)
             merged.rebuild(g)
             out[lo:hi + 1] = [merged]

@@ -14,12 +14,14 @@ import pytest
 cp = pytest.importorskip("cupy")
 torch = pytest.importorskip("torch")
 
-import test_compile_fallback as tcf  # noqa: E402
+from helpers.graphs import topk_scatter  # noqa: E402
+from helpers.torch_oracle import check_same, to_torch, topk_scatter_in_torch  # noqa: E402
 from segfuse.compiler.cuda import prepare  # noqa: E402
 from segfuse.compiler.cuda.nvrtc import CompileError  # noqa: E402
-from segfuse.compiler.cuda.runtime import CupyRuntime, get_runtime  # noqa: E402
+from segfuse.compiler.cuda.runtime import get_runtime  # noqa: E402
 from segfuse.compiler.ir import Fusion  # noqa: E402
-from torch_oracle import check_same, to_torch  # noqa: E402
+
+from .planned_runtime import PlannedRuntime  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 GENERATED = re.compile(r"sf_k_[0-9a-f]{16}_0")
@@ -60,12 +62,12 @@ def data(cols, seed=0):
 @pytest.mark.parametrize("which", ["first", "all"])
 def test_runs_agree_with_torch_when_kernels_do_not_compile(cols, which):
     fails = (lambda s, n: n == 1) if which == "first" else (lambda s, n: True)
-    rt = CupyRuntime(cache=FailingCache(get_runtime().cache, fails))  # its own prepared entries
-    f = Fusion.from_json({**tcf.topk_scatter(cols), "name": f"fallback_{which}_{cols}"})
+    rt = PlannedRuntime(cache=FailingCache(get_runtime().cache, fails))  # its own prepared entries
+    f = Fusion.from_json({**topk_scatter(cols), "name": f"fallback_{which}_{cols}"})
     ins = data(cols)
     before = sum(prepare.compile_fallbacks().values())
     outs, info = rt.run(f, {k: v.copy() for k, v in ins.items()})
-    want_o, want_v = tcf.torch_result(to_torch(ins["x"]), to_torch(ins["d"]))
+    want_o, want_v = topk_scatter_in_torch(to_torch(ins["x"]), to_torch(ins["d"]))
     check_same(cp.asnumpy(outs["o"]), want_o, "o")
     check_same(cp.asnumpy(outs["v"]), want_v, "v")
     assert any("does not compile" in w for w in info["fallbacks"]), info["fallbacks"]
@@ -78,7 +80,7 @@ def test_runs_agree_with_torch_when_kernels_do_not_compile(cols, which):
 async def test_the_server_answers_200_and_counts_the_fallback(asgi_server, monkeypatch):
     cache = get_runtime().cache
     monkeypatch.setattr(cache, "get", failing_get(cache.get, lambda s, n: True))
-    graph = {**tcf.topk_scatter(1024), "name": "fallback_server"}
+    graph = {**topk_scatter(1024), "name": "fallback_server"}
     ins = data(1024, seed=1)
     async with asgi_server(backend="cupy") as c:
         assert (await c.post("/v2/fusions", json=graph)).status_code in (200, 201)
@@ -86,7 +88,7 @@ async def test_the_server_answers_200_and_counts_the_fallback(asgi_server, monke
             {"name": k, "shape": list(v.shape), "datatype": "FP32", "data": v.ravel().tolist()} for k, v in ins.items()]})
         assert r.status_code == 200, r.text
         got = {o["name"]: np.array(o["data"], np.float32).reshape(o["shape"]) for o in r.json()["outputs"]}
-        want_o, want_v = tcf.torch_result(to_torch(ins["x"]), to_torch(ins["d"]))
+        want_o, want_v = topk_scatter_in_torch(to_torch(ins["x"]), to_torch(ins["d"]))
         check_same(got["o"], want_o, "o")
         text = (await c.get("/metrics")).text
         assert re.search(r'segfuse_compile_fallbacks_total\{lowering="split"\} [1-9]', text), text
@@ -100,7 +102,7 @@ async def test_without_a_compiler_the_error_is_one_line(asgi_server, monkeypatch
     cache = get_runtime().cache
     real = cache.get
     monkeypatch.setattr(cache, "get", lambda s: no_compiler(s) if GENERATED.search(s) else real(s))
-    graph = {**tcf.topk_scatter(1024), "name": "fallback_none"}
+    graph = {**topk_scatter(1024), "name": "fallback_none"}
     ins = data(1024, seed=2)
     async with asgi_server(backend="cupy") as c:
         await c.post("/v2/fusions", json=graph)

@@ -11,29 +11,18 @@ import pytest
 cp = pytest.importorskip("cupy")
 
 from corpus import all_cases, case_inputs, moe_graphs  # noqa: E402
-from segfuse.compiler.cuda.runtime import CupyRuntime, get_runtime  # noqa: E402
+from segfuse.compiler.cuda.runtime import get_runtime  # noqa: E402
 from segfuse.compiler.dtypes import DType, from_numpy  # noqa: E402
 from segfuse.compiler.engine import Engine  # noqa: E402
 from segfuse.compiler.errors import RunError  # noqa: E402
 from segfuse.compiler.ir import Fusion  # noqa: E402
 from segfuse.compiler.numpy_backend import run_graph  # noqa: E402
-from segfuse.compiler.segmenter.reference import simple_plan  # noqa: E402
+
+from .planned_runtime import PlannedRuntime, runtime  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
 CASES = all_cases()
-_RT = {}
-
-
-def runtime(mode: str):
-    if mode == "plan":
-        return None
-    if mode not in _RT:
-        small = {"grid": -1, "block": 1 << 62}[mode]
-        _RT[mode] = CupyRuntime(planner=lambda f, types, s=small: simple_plan(f, types, small=s))
-    return _RT[mode]
-
-
 def to_host(a, like: np.ndarray) -> np.ndarray:
     h = cp.asnumpy(a)
     if like.dtype.name == "bfloat16":
@@ -210,7 +199,7 @@ def test_moe_fusions(T, idt):
 
 
 def test_warmup_and_cache_counters(tmp_path):
-    rt = CupyRuntime(cache_dir=str(tmp_path))
+    rt = PlannedRuntime(cache_dir=str(tmp_path))
     f = Fusion.from_json(CASES[0][1])
     ins = case_inputs(CASES[0])
     rt.warmup(f, {k: v.shape for k, v in ins.items()})
@@ -218,7 +207,7 @@ def test_warmup_and_cache_counters(tmp_path):
     m = rt.cache.stats.misses
     rt.run(f, ins)
     assert rt.cache.stats.misses == m  # warmup compiled everything
-    rt2 = CupyRuntime(cache_dir=str(tmp_path))  # a restarted server: cubins come from disk
+    rt2 = PlannedRuntime(cache_dir=str(tmp_path))  # a restarted server: cubins come from disk
     rt2.run(f, ins)
     assert rt2.cache.stats.misses == 0 and rt2.cache.stats.disk_hits >= 1
 
@@ -254,7 +243,7 @@ def test_strided_and_broadcast_inputs():
     for k in want:
         assert_close(cp.asnumpy(got[k]), want[k], k)
     rt = get_runtime()
-    fast = rt.runner(f, {"a": a, "b": b, "i": i})
+    fast = rt.runner(f, {"a": a, "b": b, "i": i}, Engine("cupy").plan(f, {"a": a.shape, "b": b.shape, "i": i.shape}))
     got2 = fast({"a": a, "b": b, "i": i})
     for k in want:
         assert_close(cp.asnumpy(got2[k]), want[k], f"runner {k}")

@@ -13,11 +13,13 @@ cp = pytest.importorskip("cupy")
 torch = pytest.importorskip("torch")
 
 from corpus import moe_graphs  # noqa: E402
-from segfuse.compiler.cuda.runtime import CupyRuntime, get_runtime  # noqa: E402
+from segfuse.compiler.cuda.runtime import get_runtime  # noqa: E402
 from segfuse.compiler.engine import Engine  # noqa: E402
 from segfuse.compiler.ir import Fusion  # noqa: E402
 from segfuse.compiler.segmenter.capability import DEFAULT_CAPABILITY  # noqa: E402
 from segfuse.compiler.segmenter.reference import simple_plan  # noqa: E402
+
+from .planned_runtime import PlannedRuntime  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -28,7 +30,7 @@ _BLOCK = []
 def block_runtime():
     """Every graph as one single-block segment (forces the radix sort for any row length)."""
     if not _BLOCK:
-        _BLOCK.append(CupyRuntime(planner=lambda f, types: simple_plan(f, types, small=1 << 62)))
+        _BLOCK.append(PlannedRuntime(lambda f, types: simple_plan(f, types, small=1 << 62)))
     return _BLOCK[0]
 
 

@@ -68,38 +68,16 @@ def test_against_numpy_and_torch(kind, dtype, composite, R, D):
     assert not any("split" in x for x in prep.fallbacks), prep.fallbacks
 
 
-@pytest.mark.parametrize("kind", NORMS)
-@pytest.mark.parametrize("R,D", [(8, 4096), (3, 8192), (32768, 4096), (37, 256), (5, 1000)])
-def test_wide_vectors_of_bfloat16_rows(monkeypatch, kind, R, D):
-    """limits.ROW_WIDE_2BYTE_VECTORS (16-byte vectors of 8 bfloat16): a warp a row, a block a row,
-    rows that fill the SMs, against NumPy and PyTorch (a fusion of its own name, so no kernel
-    prepared without the knob is reused)."""
-    from segfuse.compiler.codegen import row_reduction
-    from segfuse.compiler.cuda.prepare import modules_without_device
-    from segfuse.compiler.ir import Fusion
-
-    monkeypatch.setattr(row_reduction, "ROW_WIDE_2BYTE_VECTORS", True)
-    base = norm_graph(kind, "bfloat16")
-    f = Fusion.from_json({**base.to_json(), "name": f"{base.name}_wide"})
-    shapes = f.input_shapes({"R": R, "D": D})
-    (_, mod), = modules_without_device(f, Engine("numpy").plan(f, shapes), f.bind(shapes))
-    assert "sf_vload_last((const sf_v8<sf_bf16>*)t0" in mod.source
-    f, dev = _check(kind, "bfloat16", False, R, D, f=f)
-    assert get_runtime().prepared_for(f, dev).kernels == 1
-
-
 @pytest.mark.parametrize("kind", ["rmsnorm", "layernorm"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("R,D", [(8, 4096), (3, 8192), (32768, 4096), (37, 256), (5, 1000), (2, 40000)])
-def test_weights_loaded_after_the_row(monkeypatch, kind, dtype, R, D):
-    """limits.ROW_WEIGHTS_AFTER_ROW (the weights in registers load inside the row loop, after the
-    row, where the rows fit the SMs): few rows, rows that fill the SMs (the old order), a warp a
-    row, no multiple of 4, a row split over a cluster, against NumPy and PyTorch (a fusion of its
-    own name, so no kernel prepared without the knob is reused)."""
-    from segfuse.compiler.codegen import row_reduction
+def test_weights_loaded_after_the_row(kind, dtype, R, D):
+    """CodegenOptions.row_weights_after_row (on by default: the weights in registers load inside
+    the row loop, after the row, where the rows fit the SMs): few rows, rows that fill the SMs (the
+    old order), a warp a row, no multiple of 4, a row split over a cluster, against NumPy and
+    PyTorch (a fusion of its own name)."""
     from segfuse.compiler.ir import Fusion
 
-    monkeypatch.setattr(row_reduction, "ROW_WEIGHTS_AFTER_ROW", True)
     base = norm_graph(kind, dtype)
     f = Fusion.from_json({**base.to_json(), "name": f"{base.name}_late_weights"})
     f, dev = _check(kind, dtype, False, R, D, f=f)
@@ -141,19 +119,21 @@ def test_misaligned_input_runs_the_scalar_kernel():
 @pytest.mark.parametrize("R,D", [(3000, 4096), (1000, 1001)])
 def test_row_loop(monkeypatch, reduce, kind, dtype, R, D):
     """Row kernels on a grid of one block an SM (row_reduction.BLOCK_ROWS_PER_SM = 1), so each
-    block loops over many rows, with limits.ROW_ONE_BARRIER's reduction, its butterfly form
-    (limits.ROW_REDUCE_BUTTERFLY) and neither (a shared buffer reused too early would show),
+    block loops over many rows, with CodegenOptions.row_one_barrier's reduction, its butterfly form
+    (row_reduce_butterfly) and neither (a shared buffer reused too early would show),
     against the NumPy backend, twice."""
     from segfuse.compiler.codegen import row_reduction
+    from segfuse.compiler.codegen.options import CodegenOptions
     from segfuse.compiler.cuda.runtime import CupyRuntime
 
+    from .planned_runtime import PlannedRuntime
+
     monkeypatch.setattr(row_reduction, "BLOCK_ROWS_PER_SM", 1)
-    monkeypatch.setattr(row_reduction, "ROW_ONE_BARRIER", reduce != "three barriers")
-    monkeypatch.setattr(row_reduction, "ROW_REDUCE_BUTTERFLY", reduce == "butterfly")
+    options = CodegenOptions(row_one_barrier=reduce != "three barriers", row_reduce_butterfly=reduce == "butterfly")
     f = norm_graph(kind, dtype)
     ins = norm_inputs(kind, R, D, dtype, seed=R + D, special=True)
     want = Engine("numpy").run(f, ins).outputs["y"]
-    rt = CupyRuntime()  # its own prepared entries: the patched code generator runs
+    rt = PlannedRuntime(rt=CupyRuntime(options=options))  # its own prepared entries: the patched code generator runs
     dev = {k: _gpu(v) for k, v in ins.items()}
     for _ in range(2):
         got = _host(rt.run(f, dev)[0]["y"], dtype)

@@ -16,11 +16,12 @@ torch = pytest.importorskip("torch")
 import scatter_cases as cases  # noqa: E402
 from corpus import scatter_graph  # noqa: E402
 from segfuse.compiler.codegen import scatter as sc  # noqa: E402
-from segfuse.compiler.cuda.runtime import CupyRuntime  # noqa: E402
 from segfuse.compiler.engine import Engine  # noqa: E402
 from segfuse.compiler.errors import RunError  # noqa: E402
 from segfuse.compiler.ir import Fusion  # noqa: E402
 from segfuse.compiler.segmenter.reference import simple_plan  # noqa: E402
+
+from .planned_runtime import PlannedRuntime  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -68,7 +69,7 @@ def check(got, w, dt, n_per_bin=1):
 
 def fresh_runtime(grid=False):
     """A runtime with its own prepared cache (the scatter tunables are read at codegen time)."""
-    return CupyRuntime(planner=(lambda f, types: simple_plan(f, types, small=-1)) if grid else None)
+    return PlannedRuntime((lambda f, types: simple_plan(f, types, small=-1)) if grid else None)
 
 
 # ---- privatized histogram (vector variant and scalar fallback) -------------------------------

@@ -86,8 +86,11 @@ def test_no_copies_and_outputs_from_torch_allocator(monkeypatch):
         x = ids.clone() if call == 1 else ids  # (a tensor at another address: a new view of it)
         outs = None  # (the last call's outputs freed before measuring)
         used, before = pool.used_bytes(), torch.cuda.memory_allocated()
+        seen_in.clear()
         outs = op(x)
-        assert seen_in[-1] == [(x.data_ptr(), x.data_ptr())]  # the kernels read the tensor itself
+        # the kernels read the tensor itself (a call replaying an earlier call's CUDA graph binds
+        # nothing: it replays only where every pointer, the input's included, is that call's)
+        assert seen_in in ([], [[(x.data_ptr(), x.data_ptr())]])
         assert pool.used_bytes() == used  # nothing of the call from CuPy's own pool
         assert torch.cuda.memory_allocated() - before >= sum(o.numel() * o.element_size() for o in outs)
         for o in outs:  # each on a storage of the caching allocator's own, at its start
@@ -141,6 +144,30 @@ def test_eager_calls_queued_back_to_back_on_two_streams():
     torch.cuda.synchronize()
     for ids, outs in pending:
         _equal(outs, torch_prologue(ids))
+
+
+def test_repeated_calls_replay_a_graph_of_their_launches_on_new_contents():
+    """Calls repeated on one stream get the same memory from the caching allocator: from the third
+    on, a kernels-only plan's call replays the CUDA graph of an earlier call's launches (nothing
+    bound), and each call's results are those of its own ids; a bad index is still reported."""
+    op = sft.fusion(prologue_graph())
+    ids = _ids(1)
+    want = []
+    for seed in range(6):  # the same input tensor, new contents each call; results kept on the side
+        ids.copy_(_ids(1, seed=seed + 1))
+        outs = op(ids)
+        want.append((torch_prologue(ids), [o.clone() for o in outs]))
+        del outs
+    for w, got in want:
+        _equal(got, w)
+    sig = op._cuda.sigs[cuda_path._key((ids,))]
+    if all(s.kind == "kernel" for s in sig.prep.steps):
+        assert sig.memo, "no call's graph was remembered"
+    ids[0, 0] = E + 5  # a bad index, in a replayed graph: reported by the next call
+    op(ids)
+    torch.cuda.synchronize()
+    with pytest.raises(DeferredRunError, match="out of bounds"):
+        sft.check()
 
 
 def test_no_host_synchronization_on_the_call_path():
@@ -294,16 +321,17 @@ def test_torch_compile_reduce_overhead_on_cuda():
 
 
 def test_the_gpu_blocks_of_docs_torch_md_run(tmp_path):
-    """docs/torch.md's blocks, the GPU ones (`<!-- no-ci -->`) included, in order in one directory."""
+    """docs/torch.md's Python blocks, the GPU ones (`<!-- not run: needs a GPU ... -->` on a CPU
+    machine) included, in order in one directory."""
     import subprocess
     import sys
     from pathlib import Path
 
-    from test_readme import code_blocks
+    from helpers.doc_sessions import blocks as doc_blocks
 
     doc = Path(__file__).resolve().parents[2] / "docs" / "torch.md"
-    blocks = [b for b in code_blocks(doc) if b.lang == "python"]
-    assert sum(not b.ci for b in blocks) >= 3
+    blocks = [b for b in doc_blocks(doc) if b.lang == "python" and not b.is_output]
+    assert sum("needs a GPU" in b.directive for b in blocks) >= 3
     for b in blocks:
         script = tmp_path / f"block_{b.line}.py"
         script.write_text(b.code)

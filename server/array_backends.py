@@ -1,4 +1,6 @@
-"""Choosing the compute backend and moving arrays between the host and where buffers live.
+"""The server's array backends: where stored buffers live (host NumPy arrays, or CuPy arrays on
+the GPU) and how arrays move between the host and there; and `resolve`, which picks the Engine and
+the array backend for `--backend` ("auto" is resolved by the compiler's backend registry).
 
 CuPy is imported only here and only when asked for (or probed by "auto"), never at module level,
 so the server imports and runs on machines without a GPU.
@@ -77,8 +79,11 @@ class ArrayBackend:
         pass
 
 
-class CupyBackend(ArrayBackend):
+class CupyArrayBackend(ArrayBackend):
     name = "cupy"
+    # the calling thread's run stream (the engine's backend `stream_ptr`), set by `resolve`:
+    # a result copy queued there is ordered after the run that made it
+    run_stream_ptr = None
 
     def __init__(self, device: int = 0):
         super().__init__(device)
@@ -124,14 +129,13 @@ class CupyBackend(ArrayBackend):
         # Small contiguous results: an asynchronous copy into pinned memory (CuPy's pool), covered
         # by the batch's one wait, instead of a synchronous copy to pageable memory per output.
         cp = self.cp
-        if isinstance(a, np.ndarray) or not a.flags.c_contiguous or not 0 < a.nbytes <= QUEUED_COPY_BYTES:
+        if isinstance(a, np.ndarray) or not a.flags.c_contiguous or not 0 < a.nbytes <= QUEUED_COPY_BYTES \
+                or self.run_stream_ptr is None:
             return None
-        from segfuse.compiler.cuda.runtime import get_runtime
-
         mem = cp.cuda.alloc_pinned_memory(a.nbytes)
         out = np.frombuffer(mem, a.dtype, a.size).reshape(a.shape)
         cp.cuda.runtime.memcpyAsync(out.ctypes.data, a.data.ptr, a.nbytes, cp.cuda.runtime.memcpyDeviceToHost,
-                                    get_runtime().stream().ptr)
+                                    self.run_stream_ptr())
         return out
 
     def may_share(self, a, b) -> bool:
@@ -158,15 +162,9 @@ def cupy_visible() -> bool:
 
 def cupy_missing() -> str | None:
     """Why the CuPy backend cannot start here (no CuPy, no driver, no device), or None."""
-    try:
-        import cupy
-    except Exception as e:
-        return f"CuPy does not import ({type(e).__name__}: {e})"
-    try:
-        n = cupy.cuda.runtime.getDeviceCount()
-    except Exception as e:
-        return f"no CUDA driver or device ({type(e).__name__}: {e})"
-    return None if n > 0 else "CUDA sees no device"
+    from segfuse.compiler.engine import backend_unavailable
+
+    return backend_unavailable("cupy")
 
 
 def make_engine(backend: str):
@@ -193,15 +191,14 @@ def resolve(backend: str, device: int, cache_dir: str | None):
     if backend == "cupy":
         if not cupy_visible():
             raise BackendUnavailable("backend 'cupy' needs CuPy and a visible GPU")
-        arrays = CupyBackend(device)
+        arrays = CupyArrayBackend(device)
         arrays.activate()  # the engine reads the current device's properties
         try:
             engine = make_engine("cupy")
         except ValueError as e:  # the Engine has no CuPy backend yet
             raise BackendUnavailable(str(e)) from None
-        from segfuse.compiler.cuda.runtime import get_runtime
-
-        get_runtime()  # now, not in the first request: it starts NVRTC's one-time warm-up
+        engine.start()  # now, not in the first request: it starts NVRTC's one-time warm-up
+        arrays.run_stream_ptr = engine.device_backend.stream_ptr
         return engine, arrays
     if backend == "numpy":
         return make_engine("numpy"), ArrayBackend(device)
