@@ -104,7 +104,7 @@ def cmd_serve(args) -> int:
     try:
         import uvicorn
         from segfuse.server import create_app
-        from segfuse.server.backend import cupy_missing
+        from segfuse.server.array_backends import cupy_missing
         from segfuse.server.http_limits import server_options
         from segfuse.server.logs import log_config
     except ImportError as e:

@@ -9,9 +9,21 @@
         print(res["counts"], res.timings_us)
 """
 
+import warnings
+
 from ._client import AsyncClient, Client
-from ._errors import SegfuseError
+from ._errors import ClientError
 from ._regions import SystemRegion
 from ._types import Buffer, FusionRef, Region, RunResult
 
-__all__ = ["AsyncClient", "Buffer", "Client", "FusionRef", "Region", "RunResult", "SegfuseError", "SystemRegion"]
+__all__ = ["AsyncClient", "Buffer", "Client", "ClientError", "FusionRef", "Region", "RunResult", "SystemRegion"]
+
+
+def __getattr__(name: str):
+    # The client's exception was called SegfuseError, like the compiler's unrelated base class
+    # (segfuse.compiler.SegfuseError); the old name still works, with a warning.
+    if name == "SegfuseError":
+        warnings.warn("segfuse.client.SegfuseError is now segfuse.client.ClientError", DeprecationWarning,
+                      stacklevel=2)
+        return ClientError
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -20,7 +20,7 @@ import httpx
 import numpy as np
 
 from ._arrays import as_numpy_dtype, from_raw, kserve_datatype, load_npy, numpy_dtype, to_host
-from ._errors import SegfuseError
+from ._errors import ClientError
 from ._types import Buffer, FusionRef, Region, RunResult
 from .sharding import NAMESPACE_HEADER
 
@@ -72,9 +72,9 @@ def _graph(fusion) -> dict:
             with open(fusion) as f:
                 return json.load(f)
         except OSError as e:
-            raise SegfuseError(f"cannot read graph file {fusion}: {e.strerror}") from None
+            raise ClientError(f"cannot read graph file {fusion}: {e.strerror}") from None
         except json.JSONDecodeError as e:
-            raise SegfuseError(f"graph file {fusion} is not valid JSON: {e}") from None
+            raise ClientError(f"graph file {fusion} is not valid JSON: {e}") from None
     raise TypeError(f"a fusion is a FusionDefinition, a dict or a path to a JSON file, "
                     f"not {type(fusion).__name__}")
 
@@ -137,7 +137,7 @@ def format_shapes(shapes: Mapping[str, int] | str) -> str:
 
 # ---- decoding ---------------------------------------------------------------------------------
 def _decode(response: httpx.Response) -> httpx.Response:
-    """The response if it succeeded; else a SegfuseError built from the server's error body."""
+    """The response if it succeeded; else a ClientError built from the server's error body."""
     if response.is_success:
         return response
     message, details = response.reason_phrase or "error", []
@@ -151,17 +151,17 @@ def _decode(response: httpx.Response) -> httpx.Response:
         message = str(body.get("error") or body.get("detail") or message)
         if isinstance(body.get("details"), list):
             details = body["details"]
-    raise SegfuseError(message, status=response.status_code, details=details, url=str(response.request.url))
+    raise ClientError(message, status=response.status_code, details=details, url=str(response.request.url))
 
 
 def _json(response: httpx.Response):
     return _decode(response).json()
 
 
-def transport_error(e: httpx.TransportError, request: httpx.Request) -> SegfuseError:
+def transport_error(e: httpx.TransportError, request: httpx.Request) -> ClientError:
     """A connection-level failure, with the URL so the user sees where it tried to go."""
     kind = "timed out talking to" if isinstance(e, httpx.TimeoutException) else "cannot reach"
-    return SegfuseError(f"{kind} the segfuse server at {request.url}: {str(e) or type(e).__name__}",
+    return ClientError(f"{kind} the segfuse server at {request.url}: {str(e) or type(e).__name__}",
                         url=str(request.url))
 
 
@@ -294,7 +294,7 @@ def _datatype(host: np.ndarray, what: str) -> str:
     try:
         return kserve_datatype(host.dtype)
     except ValueError as e:
-        raise SegfuseError(f"{what}: {e}") from None
+        raise ClientError(f"{what}: {e}") from None
 
 
 def _output_items(outputs) -> list[tuple[str, Any]]:
@@ -315,7 +315,7 @@ def _region_params(region: Region) -> dict:
 def _region_input(name: str, region: Region) -> dict:
     """An input read from a region: Triton's parameters, with the tensor's datatype and shape."""
     if region.dtype is None or region.shape is None:
-        raise SegfuseError(f"input '{name}': Region('{region.name}') needs a dtype and a shape; "
+        raise ClientError(f"input '{name}': Region('{region.name}') needs a dtype and a shape; "
                            "use region.tensor(dtype, shape)")
     host_dtype = as_numpy_dtype(region.dtype)
     byte_size = region.byte_size if region.byte_size is not None else \
@@ -329,7 +329,7 @@ def _output_entry(name: str, dest) -> dict:
         return {"name": name, "parameters": {"binary_data": True}}
     if isinstance(dest, Region):
         if dest.byte_size is None:
-            raise SegfuseError(f"output '{name}': Region('{dest.name}') needs byte_size, the room the "
+            raise ClientError(f"output '{name}': Region('{dest.name}') needs byte_size, the room the "
                                "output may take in it")
         return {"name": name, "parameters": _region_params(dest)}
     if isinstance(dest, str):

@@ -72,7 +72,7 @@ class Client(_BaseClient):
             res["counts"]
 
     `url` is "host:port" or a full URL (default 127.0.0.1:8000); `token` is the server's bearer
-    token, if it has one. Every failure raises `SegfuseError`.
+    token, if it has one. Every failure raises `ClientError`.
 
     `namespace` is sent as the Segfuse-Namespace header (`segfuse serve-ray` keeps each namespace's
     buffers on one shard). `shards=[url0, url1, ...]` instead of `url` is direct sharded mode: the

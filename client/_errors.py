@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 
-class SegfuseError(Exception):
-    """A request failed: the server answered with an error, or it could not be reached.
+class ClientError(Exception):
+    """A request failed: the server answered with an error, or it could not be reached (or the
+    client refused it before sending: a region without a size, a graph file that is not JSON).
 
     `status` is the HTTP status (None when no answer came back), `message` the server's
     `error` text, `details` its list of `{"loc": [...], "msg": ...}` entries, `url` the
@@ -30,4 +31,4 @@ class SegfuseError(Exception):
         return "\n".join(lines)
 
     def __repr__(self) -> str:
-        return f"SegfuseError({self.message!r}, status={self.status!r}, details={self.details!r})"
+        return f"ClientError({self.message!r}, status={self.status!r}, details={self.details!r})"

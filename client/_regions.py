@@ -13,7 +13,7 @@ import numpy as np
 
 from ._arrays import as_numpy_dtype
 from ._builder import Call, _json, _RequestBuilder, _seg
-from ._errors import SegfuseError
+from ._errors import ClientError
 from ._types import Region
 
 SYSTEM_PREFIX, CUDA_PREFIX = "/v2/systemsharedmemory", "/v2/cudasharedmemory"
@@ -30,7 +30,7 @@ class RegionCalls:
         if isinstance(key, SystemRegion):
             key, byte_size = key.key, key.nbytes - offset if byte_size is None else byte_size
         if byte_size is None:
-            raise SegfuseError(f"region '{name}': give byte_size, the bytes of the region")
+            raise ClientError(f"region '{name}': give byte_size, the bytes of the region")
         _json((yield self.build.request("POST", f"{SYSTEM_PREFIX}/region/{_seg(name)}/register",
                                         json={"key": key, "offset": int(offset), "byte_size": int(byte_size)})))
         return Region(name, 0, int(byte_size))
@@ -115,26 +115,26 @@ def cuda_region(name: str, obj, device_id: int | None, byte_size: int | None) ->
     if isinstance(obj, (bytes, bytearray, str)):
         raw = base64.b64decode(obj) if isinstance(obj, str) else bytes(obj)
         if len(raw) != 64:
-            raise SegfuseError(f"region '{name}': a cudaIpcMemHandle_t has 64 bytes, not {len(raw)}")
+            raise ClientError(f"region '{name}': a cudaIpcMemHandle_t has 64 bytes, not {len(raw)}")
         if byte_size is None:
-            raise SegfuseError(f"region '{name}': give byte_size with a raw handle")
+            raise ClientError(f"region '{name}': give byte_size with a raw handle")
         return base64.b64encode(raw).decode(), 0 if device_id is None else int(device_id), \
             Region(name, 0, int(byte_size)), int(byte_size)
     ptr, dtype, shape = _device_array(name, obj)
     try:
         import cupy
     except ImportError:
-        raise SegfuseError("registering a CUDA array as a region needs CuPy (pip install cupy-cuda12x)") from None
+        raise ClientError("registering a CUDA array as a region needs CuPy (pip install cupy-cuda12x)") from None
     rt = cupy.cuda.runtime
     device = int(rt.pointerGetAttributes(ptr).device)
     if device_id is not None and int(device_id) != device:
-        raise SegfuseError(f"region '{name}': the array is on GPU {device}, not on GPU {device_id}")
+        raise ClientError(f"region '{name}': the array is on GPU {device}, not on GPU {device_id}")
     with cupy.cuda.Device(device):
         base = _allocation_base(ptr)
         try:
             handle = rt.ipcGetMemHandle(base)
         except Exception as e:  # managed memory, torch's expandable segments, ...: not exportable
-            raise SegfuseError(f"region '{name}': cannot export this allocation over CUDA IPC: {e}") from None
+            raise ClientError(f"region '{name}': cannot export this allocation over CUDA IPC: {e}") from None
     nbytes = math.prod(shape) * dtype.itemsize
     offset = ptr - base
     region = Region(name, offset, nbytes, dtype=dtype, shape=shape)
@@ -148,19 +148,19 @@ def _device_array(name: str, obj) -> tuple[int, np.dtype, tuple]:
     __cuda_array_interface__ (CuPy, Numba, ...)."""
     if getattr(obj, "is_cuda", False) and hasattr(obj, "data_ptr"):  # torch
         if not obj.is_contiguous():
-            raise SegfuseError(f"region '{name}': the tensor is not contiguous; call .contiguous() first")
+            raise ClientError(f"region '{name}': the tensor is not contiguous; call .contiguous() first")
         try:
             dtype = as_numpy_dtype(str(obj.dtype).removeprefix("torch."))
         except ValueError as e:
-            raise SegfuseError(f"region '{name}': {e}") from None
+            raise ClientError(f"region '{name}': {e}") from None
         return int(obj.data_ptr()), dtype, tuple(int(d) for d in obj.shape)
     cai = getattr(obj, "__cuda_array_interface__", None)
     if cai is None:
-        raise SegfuseError(f"region '{name}': {type(obj).__name__} is not a CUDA array (no "
+        raise ClientError(f"region '{name}': {type(obj).__name__} is not a CUDA array (no "
                            "__cuda_array_interface__); pass a CuPy array, a torch CUDA tensor or a raw handle")
     dtype, shape = np.dtype(cai["typestr"]), tuple(int(d) for d in cai["shape"])
     if cai.get("strides") is not None and tuple(cai["strides"]) != _c_strides(shape, dtype.itemsize):
-        raise SegfuseError(f"region '{name}': the array is not C-contiguous; make it contiguous first")
+        raise ClientError(f"region '{name}': the array is not C-contiguous; make it contiguous first")
     return int(cai["data"][0]), dtype, shape
 
 
@@ -178,5 +178,5 @@ def _allocation_base(ptr: int) -> int:
     base, size = ctypes.c_uint64(), ctypes.c_size_t()
     rc = lib.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size), ctypes.c_uint64(ptr))
     if rc != 0:
-        raise SegfuseError(f"cuMemGetAddressRange failed for pointer {ptr:#x} (CUresult {rc})")
+        raise ClientError(f"cuMemGetAddressRange failed for pointer {ptr:#x} (CUresult {rc})")
     return int(base.value)

@@ -12,11 +12,13 @@ from segfuse.compiler.schema import GraphSpec
 from . import docs_pages, errors
 from .compression import CompressionMiddleware
 from .fastlane import FastLane
+from .launch import launch_batch
 from .middleware import OPEN_PATHS, GuardMiddleware
 from .models import BufferJson, BufferJsonOut, ErrorBody, ExecuteRequest, InferRequest
 from .routers import PROTOCOL_ROUTERS, buffers, fusions, health, infer, shm
-from .runtime import Runtime
+from .runs import commit_batch
 from .settings import Settings
+from .state import ServerState
 from .version import __version__
 
 DESCRIPTION = """Segmented fusion executor. Register tensor fusion graphs, keep named buffers on the
@@ -40,12 +42,12 @@ class SegfuseApp(FastAPI):
 def create_app(settings: Settings | None = None) -> SegfuseApp:
     settings = settings or Settings.from_env()
     settings.check()
-    runtime = Runtime(settings)
+    runtime = ServerState(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         # Initialise in the background: /v2/health/live answers at once, /ready says 503 until done.
-        starting = asyncio.create_task(runtime.start())
+        starting = asyncio.create_task(runtime.start(launch_batch, commit_batch))
         app.state.starting = starting
         try:
             yield

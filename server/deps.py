@@ -6,21 +6,21 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from .runtime import Runtime
+from .state import ServerState
 
 
-async def get_runtime(request: Request) -> Runtime:
+async def get_state(request: Request) -> ServerState:
     return request.app.state.runtime
 
 
-async def ready_runtime(rt: Annotated[Runtime, Depends(get_runtime)]) -> Runtime:
-    """The runtime, or 503 until the backend is initialised."""
+async def ready_state(rt: Annotated[ServerState, Depends(get_state)]) -> ServerState:
+    """The server's state, or 503 until the backend is initialised."""
     rt.require_ready()
     return rt
 
 
-AnyRuntime = Annotated[Runtime, Depends(get_runtime)]
-ReadyRuntime = Annotated[Runtime, Depends(ready_runtime)]  # 503 until the backend is initialised
+AnyState = Annotated[ServerState, Depends(get_state)]
+ReadyState = Annotated[ServerState, Depends(ready_state)]  # 503 until the backend is initialised
 
 ERROR_RESPONSES = {
     status: {"model": "ErrorBody", "description": text} for status, text in {

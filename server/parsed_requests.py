@@ -2,9 +2,10 @@
 on every step, and parsing plus validating it again costs more host time than the run launches.
 
 A hit needs the same fusion object (a re-registration is a new object), the same version in the
-URL and byte-identical JSON. Only plans that hold no data and no state are kept: every input a
-stored buffer, no shared-memory region, no `parameters.timeout` (its deadline is per request). What
-a plan names is still checked per run where it can change (buffers exist, shapes bind, pins).
+URL and byte-identical JSON. Only parsed runs (server/run_records.py ParsedRun) that hold no data
+and no state are kept: every input a stored buffer, no shared-memory region, no `parameters.timeout`
+(its deadline is per request). What a parsed run names is still checked per run where it can change
+(buffers exist, shapes bind, pins).
 Read and written on the event loop only."""
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class ParsedRequests:
         return model, version, body
 
     def get(self, key, fusion):
-        """(request, plan) parsed before for this key and fusion, else None."""
+        """(request, ParsedRun) parsed before for this key and fusion, else None."""
         entry = self._entries.get(key)
         if entry is None or entry[0] is not fusion:
             self.misses += 1
@@ -38,11 +39,11 @@ class ParsedRequests:
         self.hits += 1
         return entry[1], entry[2]
 
-    def put(self, key, fusion, req, plan) -> None:
-        if plan.deadline is not None or any(i.buffer is None or i.region is not None for i in plan.inputs) \
-                or any(o.region is not None for o in plan.outputs):
+    def put(self, key, fusion, req, parsed) -> None:
+        if parsed.deadline is not None or any(i.buffer is None or i.region is not None for i in parsed.inputs) \
+                or any(o.region is not None for o in parsed.outputs):
             return
-        self._entries[key] = (fusion, req, plan)
+        self._entries[key] = (fusion, req, parsed)
         self._entries.move_to_end(key)
         while len(self._entries) > self.max_entries:
             self._entries.popitem(last=False)

@@ -3,7 +3,7 @@
 A tensor names a region through its `parameters`, exactly as tritonclient sends them:
 `shared_memory_region`, `shared_memory_byte_size` (required with it), `shared_memory_offset`
 (default 0, from the start of the region). `run_request.py` (parsing, the response) and
-`runs.py` (the execution) call, each from a small delimited hunk:
+`launch.py` (the execution) call, each from a small delimited hunk:
 
 - `input_slice` / `output_slice` while parsing the request: the parameters are checked against
   each other, the tensor's datatype and shape, and the region's registration (400 naming the field);
@@ -49,7 +49,7 @@ class RegionSlice:
         return self.offset + self.byte_size
 
 
-def _slice(params, loc: list, what: str) -> RegionSlice | None:
+def _slice(params, loc: tuple, what: str) -> RegionSlice | None:
     name = getattr(params, "shared_memory_region", None) if params is not None else None
     size = getattr(params, "shared_memory_byte_size", None) if params is not None else None
     offset = getattr(params, "shared_memory_offset", None) if params is not None else None
@@ -75,9 +75,10 @@ def _check(region: Region, s: RegionSlice, itemsize: int, what: str) -> None:
                           f"not a multiple of its item size ({itemsize})", s.at("shared_memory_offset"))
 
 
-def input_slice(rt, inp, spec) -> RegionSlice | None:
-    """parse_request's hook for inputs[i]: the region slice it reads, or None (then not a region input)."""
-    s = _slice(inp.parameters, spec.loc, f"input '{inp.name}'")
+def input_slice(state, inp, loc: tuple, dtype: DType | None, shape: tuple | None) -> RegionSlice | None:
+    """parse_request's hook for inputs[i] (at `loc`, with its declared dtype and shape): the region
+    slice it reads, or None (then not a region input)."""
+    s = _slice(inp.parameters, loc, f"input '{inp.name}'")
     if s is None:
         return None
     p = inp.parameters
@@ -85,24 +86,24 @@ def input_slice(rt, inp, spec) -> RegionSlice | None:
                          ("parameters.buffer", p.buffer is not None)):
         if given:
             raise bad_request(f"input '{inp.name}' names shared_memory_region '{s.name}' and also gives {field}; "
-                              "give one", [*spec.loc, *field.split(".")])
-    for field in ("datatype", "shape"):
-        if getattr(spec, "dtype" if field == "datatype" else "shape") is None:
-            raise bad_request(f"input '{inp.name}' in shared memory needs '{field}'", [*spec.loc, field])
-    need = nbytes_of(spec.shape, spec.dtype)
+                              "give one", [*loc, *field.split(".")])
+    for field, declared in (("datatype", dtype), ("shape", shape)):
+        if declared is None:
+            raise bad_request(f"input '{inp.name}' in shared memory needs '{field}'", [*loc, field])
+    need = nbytes_of(shape, dtype)
     if s.byte_size != need:
         raise bad_request(f"input '{inp.name}': shared_memory_byte_size is {s.byte_size} but "
-                          f"{kserve_name(spec.dtype)}{list(spec.shape)} needs {need} bytes",
+                          f"{kserve_name(dtype)}{list(shape)} needs {need} bytes",
                           s.at("shared_memory_byte_size"))
-    region = rt.regions.find(s.name, None, s.at("shared_memory_region"))
-    _check(region, s, spec.dtype.itemsize, f"input '{inp.name}'")
+    region = state.regions.find(s.name, None, s.at("shared_memory_region"))
+    _check(region, s, dtype.itemsize, f"input '{inp.name}'")
     return s
 
 
-def output_slice(rt, out, spec, fusion) -> RegionSlice | None:
-    """parse_request's hook for outputs[k]: the region slice it is written to, or None. A region output
-    is neither stored in a buffer nor returned (`spec.inline` is cleared)."""
-    s = _slice(out.parameters, spec.loc, f"output '{out.name}'")
+def output_slice(state, out, loc: tuple, fusion) -> RegionSlice | None:
+    """parse_request's hook for outputs[k] (at `loc`): the region slice it is written to, or None. A
+    region output is neither stored in a buffer nor returned."""
+    s = _slice(out.parameters, loc, f"output '{out.name}'")
     if s is None:
         return None
     p = out.parameters
@@ -111,10 +112,9 @@ def output_slice(rt, out, spec, fusion) -> RegionSlice | None:
         if given:
             raise bad_request(f"output '{out.name}' goes to shared_memory_region '{s.name}' and also asks for "
                               f"parameters.{field}; an output in shared memory comes back without data",
-                              [*spec.loc, "parameters", field])
-    region = rt.regions.find(s.name, None, s.at("shared_memory_region"))
+                              [*loc, "parameters", field])
+    region = state.regions.find(s.name, None, s.at("shared_memory_region"))
     _check(region, s, fusion.types[out.name].dtype.itemsize, f"output '{out.name}'")
-    spec.inline = spec.binary = False
     return s
 
 
@@ -136,23 +136,24 @@ NO_REGIONS = _NoRegions()
 
 
 @contextmanager
-def pinned(rt, plan, device_inputs: dict):
-    """Around the execution (worker thread): pins the run's regions and yields a `RegionRun` (its
-    `inputs` join the engine's inputs; `commit(result.outputs)` after success), or NO_REGIONS."""
-    ins = [i for i in plan.inputs if i.region is not None]
-    outs = [o for o in plan.outputs if o.region is not None]
+def pinned(state, parsed, device_inputs: dict):
+    """Around the execution (worker thread): pins the run's regions (of its `ParsedRun`) and yields a
+    `RegionRun` (its `inputs` join the engine's inputs; `commit(result.outputs)` after success), or
+    NO_REGIONS."""
+    ins = [i for i in parsed.inputs if i.region is not None]
+    outs = [o for o in parsed.outputs if o.region is not None]
     if not ins and not outs:
         yield NO_REGIONS
         return
     locs = {s.region.name: s.region.at("shared_memory_region") for s in [*ins, *outs]}
-    with rt.regions.pin(locs, locs.get) as held:
-        yield RegionRun(rt, plan, held, ins, outs, device_inputs)
+    with state.regions.pin(locs, locs.get) as held:
+        yield RegionRun(state, parsed, held, ins, outs, device_inputs)
 
 
 class RegionRun:
-    def __init__(self, rt, plan, held: dict[str, Region], ins, outs, device_inputs: dict):
-        self.arrays = rt.arrays
-        self.cp = getattr(rt.arrays, "cp", None)
+    def __init__(self, state, parsed, held: dict[str, Region], ins, outs, device_inputs: dict):
+        self.arrays = state.arrays
+        self.cp = getattr(state.arrays, "cp", None)
         self.inputs = {}
         for i in ins:
             region, loc = held[i.region.name], i.region.at("shared_memory_region")
@@ -166,8 +167,8 @@ class RegionRun:
             host.flags.writeable = False  # as the mapping's view was: the engine may not write an input
             self.inputs[i.name] = self.arrays.from_host(host) if self.cp else host
         shapes = {i.name: tuple(device_inputs[i.name].shape) if i.name in device_inputs else tuple(i.shape)
-                  for i in plan.inputs}
-        types = plan.fusion.bind(shapes).types  # bound (and dtypes checked) before: the output shapes
+                  for i in parsed.inputs}
+        types = parsed.fusion.bind(shapes).types  # bound (and dtypes checked) before: the output shapes
         self.outputs = []  # (name, CUDA destination view | system (region, position, dtype, shape, loc))
         taken: list[tuple] = []
         for o in outs:

@@ -2,14 +2,15 @@
 
 A worker thread blocks on the queue, then drains up to `max_batch` waiting runs and hands them to
 `execute(batch)` (launch each run back to back, wait for the device once), then passes the batch
-back to the event loop with one `call_soon_threadsafe`, where `finish(batch)` commits each run's
-outputs and answers its request. One loop wake-up and one device wait per batch instead of per
+and what `execute` returned (or raised) back to the event loop with one `call_soon_threadsafe`,
+where `finish(batch, done)` commits each run's outputs and answers its request. One loop wake-up and one device wait per batch instead of per
 run is what lets the rate grow with the number of connections.
 
 Several workers (`Settings.run_workers`) take batches from the same queue; on the GPU each works
 on its own CUDA stream (the runtime keeps one per thread). Runs that touch the same buffer never
 overlap, whatever the worker: a run's pins are taken on the event loop before it is queued and
-released only after its outputs were committed (server/runs.py).
+released only after its outputs were committed (server/runs.py). The runs are records
+(server/run_records.py); a worker never changes them.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import time
 from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger("segfuse.server")
 
@@ -26,8 +27,8 @@ _STOP = object()
 
 
 class RunWorkers:
-    def __init__(self, workers: int, max_batch: int, execute: Callable[[list], None],
-                 finish: Callable[[list], None], loop, initializer: Callable[[], None] | None = None):
+    def __init__(self, workers: int, max_batch: int, execute: Callable[[list], Any],
+                 finish: Callable[[list, Any], None], loop, initializer: Callable[[], None] | None = None):
         self.max_batch = max_batch
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._execute, self._finish, self._loop = execute, finish, loop
@@ -43,17 +44,27 @@ class RunWorkers:
         """No run queued or running (read on the event loop, which counts runs in and out)."""
         return not self.in_flight
 
-    def submit(self, jobs: list) -> None:
+    def submit(self, runs: list) -> None:
         """Queue runs (from the event loop), together; `finish` gets them back on the loop."""
-        now = time.perf_counter()
-        for job in jobs:
-            job.t_queued = now
-        self.in_flight += len(jobs)
-        self._queue.put(jobs)
+        self.in_flight += len(runs)
+        self._queue.put(runs)
 
-    def _finished(self, batch: list) -> None:
+    def run_here(self, batch: list) -> None:
+        """Execute and finish a batch on the calling thread (the event loop: runs staged there)."""
+        self._finish(batch, self._executed(batch))
+
+    def _executed(self, batch: list):
+        """What `execute(batch)` returned, or the exception it raised (a bug in execute: the batch
+        fails rather than hangs)."""
+        try:
+            return self._execute(batch)
+        except BaseException as e:
+            log.exception("run batch failed")
+            return e
+
+    def _finished(self, batch: list, done) -> None:
         self.in_flight -= len(batch)
-        self._finish(batch)
+        self._finish(batch, done)
 
     def stop(self) -> None:
         """Finish the queued runs, then end the threads."""
@@ -67,26 +78,19 @@ class RunWorkers:
             self._initializer()
         q, limit = self._queue, self.max_batch
         while True:
-            jobs = q.get()
-            if jobs is _STOP:
+            runs = q.get()
+            if runs is _STOP:
                 return
-            batch, stop = list(jobs), False
+            batch, stop = list(runs), False
             while len(batch) < limit:
                 try:
-                    jobs = q.get_nowait()
+                    runs = q.get_nowait()
                 except queue.Empty:
                     break
-                if jobs is _STOP:
+                if runs is _STOP:
                     stop = True
                     break
-                batch.extend(jobs)  # (a batch may pass the limit by the last group's size)
-            try:
-                self._execute(batch)
-            except BaseException as e:  # a bug in execute: fail the batch rather than leave it hanging
-                log.exception("run batch failed")
-                for j in batch:
-                    if j.error is None:
-                        j.error = e
-            self._loop.call_soon_threadsafe(self._finished, batch)
+                batch.extend(runs)  # (a batch may pass the limit by the last group's size)
+            self._loop.call_soon_threadsafe(self._finished, batch, self._executed(batch))
             if stop:
                 return

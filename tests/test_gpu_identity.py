@@ -15,15 +15,15 @@ import uuid
 
 import numpy as np
 import pytest
-from conftest import ELEMENTWISE_CHAIN
 from cupy_standin import Array, Devices, cupy_module
+from helpers.graphs import ELEMENTWISE_CHAIN
 from prometheus_client.parser import text_string_to_metric_families
 from segfuse.compiler import Engine, Fusion, run_graph
 from segfuse.compiler.cuda import arrays as cuda_arrays
 from segfuse.scaleout import metrics as scaleout_metrics
-from segfuse.server import backend as backend_mod
+from segfuse.server import array_backends as backend_mod
 from segfuse.server import gpu_info
-from segfuse.server import runtime as runtime_mod
+from segfuse.server import state as state_mod
 from standin_kernels import StandinGPU
 
 UUIDS = [bytes(range(16)), bytes(range(0xF0, 0x100))]
@@ -90,9 +90,9 @@ def standin_gpus(monkeypatch):
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "6,7")
 
     def resolve(backend, device, cache_dir):
-        return backend_mod.make_engine("numpy"), backend_mod.CupyBackend(device)
+        return backend_mod.make_engine("numpy"), backend_mod.CupyArrayBackend(device)
 
-    monkeypatch.setattr(runtime_mod, "resolve", resolve)
+    monkeypatch.setattr(state_mod, "resolve", resolve)
     return devices
 
 

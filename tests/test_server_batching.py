@@ -12,7 +12,8 @@ import threading
 
 import numpy as np
 import pytest
-from test_server_live import RAW, GatedEngine, client, counts_of, put, wait_event
+from helpers.service import RAW, GatedEngine, client, put, wait_event
+from helpers.service import counts_json as counts_of
 
 pytestmark = pytest.mark.anyio
 
@@ -250,3 +251,42 @@ async def test_a_failing_batch_on_the_loop_answers_and_releases(live_server_fact
         assert server.runtime.executor.admitted == 0 and server.runtime.store.pinned("b_ids") == (0, False)
         assert (await c.get("/v2/buffers/b_out")).status_code == 404
         assert (await c.delete("/v2/buffers/b_ids")).status_code == 200  # no pin left behind
+
+
+class BrokenBatches:
+    """An engine whose batches fail as a whole (a bug), off the event loop: no run is warm."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.batches: list[int] = []
+
+    def run_batch(self, calls, **kw):
+        self.batches.append(len(calls))
+        raise RuntimeError("a bug in the batch")
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+async def test_a_failing_batch_on_a_worker_answers_every_run_and_releases(gated, moe_graph):
+    server, gate = gated
+    async with client(server) as c:
+        await c.post("/v2/fusions", json=moe_graph)
+        await put(c, "k_ids", np.array([[1, 2]], np.int64))
+        hold = _infer(c, "moe_problem_sizes", {"inputs": [
+            {"name": "topk_ids", "shape": [1, 1], "datatype": "INT64", "data": [3]}]})
+        await wait_event(gate.entered)  # the worker is held: the next runs wait in the queue together
+        server.runtime.engine = broken = BrokenBatches(gate)
+        waiting = [_infer(c, "moe_problem_sizes", {
+            "inputs": [{"name": "topk_ids", "parameters": {"buffer": "k_ids"}}],
+            "outputs": [{"name": "counts", "parameters": {"buffer": f"k_out{k}"}}]}) for k in range(3)]
+        await _queued(server, 4)
+        gate.release.set()
+        assert (await hold).json()["outputs"][0]["data"] == counts_of([3])
+        for r in await asyncio.gather(*waiting):
+            assert r.status_code == 500 and "a bug in the batch" in r.json()["error"]
+        assert broken.batches == [3]  # the three waited in the queue and failed as one batch
+        assert server.runtime.executor.admitted == 0 and server.runtime.store.pinned("k_ids") == (0, False)
+        for k in range(3):
+            assert (await c.get(f"/v2/buffers/k_out{k}")).status_code == 404
+        assert (await c.delete("/v2/buffers/k_ids")).status_code == 200  # no pin left behind

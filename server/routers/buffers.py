@@ -10,12 +10,12 @@ from fastapi.responses import StreamingResponse
 
 from ..binary import fill_body
 from ..codec import LARGE, release
-from ..deps import ReadyRuntime, errors
+from ..deps import ReadyState, errors
 from ..errors import bad_request, not_found, unprocessable
 from ..jsonio import validate_json
 from ..models import BufferInfo, BufferJson, BufferJsonOut, BufferList, BufferPut, Deleted
 from ..names import path_name
-from ..runtime import Runtime
+from ..state import ServerState
 from ..tensors import (
     check_shape,
     dtype_of,
@@ -41,13 +41,13 @@ JSON = "application/json"
 BufferName = path_name("buffer")
 
 
-def info(rt: Runtime, b) -> BufferInfo:
+def info(rt: ServerState, b) -> BufferInfo:
     return BufferInfo(name=b.name, dtype=b.dtype.value, datatype=kserve_name(b.dtype), shape=list(b.shape),
                       bytes=b.nbytes, device=rt.store.device)
 
 
 @router.get("", response_model=BufferList, summary="List buffers", responses=errors(401, 503))
-async def list_buffers(rt: ReadyRuntime) -> BufferList:
+async def list_buffers(rt: ReadyState) -> BufferList:
     return BufferList(buffers=[info(rt, b) for b in rt.store.all()], total_bytes=rt.store.used_bytes,
                       limit_bytes=rt.store.max_total_bytes)
 
@@ -55,13 +55,13 @@ async def list_buffers(rt: ReadyRuntime) -> BufferList:
 PUT_BODY = {
     "requestBody": {
         "required": True,
-        "content": {
-            RAW: {"schema": {"type": "string", "format": "binary",
-                             "description": "raw little-endian row-major bytes; dtype and shape as query parameters"}},
-            NPY: {"schema": {"type": "string", "format": "binary", "description": "a .npy file"}},
+        "content": {  # JSON first: Swagger UI's "Try it out" starts from the first type's example
             JSON: {"schema": {"$ref": "#/components/schemas/BufferJson"},
                    "examples": {"int64_2x2": {"summary": "a 2x2 int64 array",
                                               "value": {"dtype": "int64", "shape": [2, 2], "data": [1, 2, 3, 4]}}}},
+            RAW: {"schema": {"type": "string", "format": "binary",
+                             "description": "raw little-endian row-major bytes; dtype and shape as query parameters"}},
+            NPY: {"schema": {"type": "string", "format": "binary", "description": "a .npy file"}},
         },
     }
 }
@@ -74,7 +74,7 @@ STORED = {"GetBuffer": link("/v2/buffers/{name}", "get", "read it back", name="$
 @router.put("/{name}", response_model=BufferPut, summary="Create or replace a buffer", openapi_extra=PUT_BODY,
             responses={200: {"links": STORED}, 201: {"model": BufferPut, "description": "created", "links": STORED},
                        **errors(400, 401, 413, 422, 503)})
-async def put_buffer(rt: ReadyRuntime, request: Request, response: Response, name: str = BufferName,
+async def put_buffer(rt: ReadyState, request: Request, response: Response, name: str = BufferName,
                      dtype: str | None = Query(None, description="with application/octet-stream: int64 or INT64"),
                      shape: str | None = Query(None, description="with application/octet-stream: e.g. 4096,8"),
                      ) -> BufferPut:
@@ -109,7 +109,7 @@ async def put_buffer(rt: ReadyRuntime, request: Request, response: Response, nam
     return await _store(rt, response, name, host)
 
 
-async def _store(rt: Runtime, response: Response, name: str, host) -> BufferPut:
+async def _store(rt: ServerState, response: Response, name: str, host) -> BufferPut:
     try:
         dt = dtype_of(host)
     except ValueError as e:
@@ -132,7 +132,7 @@ async def _read_into(request: Request, size: int, host_buffer) -> memoryview:
     return view
 
 
-async def _put_large_json(rt: Runtime, request: Request, response: Response, name: str, size: int) -> BufferPut:
+async def _put_large_json(rt: ServerState, request: Request, response: Response, name: str, size: int) -> BufferPut:
     """A large JSON body, parsed by the codec process (server/codec.py): the event loop stays free."""
     codec = rt.codec
     body = await codec.stream_body(request.stream(), size)
@@ -178,7 +178,7 @@ def _wants(accept: str) -> str:
 
 
 @router.get("/{name}", summary="Read a buffer", response_class=Response, responses=GET_RESPONSES)
-async def get_buffer(rt: ReadyRuntime, request: Request, name: str = BufferName) -> Response:
+async def get_buffer(rt: ReadyState, request: Request, name: str = BufferName) -> Response:
     store = rt.store
     fmt = _wants(request.headers.get("accept", ""))
     async with store.pin(reads=[name]):  # never a half-written buffer
@@ -200,7 +200,7 @@ async def get_buffer(rt: ReadyRuntime, request: Request, name: str = BufferName)
 
 @router.delete("/{name}", response_model=Deleted, summary="Delete a buffer (waits for runs using it)",
                responses=errors(401, 404, 503))
-async def delete_buffer(rt: ReadyRuntime, name: str = BufferName) -> Deleted:
+async def delete_buffer(rt: ReadyState, name: str = BufferName) -> Deleted:
     store = rt.store
     if name not in store:
         raise not_found("buffer", name, ["path", "name"])

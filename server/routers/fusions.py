@@ -8,7 +8,7 @@ from typing import Any
 from fastapi import APIRouter, Query, Request, Response
 from segfuse.compiler import Fusion
 
-from ..deps import AnyRuntime, ReadyRuntime, errors
+from ..deps import AnyState, ReadyState, errors
 from ..errors import ApiError, bad_request, unprocessable
 from ..fusions import fusion_info
 from ..jsonio import loads
@@ -22,7 +22,7 @@ from ..models import (
     KernelSource,
     PlanResponse,
 )
-from ..runtime import Runtime
+from ..state import ServerState
 from ..tensors import size_from_digits
 from .links import fusion_links
 
@@ -52,10 +52,10 @@ def json_body(body: bytes) -> Any:
     return loads(body)
 
 
-async def register(rt: Runtime, graph: Any, replace: bool) -> tuple[Fusion, dict]:
+async def register(rt: ServerState, graph: Any, replace: bool) -> tuple[Fusion, dict]:
     if not isinstance(graph, dict):
         raise bad_request("a graph must be a JSON object", ["body"])
-    fusion = await rt.validate(graph)  # its own threads, under the work budget (server/runtime.py)
+    fusion = await rt.validate(graph)  # its own threads, under the work budget (server/executors.py)
     reg = await rt.fusions.register_async(fusion, replace)  # 507 (nothing registered) if the repository fails
     rt.metrics.fusions.set(len(rt.fusions))
     return fusion, {"created": reg.created, "replaced": reg.replaced}
@@ -65,7 +65,7 @@ async def register(rt: Runtime, graph: Any, replace: bool) -> tuple[Fusion, dict
              responses={200: {"links": fusion_links()},
                         201: {"model": FusionRegistered, "description": "registered", "links": fusion_links()},
                         **errors(400, 401, 409, 413, 422), **STORAGE_ERROR})
-async def register_fusion(rt: AnyRuntime, request: Request, response: Response,
+async def register_fusion(rt: AnyState, request: Request, response: Response,
                           replace: bool = Query(False, description="replace a different graph with the same name"),
                           ) -> FusionRegistered:
     fusion, reg = await register(rt, json_body(await request.body()), replace)
@@ -74,20 +74,20 @@ async def register_fusion(rt: AnyRuntime, request: Request, response: Response,
 
 
 @router.get("", response_model=FusionList, summary="List fusions", responses=errors(401))
-async def list_fusions(rt: AnyRuntime) -> FusionList:
+async def list_fusions(rt: AnyState) -> FusionList:
     return FusionList(fusions=[FusionInfo(**fusion_info(f)) for f in rt.fusions.all()])
 
 
 @router.get("/{key}", response_model=FusionDetail, summary="A fusion (by id or name) with its graph",
             responses=errors(401, 404))
-async def get_fusion(rt: AnyRuntime, key: str) -> FusionDetail:
+async def get_fusion(rt: AnyState, key: str) -> FusionDetail:
     f = rt.fusions.resolve(key)
     return FusionDetail(**fusion_info(f), graph=f.to_json())
 
 
 @router.delete("/{key}", response_model=Deleted, summary="Unregister a fusion (runs in progress finish)",
                responses={**errors(401, 404), **STORAGE_ERROR})
-async def delete_fusion(rt: AnyRuntime, key: str) -> Deleted:
+async def delete_fusion(rt: AnyState, key: str) -> Deleted:
     f = await rt.fusions.delete_async(key)
     rt.metrics.fusions.set(len(rt.fusions))
     return Deleted(deleted=f.id)
@@ -155,7 +155,7 @@ def kernel_sources(engine, fusion: Fusion, shapes: dict, plan, plan_dict: dict) 
 
 @router.get("/{key}/plan", response_model=PlanResponse, summary="Segments, reasons and kernel sources",
             responses={**errors(400, 401, 404, 422, 503), 501: {"description": "the engine has no planner"}})
-async def get_plan(rt: ReadyRuntime, key: str,
+async def get_plan(rt: ReadyState, key: str,
                    shape: str | None = Query(None, description="symbol sizes, e.g. T=4096,K=8"),
                    source: bool = Query(True, description="include the generated CUDA source of each kernel"),
                    ) -> PlanResponse:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 
-from ..deps import AnyRuntime, errors
+from ..deps import AnyState, errors
 from ..errors import error_body
 from ..models import ServerMetadata
 from ..version import __version__
@@ -44,12 +44,12 @@ async def live() -> Response:
 
 @router.get("/v2/health/ready", summary="The backend is initialised", openapi_extra=OPEN, responses={
     200: {"description": "ready", "content": {"application/json": {"example": {"ready": True}}}}, **errors(503)})
-async def ready(rt: AnyRuntime) -> Response:
+async def ready(rt: AnyState) -> Response:
     status, body = ready_status(rt)
     return JSONResponse(body, status_code=status)
 
 
 @router.get("/v2", response_model=ServerMetadata, summary="Server metadata", responses=errors(401))
-async def server_metadata(rt: AnyRuntime) -> ServerMetadata:
+async def server_metadata(rt: AnyState) -> ServerMetadata:
     return ServerMetadata(name="segfuse", version=__version__, extensions=EXTENSIONS,
                           backend=rt.backend_name, device=rt.device, shard=rt.shard, gpu=rt.gpu)

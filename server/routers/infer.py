@@ -6,16 +6,17 @@ from fastapi import APIRouter, Request, Response
 from segfuse.compiler.errors import GraphError, Issue
 
 from ..binary import CONTENT_TYPE, HEADER, decode_request, join_body
-from ..deps import AnyRuntime, ReadyRuntime, errors
+from ..deps import AnyState, ReadyState, errors
 from ..fusions import tensor_meta
 from ..jsonio import dumps
 from ..models import ExecuteRequest, InferRequest, InferResponse, ModelMetadata, ModelReady
 from ..parsed_requests import ParsedRequests
 from ..protocol import MODEL_VERSION, check_request, check_version
 from ..request_bodies import LargeBody, decode, read_body
+from ..run_records import ParsedRun
 from ..run_request import parse_request, response
 from ..runs import run
-from ..runtime import Runtime
+from ..state import ServerState
 from .fusions import MOE_EXAMPLE, register
 from .links import link
 
@@ -44,22 +45,20 @@ INFER_RESPONSES = {200: {"content": {CONTENT_TYPE: {"schema": {"type": "string",
                    **errors(400, 401, 404, 409, 413, 422, 429, 503)}
 
 
-async def run_infer(rt: Runtime, fusion, req, tail, model_name: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+async def run_infer(rt: ServerState, fusion, req, tail, model_name: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
     """One inference, from a validated request to the response's bytes and headers. The FastAPI
     routes below and the fast lane (server/fastlane.py) both answer through it."""
-    return await _run_plan(rt, req, _plan(rt, fusion, req, tail), model_name)
+    return await _run_parsed(rt, req, _parsed(rt, fusion, req, tail), model_name)
 
 
-def _plan(rt: Runtime, fusion, req, tail):
+def _parsed(rt: ServerState, fusion, req, tail) -> ParsedRun:
     deadline = check_request(fusion, req)  # KServe fields, Triton parameters (server/protocol.py)
-    plan = parse_request(rt, fusion, req, tail)
-    plan.deadline = deadline
-    return plan
+    return parse_request(rt, fusion, req, tail, deadline)
 
 
-async def _run_plan(rt: Runtime, req, plan, model_name: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
-    outcome = await run(rt, plan)
-    body, chunks = response(model_name, req.id, plan, outcome)
+async def _run_parsed(rt: ServerState, req, parsed: ParsedRun, model_name: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    outcome = await run(rt, parsed)
+    body, chunks = response(model_name, req.id, parsed, outcome)
     body["model_version"] = MODEL_VERSION
     if not chunks:
         return dumps(body), [(b"content-type", b"application/json")]
@@ -67,7 +66,7 @@ async def _run_plan(rt: Runtime, req, plan, model_name: str) -> tuple[bytes, lis
     return raw, [(b"content-type", CONTENT_TYPE.encode()), (b"inference-header-content-length", str(n).encode())]
 
 
-def infer_target(rt: Runtime, model: str, version: str | None = None):
+def infer_target(rt: ServerState, model: str, version: str | None = None):
     """The fusion a POST /v2/models/{model}[/versions/{version}]/infer runs, checked before its
     body is read (no body is read, let alone decoded, for a fusion that is not there)."""
     rt.require_ready()
@@ -77,32 +76,32 @@ def infer_target(rt: Runtime, model: str, version: str | None = None):
     return fusion
 
 
-async def infer_body(rt: Runtime, fusion, model: str, body: bytes | LargeBody, header_length: str | None,
+async def infer_body(rt: ServerState, fusion, model: str, body: bytes | LargeBody, header_length: str | None,
                      version: str | None = None):
     """The infer request on `fusion` (infer_target) with its body (server/request_bodies.py read_body).
-    A small body seen before for the same fusion reuses its parsed plan (server/parsed_requests.py);
+    A small body seen before for the same fusion reuses its parsed run (server/parsed_requests.py);
     a large one is decoded off the event loop."""
     if isinstance(body, LargeBody):
         req, tail = await decode(rt, InferRequest, body, header_length)
-        return await _run_plan(rt, req, _plan(rt, fusion, req, tail), fusion.name)
+        return await _run_parsed(rt, req, _parsed(rt, fusion, req, tail), fusion.name)
     key = ParsedRequests.key(model, version, body, header_length)
     hit = rt.parsed_requests.get(key, fusion) if key is not None else None
     if hit is not None:
-        req, plan = hit
+        req, parsed = hit
     else:
         req, tail = decode_request(InferRequest, body, header_length)
-        plan = _plan(rt, fusion, req, tail)
+        parsed = _parsed(rt, fusion, req, tail)
         if key is not None:
-            rt.parsed_requests.put(key, fusion, req, plan)
-    return await _run_plan(rt, req, plan, fusion.name)
+            rt.parsed_requests.put(key, fusion, req, parsed)
+    return await _run_parsed(rt, req, parsed, fusion.name)
 
 
-async def infer_bytes(rt: Runtime, model: str, body: bytes, header_length: str | None, version: str | None = None):
+async def infer_bytes(rt: ServerState, model: str, body: bytes, header_length: str | None, version: str | None = None):
     """POST /v2/models/{model}[/versions/{version}]/infer on a request body read already."""
     return await infer_body(rt, infer_target(rt, model, version), model, body, header_length, version)
 
 
-async def _request_body(rt: Runtime, request: Request) -> bytes | LargeBody:
+async def _request_body(rt: ServerState, request: Request) -> bytes | LargeBody:
     declared = request.headers.get("content-length", "")
     size = int(declared) if declared.isascii() and declared.isdigit() and len(declared) <= 19 else None
     return await read_body(rt, request.stream(), size, request.headers.get(HEADER))
@@ -116,7 +115,7 @@ def _response(payload: bytes, headers: list[tuple[bytes, bytes]]) -> Response:
 
 @router.post("/v2/models/{model}/infer", summary="Run a registered fusion (KServe v2 infer)",
              response_model=InferResponse, responses=INFER_RESPONSES, openapi_extra=_body_doc("InferRequest"))
-async def infer(rt: AnyRuntime, model: str, request: Request) -> Response:
+async def infer(rt: AnyState, model: str, request: Request) -> Response:
     # Served by the fast lane (server/fastlane.py); this route documents it and answers when the
     # fast lane is off (app.state.fast_lane = False).
     fusion = infer_target(rt, model)
@@ -126,7 +125,7 @@ async def infer(rt: AnyRuntime, model: str, request: Request) -> Response:
 
 @router.get("/v2/models/{model}", response_model=ModelMetadata, summary="KServe model metadata (-1: symbolic)",
             responses=errors(401, 404))
-async def model_metadata(rt: AnyRuntime, model: str) -> ModelMetadata:
+async def model_metadata(rt: AnyState, model: str) -> ModelMetadata:
     fusion = rt.fusions.resolve(model)
     ins, outs = tensor_meta(fusion)
     return ModelMetadata(name=fusion.name, id=fusion.id, inputs=ins, outputs=outs)
@@ -134,7 +133,7 @@ async def model_metadata(rt: AnyRuntime, model: str) -> ModelMetadata:
 
 @router.get("/v2/models/{model}/ready", response_model=ModelReady, summary="KServe model readiness",
             responses=errors(401, 404, 503))
-async def model_ready(rt: ReadyRuntime, model: str) -> ModelReady:
+async def model_ready(rt: ReadyState, model: str) -> ModelReady:
     # The body KServe v2 defines (it was empty: not the JSON the document promised; found by the fuzz).
     return ModelReady(name=rt.fusions.resolve(model).name, ready=True)
 
@@ -146,7 +145,7 @@ EXECUTED = {"GetFusion": link("/v2/fusions/{key}", "get", "the graph it register
 @router.post("/v2/execute", summary="Register an inline graph and run it in one call", response_model=InferResponse,
              responses={**INFER_RESPONSES, 200: {**INFER_RESPONSES[200], "links": EXECUTED}},
              openapi_extra=_body_doc("ExecuteRequest"))
-async def execute(rt: ReadyRuntime, request: Request) -> Response:
+async def execute(rt: ReadyState, request: Request) -> Response:
     req, tail = await decode(rt, ExecuteRequest, await _request_body(rt, request), request.headers.get(HEADER))
     try:
         fusion, _ = await register(rt, req.graph, req.replace)

@@ -24,7 +24,7 @@ from fastapi import APIRouter, Request
 from segfuse.compiler import Fusion
 from segfuse.compiler.errors import GraphError, Issue
 
-from ..deps import AnyRuntime, errors
+from ..deps import AnyState, errors
 from ..errors import ApiError, bad_request
 from ..fusions import dims, fusion_info
 from ..jsonio import loads
@@ -66,7 +66,7 @@ def _entry(name: str, state: str, reason: str = "") -> dict:
 
 @router.post("/v2/repository/index", summary="Fusions known to the server, with their state",
              responses=errors(400, 401))
-async def repository_index(rt: AnyRuntime, request: Request) -> list[dict]:
+async def repository_index(rt: AnyState, request: Request) -> list[dict]:
     body = await request.body()
     doc = json_body(body) if body.strip() else {}
     if not isinstance(doc, dict) or set(doc) - {"ready"} or not isinstance(doc.get("ready", False), bool):
@@ -97,7 +97,7 @@ def _graph_of(config: Any, model: str) -> dict:
 
 @router.post("/v2/repository/models/{model}/load", summary="Load (register) a fusion",
              responses={200: {"links": fusion_links()}, **errors(400, 401, 404, 413, 422), **STORAGE_ERROR})
-async def load_model(rt: AnyRuntime, model: str, request: Request) -> dict:
+async def load_model(rt: AnyState, model: str, request: Request) -> dict:
     params = _params(await request.body(), {"config"})
     if "config" in params:
         graph = _graph_of(params["config"], model)
@@ -120,7 +120,7 @@ async def load_model(rt: AnyRuntime, model: str, request: Request) -> dict:
              responses={200: {"links": {"Load": link("/v2/repository/models/{model}/load", "post", "load it again",
                                                      model="$response.body#/name")}},
                         **errors(400, 401, 404)})
-async def unload_model(rt: AnyRuntime, model: str, request: Request) -> dict:
+async def unload_model(rt: AnyState, model: str, request: Request) -> dict:
     params = _params(await request.body(), {"unload_dependents"})
     if not isinstance(params.get("unload_dependents", False), bool):
         raise bad_request("unload_dependents must be true or false", ["body", "parameters", "unload_dependents"])
@@ -143,13 +143,13 @@ def model_config(fusion: Fusion) -> dict:
 
 
 @router.get("/v2/models/{model}/config", summary="Triton-style model configuration", responses=errors(401, 404))
-async def get_config(rt: AnyRuntime, model: str) -> dict:
+async def get_config(rt: AnyState, model: str) -> dict:
     return model_config(rt.fusions.resolve(model))
 
 
 @router.get("/v2/models/{model}/versions/{version}/config", summary="Model configuration of a version",
             responses=errors(401, 404))
-async def get_version_config(rt: AnyRuntime, model: str, version: str) -> dict:
+async def get_version_config(rt: AnyState, model: str, version: str) -> dict:
     f = rt.fusions.resolve(model)
     check_version(f, version)
     return model_config(f)

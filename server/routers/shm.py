@@ -8,7 +8,7 @@ import asyncio
 from fastapi import APIRouter, Request
 from fastapi.routing import APIRoute
 
-from ..deps import ReadyRuntime, errors
+from ..deps import ReadyState, errors
 from ..errors import ApiError
 from ..models import (
     CudaRegionRegister,
@@ -19,7 +19,7 @@ from ..models import (
 )
 from ..names import path_name
 from ..regions import CUDA, SYSTEM, TITLE, Region, RegionStore
-from ..runtime import Runtime
+from ..state import ServerState
 from .links import link
 
 
@@ -45,7 +45,9 @@ SYSTEM_PREFIX, CUDA_PREFIX = "/v2/systemsharedmemory", "/v2/cudasharedmemory"
 
 # The object a client made with shm_open("/input_data") and ftruncate to 64 bytes or more.
 SYSTEM_EXAMPLE = {"requestBody": {"content": {"application/json": {"examples": {"input_data": {
-    "summary": "64 bytes of /input_data", "value": {"key": "/input_data", "offset": 0, "byte_size": 64}}}}}}}
+    "summary": "64 bytes of /input_data",
+    "description": "the object must exist: e.g. `truncate -s 64 /dev/shm/input_data` on Linux",
+    "value": {"key": "/input_data", "offset": 0, "byte_size": 64}}}}}}}
 
 
 def _registered(prefix: str) -> dict:
@@ -59,7 +61,7 @@ def _registered(prefix: str) -> dict:
 @router.post(f"{SYSTEM_PREFIX}/region/{{name}}/register", response_model=SystemRegionStatus,
              summary="Register a POSIX shared-memory object (or a slice of it) as a region",
              responses={**_registered(SYSTEM_PREFIX), **errors(400, 401, 413, 503)}, openapi_extra=SYSTEM_EXAMPLE)
-async def register_system(rt: ReadyRuntime, body: SystemRegionRegister, name: str = RegionName) -> dict:
+async def register_system(rt: ReadyState, body: SystemRegionRegister, name: str = RegionName) -> dict:
     region = await asyncio.to_thread(rt.regions.register_system, name, body.key, body.offset, body.byte_size)
     return region.status()
 
@@ -67,13 +69,13 @@ async def register_system(rt: ReadyRuntime, body: SystemRegionRegister, name: st
 @router.post(f"{CUDA_PREFIX}/region/{{name}}/register", response_model=CudaRegionStatus,
              summary="Register another process's GPU allocation (a cudaIpcMemHandle_t) as a region",
              responses={**_registered(CUDA_PREFIX), **errors(400, 401, 413, 501, 503)})
-async def register_cuda(rt: ReadyRuntime, body: CudaRegionRegister, name: str = RegionName) -> dict:
+async def register_cuda(rt: ReadyState, body: CudaRegionRegister, name: str = RegionName) -> dict:
     region = await rt.on_device(rt.regions.register_cuda, name, body.raw_handle.b64, body.device_id,
                                 body.byte_size, rt.arrays)
     return region.status()
 
 
-async def _close(rt: Runtime, regions: list[Region]) -> None:
+async def _close(rt: ServerState, regions: list[Region]) -> None:
     for r in regions:
         if r.kind == CUDA:
             await rt.on_device(RegionStore.close, r, rt.arrays)
@@ -87,18 +89,18 @@ def _add_routes(kind: str, prefix: str, status_model) -> None:
 
     @router.get(f"{prefix}/status", response_model=list[status_model], summary=f"Status of every {title} region",
                 responses=errors(401, 503))
-    async def status_all(rt: ReadyRuntime) -> list[dict]:
+    async def status_all(rt: ReadyState) -> list[dict]:
         return [r.status() for r in rt.regions.all(kind)]
 
     @router.get(f"{prefix}/region/{{name}}/status", response_model=list[status_model],
                 summary=f"Status of one {title} region", responses=errors(401, 404, 503))
-    async def status_one(rt: ReadyRuntime, name: str = RegionName) -> list[dict]:
+    async def status_one(rt: ReadyState, name: str = RegionName) -> list[dict]:
         return [rt.regions.find(name, kind, ["path", "name"]).status()]
 
     @router.post(f"{prefix}/region/{{name}}/unregister", response_model=RegionsUnregistered,
                  summary=f"Unregister one {title} region (refused while a run uses it)",
                  responses=errors(400, 401, 404, 503))
-    async def unregister_one(rt: ReadyRuntime, name: str = RegionName) -> RegionsUnregistered:
+    async def unregister_one(rt: ReadyState, name: str = RegionName) -> RegionsUnregistered:
         region = rt.regions.unregister(name, kind)
         await _close(rt, [region])
         return RegionsUnregistered(unregistered=[name])
@@ -106,7 +108,7 @@ def _add_routes(kind: str, prefix: str, status_model) -> None:
     @router.post(f"{prefix}/unregister", response_model=RegionsUnregistered,
                  summary=f"Unregister every idle {title} region (those in use stay, and are named in a 400)",
                  responses=errors(400, 401, 503))
-    async def unregister_all(rt: ReadyRuntime) -> RegionsUnregistered:
+    async def unregister_all(rt: ReadyState) -> RegionsUnregistered:
         idle, busy = rt.regions.unregister_all(kind)
         await _close(rt, idle)
         if busy:

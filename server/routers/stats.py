@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from ..deps import AnyRuntime, errors
+from ..deps import AnyState, errors
 from ..protocol import MODEL_VERSION, check_version
 
 router = APIRouter(tags=["statistics"])
@@ -21,18 +21,18 @@ RESPONSES = {200: {"description": "Triton's statistics shape",
 
 
 @router.get("/v2/models/stats", summary="Statistics of every fusion", responses={**RESPONSES, **errors(401)})
-async def all_stats(rt: AnyRuntime) -> dict:
+async def all_stats(rt: AnyState) -> dict:
     return {"model_stats": [rt.stats.model_stats(f, MODEL_VERSION) for f in rt.fusions.all()]}
 
 
 @router.get("/v2/models/{model}/stats", summary="Statistics of one fusion", responses={**RESPONSES, **errors(401, 404)})
-async def model_stats(rt: AnyRuntime, model: str) -> dict:
+async def model_stats(rt: AnyState, model: str) -> dict:
     return {"model_stats": [rt.stats.model_stats(rt.fusions.resolve(model), MODEL_VERSION)]}
 
 
 @router.get("/v2/models/{model}/versions/{version}/stats", summary="Statistics of one fusion version",
             responses={**RESPONSES, **errors(401, 404)})
-async def version_stats(rt: AnyRuntime, model: str, version: str) -> dict:
+async def version_stats(rt: AnyState, model: str, version: str) -> dict:
     f = rt.fusions.resolve(model)
     check_version(f, version)
     return {"model_stats": [rt.stats.model_stats(f, version)]}

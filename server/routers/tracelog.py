@@ -24,7 +24,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from ..deps import AnyRuntime, errors
+from ..deps import AnyState, errors
 from ..errors import ApiError, bad_request
 from .fusions import json_body
 
@@ -73,14 +73,14 @@ async def post_trace(request: Request) -> dict:
 
 
 @router.get("/v2/models/{model}/trace/setting", summary="Trace settings of a fusion", responses=errors(401, 404))
-async def get_model_trace(rt: AnyRuntime, model: str) -> dict:
+async def get_model_trace(rt: AnyState, model: str) -> dict:
     rt.fusions.resolve(model)
     return dict(TRACE_SETTINGS)
 
 
 @router.post("/v2/models/{model}/trace/setting", summary="Update the trace settings of a fusion",
              responses=errors(400, 401, 404))
-async def post_model_trace(rt: AnyRuntime, model: str, request: Request) -> dict:
+async def post_model_trace(rt: AnyState, model: str, request: Request) -> dict:
     rt.fusions.resolve(model)
     return _apply_trace(await _object(request))
 
@@ -130,7 +130,7 @@ def _refuse_silencing(level: int, token: str | None) -> None:
 
 @router.post("/v2/logging", summary="Update log settings (turning warnings or errors off needs a token)",
              responses=errors(400, 401, 403))
-async def post_logging(rt: AnyRuntime, request: Request) -> dict:
+async def post_logging(rt: AnyState, request: Request) -> dict:
     doc = await _object(request)
     current: dict[str, Any] = log_settings()
     for key, value in doc.items():
