@@ -1,46 +1,24 @@
-"""Shared fixtures."""
+"""Shared fixtures (the helpers they build on are in tests/helpers/)."""
 
 from __future__ import annotations
 
-# ---- server fixtures (tests/test_server_*.py) ----------------------------------------------
 import contextlib
 import copy
-import threading
-import time
+import os
+import uuid
 
 import pytest
+from helpers.graphs import ELEMENTWISE_CHAIN, MOE_PROBLEM_SIZES, SCATTER_ADD_INPLACE
+from helpers.processes import server_process
+from helpers.servers import LiveServer, settings, skip_if_not_ready
+from helpers.waiting import scaled
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
 
-MOE_PROBLEM_SIZES = {
-    "format": "segfuse.fusion/1", "name": "moe_problem_sizes",
-    "inputs": [{"name": "topk_ids", "dtype": "int64", "shape": ["T", "K"]}],
-    "ops": [{"op": "reshape", "out": "flat", "inputs": ["topk_ids"], "shape": [-1]},
-            {"op": "full", "out": "zeros", "shape": [16], "value": 0, "dtype": "int64"},
-            {"op": "full_like", "out": "ones", "inputs": ["flat"], "value": 1},
-            {"op": "scatter", "out": "counts", "inputs": ["zeros", "flat", "ones"], "dim": 0, "reduce": "add"}],
-    "outputs": ["counts"],
-}
-
-# dst updated in place (alias_of): the server must be given dst as a buffer, and updates it.
-SCATTER_ADD_INPLACE = {
-    "format": "segfuse.fusion/1", "name": "scatter_add",
-    "inputs": [{"name": "dst", "dtype": "float32", "shape": ["M"]},
-               {"name": "index", "dtype": "int64", "shape": ["N"]},
-               {"name": "src", "dtype": "float32", "shape": ["N"]}],
-    "ops": [{"op": "scatter", "out": "dst_updated", "inputs": ["dst", "index", "src"], "dim": 0, "reduce": "add"}],
-    "outputs": [{"name": "dst_updated", "alias_of": "dst"}],
-}
-
-ELEMENTWISE_CHAIN = {
-    "format": "segfuse.fusion/1", "name": "elementwise_chain",
-    "inputs": [{"name": n, "dtype": "float32", "shape": ["N"]} for n in "abc"],
-    "ops": [{"op": "gt", "out": "positive", "inputs": ["a", 0]},
-            {"op": "mul", "out": "ab", "inputs": ["a", "b"]},
-            {"op": "add", "out": "ab_c", "inputs": ["ab", "c"]},
-            {"op": "exp", "out": "exp_c", "inputs": ["c"]},
-            {"op": "mul", "out": "half_exp_c", "inputs": ["exp_c", 0.5]},
-            {"op": "where", "out": "out", "inputs": ["positive", "ab_c", "half_exp_c"]}],
-    "outputs": ["out"],
-}
+# No Hypothesis check that times anything: a loaded machine is slow, not wrong. Tests' own
+# @settings start from this profile.
+hypothesis_settings.register_profile("segfuse", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+hypothesis_settings.load_profile("segfuse")
 
 
 @pytest.fixture
@@ -64,7 +42,7 @@ def anyio_backend():
 
 
 def _cupy_ready() -> bool:
-    from segfuse.server.backend import cupy_visible
+    from segfuse.server.array_backends import cupy_visible
 
     return cupy_visible()
 
@@ -77,21 +55,6 @@ def server_backend(request) -> str:
     return request.param
 
 
-def _settings(**kw):
-    from segfuse.server.settings import Settings
-
-    kw.setdefault("backend", "numpy")
-    return Settings(**kw)
-
-
-def _skip_if_not_ready(app) -> None:
-    rt = app.state.runtime
-    if not rt.ready:
-        if rt.settings.backend == "cupy":
-            pytest.skip(f"cupy backend not available: {rt.init_error}")
-        raise AssertionError(f"server did not become ready: {rt.init_error}")
-
-
 @pytest.fixture
 def asgi_server():
     """`async with asgi_server(**settings) as client`: the app in-process (lifespan run), an
@@ -102,65 +65,18 @@ def asgi_server():
     from segfuse.server.app import wait_ready
 
     @contextlib.asynccontextmanager
-    async def serve(headers: dict | None = None, **settings):
-        app = create_app(_settings(**settings))
-        async with LifespanManager(app, startup_timeout=60) as manager:
+    async def serve(headers: dict | None = None, **kw):
+        app = create_app(settings(**kw))
+        async with LifespanManager(app, startup_timeout=scaled(120)) as manager:
             await wait_ready(app)
-            _skip_if_not_ready(app)
+            skip_if_not_ready(app)
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app=manager.app),
                                          base_url="http://segfuse.test", headers=headers or {},
-                                         timeout=30) as client:
+                                         timeout=scaled(60)) as client:
                 client.app = app
                 yield client
 
     return serve
-
-
-class LiveServer:
-    """A real uvicorn server on a free loopback port, in a thread of the test process."""
-
-    def __init__(self, **settings):
-        import uvicorn
-        from segfuse.server import create_app
-
-        self.app = create_app(_settings(**settings))
-        # Port 0: uvicorn binds a free loopback port itself (a socket handed in from outside
-        # costs ~40 ms per request here: Nagle and delayed ACKs).
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning", lifespan="on",
-                                timeout_keep_alive=30)
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.url = ""
-
-    def start(self) -> LiveServer:
-        import httpx
-
-        self.thread.start()
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.server.started:
-                if not self.url:
-                    port = self.server.servers[0].sockets[0].getsockname()[1]
-                    self.url = f"http://127.0.0.1:{port}"
-                try:
-                    if httpx.get(self.url + "/v2/health/ready", timeout=5).status_code == 200:
-                        return self
-                except httpx.TransportError:
-                    pass
-                if self.app.state.runtime.init_error:
-                    break
-            time.sleep(0.02)
-        self.stop()
-        _skip_if_not_ready(self.app)
-        raise AssertionError("uvicorn did not start")
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=30)
-
-    @property
-    def runtime(self):
-        return self.app.state.runtime
 
 
 @pytest.fixture(scope="module")
@@ -176,8 +92,8 @@ def live_server_factory():
     """Start extra uvicorn servers with their own settings; all are stopped after the test."""
     started = []
 
-    def start(**settings) -> LiveServer:
-        s = LiveServer(**settings).start()
+    def start(**kw) -> LiveServer:
+        s = LiveServer(**kw).start()
         started.append(s)
         return s
 
@@ -185,6 +101,42 @@ def live_server_factory():
     for s in started:
         s.stop()
 
+
+@pytest.fixture
+def emulated(monkeypatch):
+    """(runtime, Array): a CupyRuntime whose launches run the generated kernels on the CUDA emulator."""
+    from helpers.emulated import emulated_runtime
+
+    return emulated_runtime(monkeypatch)
+
+
+@pytest.fixture
+def shm():
+    """`shm(nbytes, fill=0, name=None)`: a new POSIX shared-memory object (closed and unlinked afterwards)."""
+    from multiprocessing import shared_memory
+
+    made = []
+
+    def make(nbytes: int, fill: int = 0, name: str | None = None) -> shared_memory.SharedMemory:
+        s = shared_memory.SharedMemory(name=name or f"sf_test_{uuid.uuid4().hex[:12]}", create=True, size=nbytes)
+        s.buf[:nbytes] = bytes([fill]) * nbytes
+        made.append(s)
+        return s
+
+    yield make
+    for s in made:
+        try:
+            s.close()
+        except BufferError:  # a test's NumPy view is still alive: the mapping goes with it
+            pass
+        s.unlink()
+
+
+@pytest.fixture(scope="module")
+def server():
+    """A segfuse server process (NumPy backend) on a free loopback port, one per module; its URL."""
+    with server_process() as url:
+        yield url
 
 
 # ---- the compile check (tests/compile_check.py): every plan the session builds compiles --------
@@ -198,3 +150,23 @@ def pytest_configure(config):
     import compile_check
 
     compile_check.configure(config)
+
+
+# ---- pytest-timeout's hang guards stretch like every other wait (helpers/waiting.py) ------------
+def _stretched_default_timeout(config) -> float | None:
+    """The ini file's per-test timeout times SCALE; None where --timeout or PYTEST_TIMEOUT names one."""
+    if getattr(config.option, "timeout", None) is not None or os.environ.get("PYTEST_TIMEOUT"):
+        return None
+    ini = config.getini("timeout")
+    return scaled(float(ini)) if ini else None
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    default = _stretched_default_timeout(config)
+    for item in items:
+        marker = item.get_closest_marker("timeout")
+        if marker is not None and marker.args:
+            item.add_marker(pytest.mark.timeout(scaled(marker.args[0])), append=False)
+        elif marker is None and default:
+            item.add_marker(pytest.mark.timeout(default))

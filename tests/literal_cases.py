@@ -11,6 +11,7 @@ import math
 import ml_dtypes
 import numpy as np
 import torch
+from helpers.torch_oracle import to_numpy
 
 N = 5
 FLOATS = ("float16", "bfloat16", "float32", "float64")
@@ -112,12 +113,6 @@ def case(dt: str, chunk: int) -> tuple[dict, dict, dict]:
              "inputs": [{"name": "x", "dtype": dt, "shape": [N]}, {"name": "one", "dtype": dt, "shape": [N]}],
              "ops": ops, "outputs": list(want)}
     return graph, {"x": to_numpy(x), "one": to_numpy(one)}, want
-
-
-def to_numpy(t: torch.Tensor) -> np.ndarray:
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return t.numpy()
 
 
 def assert_exact(got: np.ndarray, want: torch.Tensor, what: str) -> None:

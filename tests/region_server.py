@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from helpers.waiting import scaled
 
 
 @dataclass
@@ -33,7 +34,7 @@ class Served:
 
     def wait_entered(self, timeout: float = 30) -> None:
         """Until a run has reached the (gated) engine."""
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + scaled(timeout)
         while not (self.dir / "entered").exists():
             assert self.alive(), f"the server exited with {self.proc.returncode}"
             assert time.monotonic() < deadline, "no run reached the engine"
@@ -69,7 +70,7 @@ def serve(tmp_path: Path, gate: bool = False, nofile: int | None = None, **setti
     proc = subprocess.Popen(args, start_new_session=True, stdout=subprocess.DEVNULL, preexec_fn=limit,
                             stderr=open(tmp_path / "stderr", "wb"))  # noqa: SIM115 (the child holds it)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + scaled(60)
         while not (tmp_path / "port").exists():
             assert proc.poll() is None, (tmp_path / "stderr").read_text()[-3000:]
             assert time.monotonic() < deadline, "the server did not start"
@@ -79,7 +80,7 @@ def serve(tmp_path: Path, gate: bool = False, nofile: int | None = None, **setti
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
+        proc.wait(scaled(30))
 
 
 def _main(where: str, settings: str, gate: bool) -> None:
@@ -118,7 +119,7 @@ class _Gate:
 
     def run_batch(self, calls, **kw):
         (self.where / "entered").touch()
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + scaled(300)  # a hang guard: the test opens the gate
         while not (self.where / "go").exists() and time.monotonic() < deadline:
             time.sleep(0.005)
         (self.where / "go").unlink(missing_ok=True)
@@ -129,11 +130,11 @@ class _Gate:
 
 
 def get(served: Served, path: str, **kw) -> httpx.Response:
-    return httpx.get(served.url + path, timeout=30, **kw)
+    return httpx.get(served.url + path, timeout=scaled(30), **kw)
 
 
 def post(served: Served, path: str, **kw) -> httpx.Response:
-    return httpx.post(served.url + path, timeout=30, **kw)
+    return httpx.post(served.url + path, timeout=scaled(30), **kw)
 
 
 if __name__ == "__main__":

@@ -5,39 +5,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
 import sys
-import sysconfig
-from pathlib import Path
 
 import numpy as np
 import pytest
-from test_client import ROOT, counts_of, free_port, server_process
-
-MOE = str(ROOT / "examples" / "moe_problem_sizes.json")
-_SCRIPT = Path(sysconfig.get_path("scripts")) / "segfuse"
-SEGFUSE = [str(_SCRIPT)] if _SCRIPT.exists() else [
-    sys.executable, "-c", "import sys; from segfuse.cli import main; sys.exit(main())"]
-
-
-def segfuse(*args, server: str | None = None, cwd=None, check: int | None = 0,
-            columns: int = 120) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": str(columns)}
-    env.pop("SEGFUSE_TOKEN", None)
-    env.pop("SEGFUSE_SERVER", None)  # a server only when the test names one
-    if server:
-        env["SEGFUSE_SERVER"] = server
-    r = subprocess.run([*SEGFUSE, *map(str, args)], capture_output=True, text=True, env=env, cwd=cwd, timeout=120)
-    if check is not None:
-        assert r.returncode == check, f"exit {r.returncode}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
-    return r
-
-
-@pytest.fixture(scope="module")
-def server():
-    with server_process() as url:
-        yield url
+from helpers.graphs import MOE, counts_of
+from helpers.processes import ROOT, free_port, segfuse, server_process
 
 
 def test_help_lists_commands_with_examples():

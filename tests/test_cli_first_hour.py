@@ -7,13 +7,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_cli import segfuse
+from helpers.processes import segfuse
 
 GRAPH = Path(__file__).resolve().parents[1] / "examples" / "moe_problem_sizes.json"
 
 
 def _gpu_visible() -> bool:
-    from segfuse.server.backend import cupy_visible
+    from segfuse.server.array_backends import cupy_visible
 
     return cupy_visible()
 

@@ -1,95 +1,25 @@
-"""The sync and async clients against a live uvicorn server (NumPy backend) on a free port.
-
-`server_process` is also used by tests/test_cli.py and tests/test_readme.py.
-"""
+"""The sync and async clients against a live uvicorn server (NumPy backend) on a free port."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
-import os
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import httpx
 import ml_dtypes
 import numpy as np
 import pytest
-from segfuse.client import AsyncClient, Buffer, Client, FusionRef, RunResult, SegfuseError
+from helpers.graphs import MOE, counts_of
+from helpers.processes import free_port, server_process
+from segfuse.client import AsyncClient, Buffer, Client, ClientError, FusionRef, RunResult
 from segfuse.client._builder import infer_body, normalize_url
 from segfuse.compiler import FusionDefinition
 
-ROOT = Path(__file__).resolve().parents[1]
-MOE = ROOT / "examples" / "moe_problem_sizes.json"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{proc.stderr.read() if proc.stderr else ''}")
-        try:
-            if httpx.get(url + "/v2/health/ready", timeout=1.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"server at {url} not ready after {timeout} s")
-
-
-@contextlib.contextmanager
-def server_process(cmd: list[str] | None = None, env: dict | None = None, token: str | None = None):
-    """Start a segfuse server on a free 127.0.0.1 port with the NumPy backend; yield its URL.
-
-    `cmd` defaults to uvicorn on the app factory; settings travel as SEGFUSE_* variables so a
-    caller can pass the exact command line of the container image.
-    """
-    port = free_port()
-    full_env = {**os.environ, "SEGFUSE_BACKEND": "numpy", "SEGFUSE_PORT": str(port), "SEGFUSE_HOST": "127.0.0.1",
-                "SEGFUSE_LOG_LEVEL": "warning", **(env or {})}
-    full_env.pop("SEGFUSE_TOKEN", None)
-    if token:
-        full_env["SEGFUSE_TOKEN"] = token
-    cmd = cmd or [sys.executable, "-m", "uvicorn", "--factory", "segfuse.server:create_app",
-                  "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url, proc)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-@pytest.fixture(scope="module")
-def server():
-    with server_process() as url:
-        yield url
-
 
 @pytest.fixture
-def client(server):
+def client(server):  # server: conftest's server process
     with Client(server) as c:
         yield c
-
-
-def counts_of(ids: np.ndarray, experts: int = 16) -> np.ndarray:
-    return np.bincount(ids.ravel(), minlength=experts).astype(np.int64)
 
 
 def moe_definition() -> FusionDefinition:
@@ -131,7 +61,7 @@ def test_error_mapping_without_a_server():
         return httpx.Response(409, json={"error": "name taken", "details": [{"loc": ["graph", "name"], "msg": "x"}]})
 
     with Client("h:1", transport=httpx.MockTransport(handler)) as c:
-        with pytest.raises(SegfuseError) as e:
+        with pytest.raises(ClientError) as e:
             c.register({"ops": []})
     assert (e.value.status, e.value.message) == (409, "name taken")
     assert e.value.details == [{"loc": ["graph", "name"], "msg": "x"}]
@@ -141,7 +71,7 @@ def test_error_mapping_without_a_server():
 def test_connection_error_names_the_url():
     port = free_port()  # nothing listens there
     with Client(f"127.0.0.1:{port}", timeout=2) as c:
-        with pytest.raises(SegfuseError) as e:
+        with pytest.raises(ClientError) as e:
             c.metadata()
     assert e.value.status is None
     assert f"127.0.0.1:{port}" in str(e.value)
@@ -182,7 +112,7 @@ def test_buffer_round_trip(client, array):
     assert any(b["name"] == name for b in client.buffers())
     client.delete(name)
     assert all(b["name"] != name for b in client.buffers())
-    with pytest.raises(SegfuseError) as e:
+    with pytest.raises(ClientError) as e:
         client.get(name)
     assert e.value.status == 404 and name in e.value.message
 
@@ -222,30 +152,30 @@ def test_run_arrays_buffers_and_names(client):
 
 
 def test_run_errors_carry_status_and_details(client):
-    with pytest.raises(SegfuseError) as e:
+    with pytest.raises(ClientError) as e:
         client.run(MOE, inputs={"topk_ids": np.zeros((2, 2), np.float32)})
     assert e.value.status == 422 and e.value.details[0]["loc"] == ["inputs", "topk_ids"]
-    with pytest.raises(SegfuseError) as e:
+    with pytest.raises(ClientError) as e:
         client.run("no_such_fusion", inputs={})
     assert e.value.status == 404
-    with pytest.raises(SegfuseError) as e:
+    with pytest.raises(ClientError) as e:
         client.run(MOE, inputs={"topk_ids": Buffer("missing_buffer")})
     assert e.value.status == 404 and "missing_buffer" in e.value.message
-    with pytest.raises(SegfuseError, match="input 'topk_ids': unsupported dtype complex64") as e:
+    with pytest.raises(ClientError, match="input 'topk_ids': unsupported dtype complex64") as e:
         client.run(MOE, inputs={"topk_ids": np.zeros((2, 2), np.complex64)})  # checked before sending
     assert e.value.status is None
-    with pytest.raises(SegfuseError, match="buffer 'c': unsupported dtype complex64"):
+    with pytest.raises(ClientError, match="buffer 'c': unsupported dtype complex64"):
         client.put("c", np.zeros(2, np.complex64))
 
 
 def test_plan_answers_or_says_why(client):
     try:
         plan = client.plan(MOE, {"T": 4096, "K": 8})
-    except SegfuseError as e:  # an engine without a planner says so
+    except ClientError as e:  # an engine without a planner says so
         assert e.status == 501 and "planner" in e.message
     else:
         assert plan["symbols"] == {"T": 4096, "K": 8} and plan["shapes"] == {"topk_ids": [4096, 8]}
-    with pytest.raises(SegfuseError) as e:
+    with pytest.raises(ClientError) as e:
         client.plan(MOE, "T=4")  # K missing
     assert e.value.status == 422
 
@@ -254,7 +184,7 @@ def test_bearer_token():
     with server_process(token="s3cret") as url:
         with Client(url) as anonymous:
             assert anonymous.is_live()  # health needs no token
-            with pytest.raises(SegfuseError) as e:
+            with pytest.raises(ClientError) as e:
                 anonymous.buffers()
             assert e.value.status == 401
         with Client(url, token="s3cret") as c:
@@ -280,7 +210,7 @@ def test_async_client(server):
             names = {b["name"] for b in await c.buffers()}
             for n in ("async_ids", "async_counts"):
                 await c.delete(n)
-            with pytest.raises(SegfuseError) as e:
+            with pytest.raises(ClientError) as e:
                 await c.get("async_ids")
             return results, res, stored, names, e.value
 
@@ -297,7 +227,7 @@ def test_async_connection_error():
         async with AsyncClient(f"127.0.0.1:{free_port()}", timeout=2) as c:
             await c.is_live()
 
-    with pytest.raises(SegfuseError, match="cannot reach"):
+    with pytest.raises(ClientError, match="cannot reach"):
         asyncio.run(main())
 
 

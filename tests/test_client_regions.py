@@ -10,10 +10,10 @@ import uuid
 
 import numpy as np
 import pytest
-from segfuse.client import AsyncClient, Client, Region, SegfuseError, SystemRegion
+from helpers.graphs import MOE, counts_of
+from helpers.processes import segfuse, server_process
+from segfuse.client import AsyncClient, Client, ClientError, Region, SystemRegion
 from segfuse.client._regions import _device_array, cuda_region
-from test_cli import segfuse
-from test_client import MOE, counts_of, server_process
 
 CHAIN_INPUTS = "abc"
 
@@ -62,14 +62,14 @@ def test_system_regions_with_the_sync_client(client):
         [st] = client.get_system_shared_memory_status("ids_shm")
         assert st == {"name": "ids_shm", "key": shm.key, "offset": 0, "byte_size": shm.nbytes, "ref_count": 0}
         assert client.regions() == [{"kind": "system", **st}]
-        with pytest.raises(SegfuseError) as e:
+        with pytest.raises(ClientError) as e:
             client.register_system_shared_memory("ids_shm", shm.key, 8)
         assert e.value.status == 400 and "already registered" in e.value.message
-        with pytest.raises(SegfuseError) as e:
+        with pytest.raises(ClientError) as e:
             client.run("moe_problem_sizes", inputs={"topk_ids": Region("ids_shm", byte_size=8, dtype="int64", shape=(2, 2))})
         assert e.value.status == 400 and e.value.details[0]["loc"] == ["inputs", 0, "parameters", "shared_memory_byte_size"]
         assert client.unregister_system_shared_memory("ids_shm") == ["ids_shm"]
-        with pytest.raises(SegfuseError) as e:
+        with pytest.raises(ClientError) as e:
             client.get_system_shared_memory_status("ids_shm")
         assert e.value.status == 404
         del out
@@ -77,15 +77,15 @@ def test_system_regions_with_the_sync_client(client):
 
 
 def test_region_arguments_are_checked_in_the_client(client):
-    with pytest.raises(SegfuseError, match="needs a dtype and a shape"):
+    with pytest.raises(ClientError, match="needs a dtype and a shape"):
         client.run("moe_problem_sizes", inputs={"topk_ids": Region("r", byte_size=8)})
-    with pytest.raises(SegfuseError, match="needs byte_size"):
+    with pytest.raises(ClientError, match="needs byte_size"):
         client.run("moe_problem_sizes", inputs={"topk_ids": np.zeros((1, 1), np.int64)}, outputs={"counts": Region("r")})
-    with pytest.raises(SegfuseError, match="give byte_size"):
+    with pytest.raises(ClientError, match="give byte_size"):
         client.register_system_shared_memory("r", "/k", None)
-    with pytest.raises(SegfuseError, match="not a CUDA array"):
+    with pytest.raises(ClientError, match="not a CUDA array"):
         cuda_region("r", np.zeros(4), None, None)
-    with pytest.raises(SegfuseError, match="64 bytes"):
+    with pytest.raises(ClientError, match="64 bytes"):
         cuda_region("r", b"\0" * 10, 0, 8)
     handle, device, region, nbytes = cuda_region("r", b"\1" * 64, None, 4096)
     assert device == 0 and region == Region("r", 0, 4096) and nbytes == 4096 and len(handle) == 88
@@ -120,7 +120,7 @@ def test_device_arrays_are_read_by_protocol():
     b = np.zeros((3, 5), ml_dtypes.bfloat16)  # torch's bfloat16, which __cuda_array_interface__ cannot describe
     assert _device_array("r", CudaLike(b, torch_like=True))[1:] == (np.dtype(ml_dtypes.bfloat16), (3, 5))
     for torch_like in (False, True):
-        with pytest.raises(SegfuseError, match="contiguous"):
+        with pytest.raises(ClientError, match="contiguous"):
             _device_array("r", CudaLike(a.T, torch_like))
 
 

@@ -12,11 +12,11 @@ import threading
 import httpx
 import numpy as np
 import pytest
-from segfuse.client import AsyncClient, Client, SegfuseError
+from helpers.graphs import MOE
+from helpers.service import GatedEngine, wait_event
+from segfuse.client import AsyncClient, Client, ClientError
 from segfuse.client import _client as client_module
 from segfuse.client._retry import RetryPolicy, parse_retry_after
-from test_client import MOE
-from test_server_live import GatedEngine, wait_event
 
 
 def counts_of(ids: np.ndarray) -> np.ndarray:
@@ -87,7 +87,7 @@ def test_concurrent_runs_succeed_with_retries_and_fail_fast_without(live_server_
             ref = await once.register(MOE)
             held = asyncio.create_task(once.run(ref, inputs={"topk_ids": batches[0]}))
             await wait_event(gate.entered)
-            with pytest.raises(SegfuseError) as refused:  # retries=0: the 429 is the answer, at once
+            with pytest.raises(ClientError) as refused:  # retries=0: the 429 is the answer, at once
                 await once.run(ref, inputs={"topk_ids": batches[0]})
             runs = [asyncio.create_task(c.run(ref, inputs={"topk_ids": b})) for b in batches]
             while seen.count("POST", "/infer", 429) < 2 * len(batches):  # every run refused, and retried
@@ -138,7 +138,7 @@ def test_retry_after_is_honoured_and_capped(sleeps):
     sleeps.clear()
     handler = scripted((429, {"Retry-After": "120"}))
     with Client("segfuse.test", retries=2, max_backoff=0.5, transport=httpx.MockTransport(handler)) as c:
-        with pytest.raises(SegfuseError) as e:
+        with pytest.raises(ClientError) as e:
             c.metadata()
     assert e.value.status == 429 and handler.calls == 3 and sleeps == [0.5, 0.5]  # capped, bounded
 
@@ -146,7 +146,7 @@ def test_retry_after_is_honoured_and_capped(sleeps):
 def test_without_retry_after_the_backoff_doubles(sleeps):
     handler = scripted(503)
     with Client("segfuse.test", retries=3, backoff=0.1, transport=httpx.MockTransport(handler)) as c:
-        with pytest.raises(SegfuseError) as e:
+        with pytest.raises(ClientError) as e:
             c.buffers()
     assert e.value.status == 503 and handler.calls == 4
     for n, wait in enumerate(sleeps):
@@ -156,7 +156,7 @@ def test_without_retry_after_the_backoff_doubles(sleeps):
 def test_retries_zero_sends_once(sleeps):
     handler = scripted((429, {"Retry-After": "1"}), 200)
     with Client("segfuse.test", retries=0, transport=httpx.MockTransport(handler)) as c:
-        with pytest.raises(SegfuseError) as e:
+        with pytest.raises(ClientError) as e:
             c.run("moe_problem_sizes", inputs={})
     assert e.value.status == 429 and handler.calls == 1 and sleeps == []
 
@@ -171,10 +171,10 @@ def test_a_refused_run_is_retried_but_not_one_whose_connection_broke(sleeps):
         sleeps.clear()
         handler = scripted(error, error, error, 200)
         with Client("segfuse.test", transport=httpx.MockTransport(handler)) as c:
-            with pytest.raises(SegfuseError, match="cannot reach the segfuse server") as e:
+            with pytest.raises(ClientError, match="cannot reach the segfuse server") as e:
                 c.run("moe_problem_sizes", inputs={})  # it may have run: not repeated
             assert e.value.status is None and handler.calls == 1 and sleeps == []
-            with pytest.raises(SegfuseError):
+            with pytest.raises(ClientError):
                 c.register({"name": "g"})  # nor is any other POST
             assert handler.calls == 2 and sleeps == []
             assert c.metadata()["backend"] == "numpy"  # a GET is: sent again
@@ -184,7 +184,7 @@ def test_a_refused_run_is_retried_but_not_one_whose_connection_broke(sleeps):
 def test_idempotent_requests_retry_a_broken_connection_boundedly(sleeps):
     handler = scripted(httpx.ReadError("connection reset"))
     with Client("segfuse.test", retries=2, transport=httpx.MockTransport(handler)) as c:
-        with pytest.raises(SegfuseError, match="cannot reach"):
+        with pytest.raises(ClientError, match="cannot reach"):
             c.delete("x")
     assert handler.calls == 3 and len(sleeps) == 2
     # A timeout is not retried (the request may still be running); connect failures are the
@@ -192,7 +192,7 @@ def test_idempotent_requests_retry_a_broken_connection_boundedly(sleeps):
     for error in (httpx.ReadTimeout("slow"), httpx.ConnectError("refused")):
         handler = scripted(error)
         with Client("segfuse.test", transport=httpx.MockTransport(handler)) as c:
-            with pytest.raises(SegfuseError):
+            with pytest.raises(ClientError):
                 c.buffers()
         assert handler.calls == 1
 
@@ -223,7 +223,7 @@ def test_async_client_sleeps_with_asyncio(monkeypatch):
 
 def test_default_transport_retries_connects_and_the_policy_is_checked():
     with Client("127.0.0.1:1", retries=0) as c:  # nothing listens on port 1
-        with pytest.raises(SegfuseError, match="cannot reach the segfuse server at http://127.0.0.1:1/v2"):
+        with pytest.raises(ClientError, match="cannot reach the segfuse server at http://127.0.0.1:1/v2"):
             c.metadata()
     with pytest.raises(ValueError, match="retries"):
         Client("x", retries=-1)
@@ -262,7 +262,7 @@ def test_a_graph_file_is_registered_once_for_many_runs(live_server, tmp_path):
 
         # A missing buffer is still a 404 for the user (after one more registration).
         from segfuse.client import Buffer
-        with pytest.raises(SegfuseError) as e:
+        with pytest.raises(ClientError) as e:
             c.run(path, inputs={"topk_ids": Buffer("no_such_buffer")})
         assert e.value.status == 404 and "no_such_buffer" in e.value.message
         c.unregister(res.fusion_id)
@@ -281,7 +281,7 @@ def test_async_runs_of_a_path_register_once(live_server, tmp_path):
             plan_or_error = None
             try:
                 await c.plan(path, {"T": 8, "K": 4})
-            except SegfuseError as e:  # an engine without a planner says so
+            except ClientError as e:  # an engine without a planner says so
                 plan_or_error = e.status
             return [first, *rest], seen, plan_or_error
 

@@ -9,7 +9,7 @@ import importlib.util
 
 import pytest
 import yaml
-from test_client import ROOT
+from helpers.processes import ROOT
 
 _spec = importlib.util.spec_from_file_location("check_manifests", ROOT / "docker" / "check_manifests.py")
 check = importlib.util.module_from_spec(_spec)

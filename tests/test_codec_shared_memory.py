@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+from helpers.waiting import scaled
 from region_server import Served, serve
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/proc/self") or not os.path.isdir("/dev/shm"),
@@ -54,7 +55,7 @@ def _bodies_in_flight(served: Served):
     ids = np.random.default_rng(0).integers(10 ** 15, 10 ** 16, N)
     body = json.dumps({"dtype": "int64", "shape": [N], "data": ids.tolist()}).encode()
     r = httpx.put(served.url + "/v2/buffers/big", content=body, headers={"content-type": "application/json"},
-                  timeout=60)
+                  timeout=scaled(60))
     assert r.status_code == 201, r.text  # the codec's helper process is up
     host, port = served.url.removeprefix("http://").split(":")
     put = socket.create_connection((host, int(port)))
@@ -66,7 +67,7 @@ def _bodies_in_flight(served: Served):
                     b"Content-Length: %d\r\n\r\n" % len(body) + body[:len(body) // 2])
         get.sendall(b"GET /v2/buffers/big HTTP/1.1\r\nHost: t\r\nAccept: application/json\r\n\r\n")
         assert get.recv(4096).startswith(b"HTTP/1.1 200")
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + scaled(30)
         while True:  # the body's segment (a spare one, reused) and the response's are mapped by now or soon
             maps = _shared_mappings(served.pids())
             if len(maps) >= 2:
@@ -83,9 +84,9 @@ def test_no_codec_segment_can_be_registered_while_bodies_are_in_flight(tmp_path)
     with serve(tmp_path) as served, _bodies_in_flight(served) as maps:
         for name in sorted(_named(maps)):  # what an attacker sees in /dev/shm and tries
             r = httpx.post(f"{served.url}{SYS}/region/stolen/register", json={"key": "/" + name, "byte_size": 1},
-                           timeout=30)
+                           timeout=scaled(30))
             assert r.status_code == 400 and "server's own" in r.json()["error"], (name, r.text)
-        assert httpx.get(f"{served.url}{SYS}/status", timeout=30).json() == []
+        assert httpx.get(f"{served.url}{SYS}/status", timeout=scaled(30)).json() == []
 
 
 def test_sigkill_mid_body_leaves_no_shared_memory_behind(tmp_path):
@@ -95,8 +96,8 @@ def test_sigkill_mid_body_leaves_no_shared_memory_behind(tmp_path):
             pids = served.pids()
             assert len(pids) >= 2  # the server and its codec helper at least
             os.killpg(served.proc.pid, signal.SIGKILL)  # the server, its helper, the resource tracker
-            served.proc.wait(30)
-        deadline = time.monotonic() + 30
+            served.proc.wait(scaled(30))
+        deadline = time.monotonic() + scaled(30)
         while any(Path(f"/proc/{pid}").exists() and _alive(pid) for pid in pids):
             assert time.monotonic() < deadline, "a process of the killed server lingers"
             time.sleep(0.05)

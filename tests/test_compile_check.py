@@ -9,12 +9,12 @@ import pytest
 pytest.importorskip("cuda.bindings.nvrtc")
 
 import compile_check  # noqa: E402
+from helpers.graphs import topk_scatter  # noqa: E402
 from segfuse.compiler.codegen.prelude import PRELUDE  # noqa: E402
 from segfuse.compiler.cuda import prepare  # noqa: E402
 from segfuse.compiler.cuda.nvrtc import default_options  # noqa: E402
 from segfuse.compiler.engine import Engine  # noqa: E402
 from segfuse.compiler.ir import Fusion  # noqa: E402
-from test_compile_fallback import topk_scatter  # noqa: E402
 
 
 def plans_of(graph: dict) -> dict:

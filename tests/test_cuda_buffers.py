@@ -14,45 +14,16 @@ import numpy as np
 import pytest
 from corpus import all_cases, case_inputs
 from cupy_standin import Array
+from helpers.plan_graphs import BIG_N, graphs, runnable, scan_chain
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
-from segfuse.compiler import Engine, Fusion, RunError, run_graph
+from segfuse.compiler import Engine, Fusion, run_graph
 from segfuse.compiler.cuda import arrays
 from segfuse.compiler.dtypes import from_numpy
 from segfuse.compiler.segmenter.shapes import nbytes as plan_nbytes
 from standin_kernels import StandinGPU
-from test_plan_executor import BIG_N, graphs, make_inputs
 
 PLANS = Engine("numpy")
-
-
-def _chain(n=BIG_N, dtype="float32"):
-    """Four cumsums in a row (four segments): `c` reuses `a`'s buffer, `b` lives to the end. The GPU
-    test takes int64, whose sums are exact in any order (x's periods sum to 0: no overflow)."""
-    g = {"format": "segfuse.fusion/1", "name": "chain", "inputs": [{"name": "x", "dtype": dtype, "shape": ["N"]}],
-         "ops": [{"op": "cumsum", "out": "a", "inputs": ["x"], "dim": 0},
-                 {"op": "cumsum", "out": "b", "inputs": ["a"], "dim": 0},
-                 {"op": "cumsum", "out": "c", "inputs": ["b"], "dim": 0},
-                 {"op": "cumsum", "out": "d", "inputs": ["c"], "dim": 0},
-                 {"op": "add", "out": "e", "inputs": ["d", "b"]}],
-         "outputs": ["e", "d"]}
-    x = np.arange(n) % 5 if dtype == "float32" else np.arange(n) % 5 - 2
-    return Fusion.from_json(g), {"x": x.astype(dtype)}
-
-
-def runnable(case, seed):
-    """(fusion, inputs, run_graph's results) of a drawn plan-executor case, or None when the graph
-    is invalid or fails to run (the interpreter says which)."""
-    graph, n, m = case
-    try:
-        f = Fusion.from_json(graph)
-    except Exception:
-        return None
-    ins = make_inputs(n, m, seed)
-    try:
-        return f, ins, run_graph(f, copy.deepcopy(ins))
-    except RunError:
-        return None
 
 
 @pytest.fixture
@@ -151,7 +122,7 @@ def test_a_reused_buffer_is_one_allocation_and_results_stay_right(gpu, monkeypat
     from segfuse.compiler.cuda import buffers
 
     monkeypatch.setattr(buffers, "_REUSE_BYTES", reuse_bytes)  # 0: every buffer per run, from the pool
-    f, ins = _chain()
+    f, ins = scan_chain()
     rt = gpu.runtime()
     plan, made = _check_allocations(gpu, rt, f, ins, monkeypatch)
     tb = plan.tensor_buffer
@@ -165,7 +136,7 @@ def test_a_reused_buffer_is_one_allocation_and_results_stay_right(gpu, monkeypat
 
 
 def test_small_intermediates_are_allocated_once_per_thread_and_outputs_per_run(gpu, monkeypatch):
-    f, ins = _chain()
+    f, ins = scan_chain()
     rt = gpu.runtime()
     plan = PLANS.plan(f, {"x": (BIG_N,)})
     inter = [b for b in plan.buffers if b.kind == "intermediate"]
@@ -196,7 +167,7 @@ def test_small_intermediates_are_allocated_once_per_thread_and_outputs_per_run(g
 
 @pytest.mark.parametrize("deferred", [False, True])
 def test_fast_path_and_graph_replays_reuse_buffers_correctly(gpu, monkeypatch, deferred):
-    f, ins = _chain()
+    f, ins = scan_chain()
     rt = gpu.runtime()
     plan = PLANS.plan(f, {"x": (BIG_N,)})
     dev = _dev(ins)
@@ -249,12 +220,12 @@ def test_thread_state_keeps_nothing_of_evicted_entries_or_dropped_calls(gpu, mon
     from segfuse.compiler.cuda import runtime as rtmod
 
     monkeypatch.setattr(rtmod, "PREPARED_ENTRIES", 3)
-    f, _ = _chain(dtype="int64")
+    f, _ = scan_chain(dtype="int64")
     rt = gpu.runtime()
     sizes = [40 + 7 * i for i in range(12)]  # 12 shape classes through a 3-entry LRU
     calls = {}
     for i, n in enumerate(sizes):
-        _, ins = _chain(n, "int64")
+        _, ins = scan_chain(n, "int64")
         plan = PLANS.plan(f, {"x": (n,)})
         want = run_graph(f, copy.deepcopy(ins))
         got, _ = rt.run(f, _dev(ins), plan)
@@ -276,7 +247,7 @@ def test_thread_state_keeps_nothing_of_evicted_entries_or_dropped_calls(gpu, mon
     assert len(rt._prepared) == 3
     assert len(held) <= 2, f"{len(held)} owners' entries outlived them"
     for n, call in calls.items():  # the calls held still run, on their kept state
-        _, ins = _chain(n, "int64")
+        _, ins = scan_chain(n, "int64")
         want = run_graph(f, copy.deepcopy(ins))
         got = call(_dev(ins))
         for name in want:

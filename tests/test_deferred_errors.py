@@ -6,47 +6,14 @@ later call raises is checked against what was written. The GPU suite runs the sa
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 import pytest
-from cupy_standin import fake_cupy
+from helpers.error_blocks import GRAPH, _fail, _fake_cupy
 from segfuse.compiler.cuda import thread_state as ts
 from segfuse.compiler.engine import Engine
 from segfuse.compiler.errors import DeferredRunError, RunError
 from segfuse.compiler.ir import Fusion
 from segfuse.compiler.numpy_backend import run_graph
-
-GRAPH = {"format": "segfuse.fusion/1", "name": "hist",
-         "inputs": [{"name": "i", "dtype": "int64", "shape": ["N"]}],
-         "ops": [{"op": "full", "out": "z", "inputs": [], "shape": [4], "value": 0, "dtype": "int64"},
-                 {"op": "full_like", "out": "one", "inputs": ["i"], "value": 1, "dtype": "int64"},
-                 {"op": "scatter", "out": "c", "inputs": ["z", "i", "one"], "dim": 0, "reduce": "add"}],
-         "outputs": ["c"]}
-
-
-class _Stream:
-    def __init__(self, non_blocking=False):
-        self.syncs = 0
-
-    def synchronize(self):
-        self.syncs += 1
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-def _fake_cupy():
-    return fake_cupy(_Stream)
-
-
-def _fail(state, slot_ptr: int, op_index: int, value: int):
-    """What a kernel does on a bad index: claim word 0 (the code), then fill the rest."""
-    words = (ctypes.c_int64 * ts.ERR_WORDS).from_address(slot_ptr)
-    words[0], words[1], words[2], words[3], words[4] = 1, op_index, value, 0, 4
 
 
 @pytest.fixture

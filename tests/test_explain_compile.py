@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import re
 
+from helpers.processes import ROOT, segfuse
 from segfuse.compiler import Engine, load_fusion
-from test_cli import segfuse
-from test_client import ROOT
 
 ARGSORT = ROOT / "examples" / "moe_argsort.json"
 

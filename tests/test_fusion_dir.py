@@ -68,8 +68,7 @@ def test_segfuse_serve_fusion_dir_survives_a_restart(tmp_path):
     """Through the console script: `segfuse serve --fusion-dir DIR`, a fusion registered over HTTP
     (by `segfuse` itself) is in DIR and registered again by the next server on DIR."""
     import httpx
-    from test_cli import SEGFUSE, segfuse
-    from test_client import server_process
+    from helpers.processes import SEGFUSE, segfuse, server_process
 
     repo = tmp_path / "repo"
     repo.mkdir()

@@ -19,6 +19,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from helpers.waiting import scaled
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -389,15 +390,24 @@ async def test_concurrent_replacements_leave_one_graph_per_name_on_disk(asgi_ser
 
 @pytest.mark.anyio
 async def test_health_answers_while_a_registration_waits_on_a_slow_disk(asgi_server, tmp_path, monkeypatch):
-    import time
-
+    """fsync waits until the test lets it go: health answers meanwhile, so the wait is not on the
+    event loop (were it, health would answer only after fsync gave up waiting)."""
+    entered, release, returned = threading.Event(), threading.Event(), threading.Event()
     real_fsync = os.fsync
-    monkeypatch.setattr(os, "fsync", lambda fd: (time.sleep(2.0), real_fsync(fd))[1])
+
+    def slow_fsync(fd):
+        entered.set()
+        release.wait(scaled(60))
+        returned.set()
+        return real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", slow_fsync)
     async with asgi_server(fusion_dir=str(tmp_path)) as c:
         registering = asyncio.ensure_future(c.post("/v2/fusions", json=graph("hist", 1)))
-        await asyncio.sleep(0.2)
-        t0 = time.perf_counter()
-        assert (await c.get("/v2/health/live")).status_code == 200
-        assert time.perf_counter() - t0 < 1.0  # generous: the fsync alone takes 2 s
-        assert not registering.done()
+        try:
+            assert await asyncio.to_thread(entered.wait, scaled(60)), "the registration never reached fsync"
+            assert (await c.get("/v2/health/live")).status_code == 200
+            assert not returned.is_set() and not registering.done()
+        finally:
+            release.set()
         assert (await registering).status_code == 201

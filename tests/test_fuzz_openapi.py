@@ -29,6 +29,7 @@ import fuzz_hooks
 import hypothesis
 import pytest
 import schemathesis  # the dev extra's; a missing one fails here rather than skipping the fuzz
+from helpers.waiting import scaled
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.errors import FlakyStrategyDefinition
 from schemathesis import checks as st_checks
@@ -98,7 +99,7 @@ def _wait_ready(schema, app, headers=None):
     if app.state.runtime.ready:
         return
     probe = schema["/v2/health/ready"]["GET"]
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + scaled(60)
     while probe.Case().call(headers=headers).status_code != 200:
         assert time.monotonic() < deadline, "the server did not become ready"
         time.sleep(0.02)

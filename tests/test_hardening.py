@@ -12,8 +12,7 @@ import urllib.parse
 
 import numpy as np
 import pytest
-
-from tests.test_server_api import assert_error
+from helpers.service import assert_error
 
 pytestmark = pytest.mark.anyio
 

@@ -11,10 +11,16 @@ import threading
 import time
 
 import pytest
-from conftest import MOE_PROBLEM_SIZES, LiveServer
+from helpers.graphs import MOE_PROBLEM_SIZES
+from helpers.servers import LiveServer
+from helpers.waiting import scaled
 
-LIMITS = {"header_timeout": 1.0, "body_timeout": 1.0, "keep_alive_timeout": 1.0, "max_header_bytes": 4096}
-WAIT_S = 15  # how long a test waits for the server to act, far over any limit above
+# The time limits are short to keep the test short, and stretch with a loaded machine (SCALE) so
+# that a client's deliberate pauses (PAUSE_S) stay well inside them.
+LIMIT_S = scaled(2.0)
+PAUSE_S = 0.5
+LIMITS = {"header_timeout": LIMIT_S, "body_timeout": LIMIT_S, "keep_alive_timeout": LIMIT_S, "max_header_bytes": 4096}
+WAIT_S = scaled(30)  # how long a test waits for the server to act, far over any limit above
 
 
 class LimitedServer(LiveServer):
@@ -96,7 +102,7 @@ def test_headers_that_do_not_finish_in_time_get_408(server, drip):
 
             threading.Thread(target=dripping, daemon=True).start()
         status, doc = answer(until_closed(sock))
-    assert status == 408 and "headers did not arrive within 1 s" in doc["error"]
+    assert status == 408 and f"headers did not arrive within {LIMIT_S:g} s" in doc["error"]
     assert doc["details"][0]["loc"] == ["headers"]
 
 
@@ -133,7 +139,7 @@ def test_requests_within_the_limits_keep_their_connection(server):
             sock.sendall(request(extra=b"X-Pad: " + b"p" * 3000 + b"\r\n"))
             data = sock.recv(65536)
             assert data.startswith(b"HTTP/1.1 200") and data.endswith(b'{"live":true}')
-            time.sleep(0.5)  # idle, but under the keep-alive timeout
+            time.sleep(PAUSE_S)  # idle, but under the keep-alive timeout
         # then idle past the keep-alive timeout: closed
         assert until_closed(sock) == b""
 
@@ -143,7 +149,7 @@ def test_a_body_that_stops_gets_408(server, path):
     with connect(server) as sock:
         sock.sendall(request(path, "POST", b"x" * 100)[:-90])  # 10 of 100 body bytes, then nothing
         status, doc = answer(until_closed(sock))
-    assert status == 408 and "no byte of the request's body arrived for 1 s" in doc["error"]
+    assert status == 408 and f"no byte of the request's body arrived for {LIMIT_S:g} s" in doc["error"]
     assert doc["details"][0]["loc"] == ["body"]
 
 
@@ -154,9 +160,10 @@ def test_a_slow_but_steady_body_is_served(server):
     with connect(server) as sock:
         sock.sendall(request("/v2/fusions", "POST", b"", b"Content-Type: application/json\r\n")
                      .replace(b"Content-Length: 0", b"Content-Length: %d" % len(body)))
-        step = len(body) // 6 + 1
+        pieces = int(2 * LIMIT_S / PAUSE_S) + 2  # arriving over twice the body timeout
+        step = len(body) // pieces + 1
         for i in range(0, len(body), step):
-            time.sleep(0.5)
+            time.sleep(PAUSE_S)
             sock.sendall(body[i:i + step])
         data = sock.recv(65536)
     assert data.startswith(b"HTTP/1.1 201"), data[:200]
@@ -206,8 +213,7 @@ def test_the_limits_are_settings_and_serve_flags():
 
 
 def test_serve_applies_the_limits():
-    from test_client import server_process
-    from test_server_cli import SEGFUSE
+    from helpers.processes import SEGFUSE, server_process
 
     with server_process([*SEGFUSE, "serve", "--max-header-bytes", "2K", "--header-timeout", "1"]) as url:
         host, port = url.removeprefix("http://").split(":")

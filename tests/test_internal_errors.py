@@ -7,7 +7,8 @@ import http.client
 import json
 
 import pytest
-from conftest import MOE_PROBLEM_SIZES
+from helpers.graphs import MOE_PROBLEM_SIZES
+from helpers.waiting import scaled
 
 pytestmark = pytest.mark.anyio
 
@@ -47,7 +48,7 @@ async def test_a_timeout_too_large_for_the_server_is_400(asgi_server, moe_graph,
 def keep_alive_requests(server, requests) -> list[tuple[int, dict]]:
     """Each (method, path, body) on one keep-alive connection; asserts it stays open throughout."""
     host, port = server.url.removeprefix("http://").split(":")
-    conn = http.client.HTTPConnection(host, int(port), timeout=30)
+    conn = http.client.HTTPConnection(host, int(port), timeout=scaled(30))
     out, sock = [], None
     for method, path, body in requests:
         conn.request(method, path, body=body, headers={"content-type": "application/json"})

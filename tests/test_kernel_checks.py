@@ -14,6 +14,7 @@ import re
 import numpy as np
 import pytest
 from corpus import moe_graphs
+from helpers.graphs import one_op
 from segfuse.compiler.codegen.segment import generate
 from segfuse.compiler.ir import Fusion
 from segfuse.compiler.segmenter import segment
@@ -29,11 +30,9 @@ def _modules(graph: dict, shapes: dict, dtypes: dict | None = None):
 
 
 def _pointwise(op: str, dt: str, other) -> dict:
-    inputs = [{"name": "x", "dtype": dt, "shape": ["N"]}]
-    if isinstance(other, str):
-        inputs.append({"name": other, "dtype": dt, "shape": ["N"]})
-    return {"format": "segfuse.fusion/1", "name": "pw", "inputs": inputs,
-            "ops": [{"op": op, "out": "y", "inputs": ["x", other]}], "outputs": ["y"]}
+    """y = op(x, other): `other` an input of x's dtype and shape where it is a name, else a literal."""
+    inputs = [(n, dt, ["N"]) for n in ("x", other) if isinstance(n, str)]
+    return one_op(op, inputs, ["x", other], out="y", name="pw")
 
 
 @pytest.mark.parametrize("op, dt, other, fails", [

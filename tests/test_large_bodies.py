@@ -9,7 +9,7 @@ import json
 
 import numpy as np
 import pytest
-from test_server_live import RAW, client
+from helpers.service import RAW, client
 
 pytestmark = pytest.mark.anyio
 

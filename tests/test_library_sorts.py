@@ -9,10 +9,10 @@ import types
 import numpy as np
 import pytest
 import torch
+from helpers.torch_oracle import check_same, to_torch
 from segfuse.compiler.cuda.library_sorts import library_run
 from segfuse.compiler.ir import Fusion
 from segfuse.compiler.plan import Segment, SegmentKind
-from torch_oracle import check_same, to_torch
 
 
 class StableNumpy:

@@ -11,18 +11,18 @@ import cuda_emulator as emu
 import literal_cases as lc
 import numpy as np
 import pytest
+from helpers.emulated import on_device
 from segfuse.compiler import Engine
 from segfuse.compiler.ir import Fusion
-from test_cuda_emulator import _device, emulated  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.skipif(not emu.available(), reason="needs a C++17 compiler (c++)")
 
 
 @pytest.mark.parametrize("dt,chunk", lc.cases(), ids=[f"{dt}-{c}" for dt, c in lc.cases()])
-def test_literal_extremes_in_emulated_kernels(emulated, dt, chunk):  # noqa: F811
+def test_literal_extremes_in_emulated_kernels(emulated, dt, chunk):
     rt, Array = emulated
     graph, ins, want = lc.case(dt, chunk)
     f = Fusion.from_json(graph)
-    got, _ = rt.run(f, _device(ins, Array), Engine("numpy").plan(f, {k: np.shape(v) for k, v in ins.items()}))
+    got, _ = rt.run(f, on_device(ins, Array), Engine("numpy").plan(f, {k: np.shape(v) for k, v in ins.items()}))
     for k, w in want.items():
         lc.assert_exact(np.array(got[k]), w, f"{dt} {k} ({graph['ops'][list(want).index(k)]})")

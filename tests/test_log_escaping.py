@@ -9,14 +9,11 @@ from __future__ import annotations
 import json
 import logging
 import logging.config
-import os
-import subprocess
 import sys
-import time
 
 import httpx
+from helpers.processes import serve_logged
 from segfuse.server.logs import log_config
-from test_client import free_port
 
 FORGED = "INFO:     127.0.0.1:1 - \"GET /v2/forged HTTP/1.1\" 200 OK"
 BREAKS = ["\r\n", "\n", "\r", "\x85", "\u2028", "\x0b", "\x1b[2K\r"]
@@ -83,24 +80,11 @@ def test_json_records_escape_line_separators():
 def test_a_served_request_cannot_forge_a_text_log_line():
     """`segfuse serve` (text format): a request whose path decodes to CR/LF and a forged access
     line; the server's failure line for it stays one line."""
-    script = os.path.join(os.path.dirname(sys.executable), "segfuse")
-    port = free_port()
-    proc = subprocess.Popen([script, "serve", "--backend", "numpy", "--port", str(port), "--log-level", "info"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
+    with serve_logged("--log-level", "info") as served:
         path = "/v2/buffers/x%0D%0AINFO:%20%20%20%20%20forged%0Aline%C2%85INFO:%20forged%20too"
-        r = httpx.get(f"http://127.0.0.1:{port}{path}", headers={"x-request-id": "r-inj"})
+        r = httpx.get(served.url + path, headers={"x-request-id": "r-inj"})
         assert r.status_code in (400, 404), r.text
-    finally:
-        proc.terminate()
-        out = proc.communicate(timeout=30)[0]
+    out = served.output
     lines = out.splitlines()
     assert any("[r-inj]" in line for line in lines), out
     for line in lines:

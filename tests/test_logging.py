@@ -9,12 +9,12 @@ import logging
 import os
 import subprocess
 import sys
-import time
 from datetime import datetime
 
 import httpx
 import pytest
-from test_client import free_port
+from helpers.processes import serve_logged
+from helpers.waiting import scaled
 
 pytestmark = pytest.mark.anyio
 
@@ -47,23 +47,9 @@ async def test_a_failed_request_is_logged_with_its_id(asgi_server, caplog, moe_g
 def _serve_and_ask(*flags: str) -> str:
     """Start `segfuse serve` (the console script) with flags, ask for a missing buffer with
     X-Request-ID r-42, stop it; its stdout and stderr together."""
-    script = os.path.join(os.path.dirname(sys.executable), "segfuse")
-    port = free_port()
-    proc = subprocess.Popen([script, "serve", "--backend", "numpy", "--port", str(port), *flags],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/v2/health/ready", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                time.sleep(0.1)
-        httpx.get(f"http://127.0.0.1:{port}/v2/buffers/missing", headers={"x-request-id": "r-42"})
-    finally:
-        proc.terminate()
-        out = proc.communicate(timeout=30)[0]
-    return out
+    with serve_logged(*flags) as served:
+        httpx.get(served.url + "/v2/buffers/missing", headers={"x-request-id": "r-42"})
+    return served.output
 
 
 def test_segfuse_serve_logs_segfuse_info():
@@ -94,8 +80,8 @@ def test_segfuse_serve_json_logs():
 
 def test_a_bad_log_format_is_a_clear_error():
     script = os.path.join(os.path.dirname(sys.executable), "segfuse")
-    r = subprocess.run([script, "serve", "--log-format", "xml"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([script, "serve", "--log-format", "xml"], capture_output=True, text=True, timeout=scaled(60))
     assert r.returncode == 2 and "--log-format" in r.stderr and "Traceback" not in r.stderr
-    r = subprocess.run([script, "serve", "--port", "1"], capture_output=True, text=True, timeout=60,
+    r = subprocess.run([script, "serve", "--port", "1"], capture_output=True, text=True, timeout=scaled(60),
                        env={**os.environ, "SEGFUSE_LOG_FORMAT": "xml"})
     assert r.returncode == 2 and "log_format must be text or json" in r.stderr and "Traceback" not in r.stderr

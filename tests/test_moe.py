@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.waiting import scaled
 from segfuse.compiler import Engine, Fusion, load_fusion, run_graph
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -220,12 +221,12 @@ def test_argsort_fixed_topk_rejects_other_k():
 
 def test_builder_script_runs():
     r = subprocess.run([sys.executable, str(EXAMPLES / "moe_builder.py"), "-T", "8", "-K", "2", "-E", "4"],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=scaled(120))
     assert r.returncode == 0, r.stderr
     for word in ("counts", "expert_offsets", "blockscale_offsets", "input_permutation", "output_permutation"):
         assert word in r.stdout
     r = subprocess.run([sys.executable, str(EXAMPLES / "moe_builder.py"), "--int32"],
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=scaled(120))
     assert r.returncode == 0, r.stderr
 
 
@@ -239,7 +240,7 @@ def segfuse_cmd() -> list[str]:
 
 def cli(*args, cwd=ROOT):
     return subprocess.run(segfuse_cmd() + [str(a) for a in args], capture_output=True, text=True,
-                          cwd=cwd, timeout=120)
+                          cwd=cwd, timeout=scaled(120))
 
 
 ALL_EXAMPLES = sorted(p.name for p in EXAMPLES.glob("*.json"))
@@ -346,7 +347,7 @@ def test_examples_readme_commands_run(tmp_path):
     for b in blocks:
         code = "\n".join(ln.replace("python ", f"{sys.executable} ", 1) if ln.startswith("python ") else ln
                          for ln in b.splitlines() if "--write" not in ln)
-        r = subprocess.run(["bash", "-ec", code], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=300)
+        r = subprocess.run(["bash", "-ec", code], cwd=tmp_path, capture_output=True, text=True, env=env, timeout=scaled(300))
         assert r.returncode == 0, code + "\n" + r.stdout + r.stderr
     ids = np.load(tmp_path / "ids.npy")
     ref = torch.bincount(torch.from_numpy(ids).flatten(), minlength=16)

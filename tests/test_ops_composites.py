@@ -13,11 +13,12 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from helpers.graphs import one_op
+from helpers.torch_oracle import check_same, to_numpy, to_torch
 from segfuse.compiler import Fusion, FusionDefinition, GraphError, run_graph
 from segfuse.compiler.dtypes import DType
 from segfuse.compiler.engine import Engine
 from segfuse.compiler.ops import REGISTRY
-from torch_oracle import check_same, to_numpy, to_torch
 
 TOL = {DType.float32: {"rtol": 1e-5, "atol": 1e-6}, DType.float64: {"rtol": 1e-12, "atol": 1e-12},
        DType.float16: {"rtol": 2e-3, "atol": 1e-3}, DType.bfloat16: {"rtol": 1.6e-2, "atol": 8e-3}}
@@ -26,9 +27,8 @@ TORCH_DT = {DType.float32: torch.float32, DType.float64: torch.float64, DType.fl
 
 
 def _graph(op: str, dt: DType, shape, n_out=1, **attrs) -> dict:
-    outs = ["o"] if n_out == 1 else [f"o{k}" for k in range(n_out)]
-    return {"format": "segfuse.fusion/1", "name": "c", "inputs": [{"name": "x", "dtype": dt.value, "shape": list(shape)}],
-            "ops": [{"op": op, "out": outs[0] if n_out == 1 else outs, "inputs": ["x"], **attrs}], "outputs": outs}
+    out = "o" if n_out == 1 else [f"o{k}" for k in range(n_out)]
+    return one_op(op, [("x", dt.value, shape)], ["x"], out=out, name="c", **attrs)
 
 
 def _sample(rng, shape, dt: DType, special: bool = False) -> np.ndarray:

@@ -11,16 +11,16 @@ import zlib
 import numpy as np
 import pytest
 import torch
+from helpers.graphs import one_op
+from helpers.torch_oracle import check_same, to_torch
 from segfuse.compiler import Fusion, FusionDefinition, GraphError, run_graph
 from segfuse.compiler.dtypes import DType
 from segfuse.compiler.engine import Engine
 from segfuse.compiler.ops import REGISTRY
-from torch_oracle import check_same, to_torch
 
 
 def _graph(op, dt: DType, shape, dim) -> dict:
-    return {"format": "segfuse.fusion/1", "name": "c", "inputs": [{"name": "x", "dtype": dt.value, "shape": list(shape)}],
-            "ops": [{"op": op, "out": ["v", "i"], "inputs": ["x"], "dim": dim}], "outputs": ["v", "i"]}
+    return one_op(op, [("x", dt.value, shape)], ["x"], out=["v", "i"], name="c", dim=dim)
 
 
 def _ties(rng, shape, dt: DType, special=False) -> np.ndarray:

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-import torch_oracle
+from helpers import torch_oracle
+from helpers.graphs import one_op
+from helpers.torch_oracle import to_numpy
 from segfuse.compiler import Fusion, GraphError, RunError, run_graph
-from torch_oracle import to_numpy
 
 DTYPES = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
 FLOATS = ["float16", "bfloat16", "float32", "float64"]
@@ -31,17 +32,6 @@ LITERALS = [True, 3, -2, 2.5, -0.75]
 def gen_for(*parts) -> torch.Generator:
     """A generator seeded from the test's parameters (stable across processes)."""
     return torch.Generator().manual_seed(zlib.crc32(repr(parts).encode()))
-
-
-def graph(op: str, inputs: list[tuple[str, str, list]], operands: list, n_out: int = 1, **attrs) -> dict:
-    """A one-op graph: inputs are (name, dtype, shape); operands are names or literals."""
-    out = "out" if n_out == 1 else [f"out{i}" for i in range(n_out)]
-    return {
-        "format": "segfuse.fusion/1", "name": f"test_{op}",
-        "inputs": [{"name": n, "dtype": d, "shape": list(s)} for n, d, s in inputs],
-        "ops": [{"op": op, "out": out, "inputs": list(operands), **attrs}],
-        "outputs": [out] if n_out == 1 else list(out),
-    }
 
 
 def rand(dtype: str, shape, gen: torch.Generator, kind: str = "any") -> torch.Tensor:
@@ -100,7 +90,7 @@ def run_one(op: str, operands: list, n_out: int = 1, **attrs):
             names.append(name)
         else:
             names.append(x)
-    g = graph(op, inputs, names, n_out, **attrs)
+    g = one_op(op, inputs, names, n_out=n_out, **attrs)
     fusion = Fusion.from_json(g)
     res = run_graph(fusion, arrays)
     return [res[o] for o in ([g["outputs"][0]] if n_out == 1 else g["outputs"])]
@@ -257,7 +247,7 @@ def test_binary_literals(op, dtype, lit):
 @pytest.mark.parametrize("op", sorted(BINARY))
 def test_binary_two_literals_rejected(op):
     with pytest.raises(GraphError) as e:
-        Fusion.from_json(graph(op, [], [2, 3]))
+        Fusion.from_json(one_op(op, [], [2, 3]))
     assert e.value.issues[0].loc[:2] == ("ops", 0)
 
 
@@ -281,7 +271,7 @@ def test_binary_broadcast_mismatch(sa, sb):
     with pytest.raises(RuntimeError):
         torch.add(torch.zeros(sa), torch.zeros(sb))
     with pytest.raises(GraphError) as e:
-        Fusion.from_json(graph("add", [("a", "float32", sa), ("b", "float32", sb)], ["a", "b"]))
+        Fusion.from_json(one_op("add", [("a", "float32", sa), ("b", "float32", sb)], ["a", "b"]))
     (issue,) = e.value.issues
     assert issue.loc[:2] == ("ops", 0) and "broadcast" in issue.msg
 
@@ -521,6 +511,6 @@ def test_binary_integer_extremes(op, dtype):
 def test_binary_symbolic_broadcast(da, db, sa, sb):
     gen = gen_for(str(da), str(db))
     a, b = rand("float32", sa, gen), rand("int16", sb, gen)
-    g = graph("atan2", [("a", "float32", da), ("b", "int16", db)], ["a", "b"])
+    g = one_op("atan2", [("a", "float32", da), ("b", "int16", db)], ["a", "b"])
     out = run_graph(Fusion.from_json(g), {"a": to_numpy(a), "b": to_numpy(b)})["out"]
     check_same(out, torch.atan2(a, b), "symbolic atan2")

@@ -12,11 +12,12 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from helpers.graphs import one_op
+from helpers.torch_oracle import check_same, to_torch
 from segfuse.compiler import Fusion, FusionDefinition, GraphError, RunError, run_graph
 from segfuse.compiler.dtypes import DType
 from segfuse.compiler.engine import Engine
 from segfuse.compiler.ops import REGISTRY
-from torch_oracle import check_same, to_torch
 
 DTYPES = [DType.float32, DType.float16, DType.bfloat16, DType.float64, DType.int64, DType.int32, DType.int8, DType.uint8]
 TORCH_REDUCE = {"mul": "prod", "mean": "mean", "amax": "amax", "amin": "amin", "add": "sum"}
@@ -38,11 +39,8 @@ def _run_all(op, graph, ins, attrs_of=None):
     return {"ref": ref, "graph": run_graph(f, dict(ins))["o"], "plan": Engine("numpy").run(f, dict(ins)).outputs["o"]}
 
 
-def _graph(op, ins: dict, inputs, **attrs) -> dict:
-    decl = [{"name": k, "dtype": DType(str(v.dtype) if str(v.dtype) != "bfloat16" else "bfloat16").value,
-             "shape": list(v.shape)} for k, v in ins.items()]
-    return {"format": "segfuse.fusion/1", "name": "m", "inputs": decl,
-            "ops": [{"op": op, "out": "o", "inputs": inputs, **attrs}], "outputs": ["o"]}
+def _graph(op, ins: dict, operands, **attrs) -> dict:
+    return one_op(op, ins, operands, out="o", name="m", **attrs)
 
 
 @pytest.mark.parametrize("dt", DTYPES, ids=lambda d: d.value)

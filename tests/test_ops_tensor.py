@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-import torch_oracle
+from helpers import torch_oracle
+from helpers.graphs import one_op
+from helpers.torch_oracle import to_numpy, to_torch
 from segfuse.compiler import BindError, Fusion, GraphError, RunError, run_graph
-from torch_oracle import to_numpy, to_torch
 
 DTYPES = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32", "float64"]
 FLOATS = ["float16", "bfloat16", "float32", "float64"]
@@ -48,15 +49,6 @@ def check_same(actual: np.ndarray, expected: torch.Tensor, what: str = "") -> No
     torch_oracle.check_same(actual, expected, what, tol(expected.dtype))
 
 
-def graph(op, inputs, operands, n_out=1, **attrs) -> dict:
-    """A one-op graph; inputs are (name, dtype, shape) with shapes possibly symbolic."""
-    out = "out" if n_out == 1 else [f"out{i}" for i in range(n_out)]
-    return {"format": "segfuse.fusion/1", "name": f"test_{op}",
-            "inputs": [{"name": n, "dtype": d, "shape": list(s)} for n, d, s in inputs],
-            "ops": [{"op": op, "out": out, "inputs": list(operands), **attrs}],
-            "outputs": [out] if n_out == 1 else list(out)}
-
-
 def run_op(op, operands, n_out=1, shapes=None, **attrs):
     """Run a one-op graph over torch tensors / literals; `shapes` overrides declared shapes
     (symbolic sizes). Returns the list of outputs as numpy arrays."""
@@ -70,7 +62,7 @@ def run_op(op, operands, n_out=1, shapes=None, **attrs):
             names.append(name)
         else:
             names.append(x)
-    g = graph(op, inputs, names, n_out, **attrs)
+    g = one_op(op, inputs, names, n_out=n_out, **attrs)
     before = {k: v.copy() for k, v in arrays.items()}
     res = run_graph(Fusion.from_json(g), arrays)
     for k, v in arrays.items():  # inputs are never written (no output is declared alias_of)
@@ -123,7 +115,7 @@ def test_full_shapes(shape):
 
 def test_full_symbolic_shape():
     x = torch.zeros(4, 2)
-    g = graph("full", [("x", "float32", ["T", "K"])], [], shape=["T", "K*2", "T+1", 3], value=3, dtype="int16")
+    g = one_op("full", [("x", "float32", ["T", "K"])], [], shape=["T", "K*2", "T+1", 3], value=3, dtype="int16")
     g["outputs"] = ["out"]
     out = run_graph(Fusion.from_json(g), {"x": x.numpy()})["out"]
     check_same(out, torch.full((4, 4, 5, 3), 3, dtype=torch.int16))
@@ -155,7 +147,7 @@ def test_iota_float_steps(dtype):
 
 
 def test_iota_symbolic_length():
-    g = graph("iota", [("x", "float32", ["T"])], [], length="T*2", dtype="int32")
+    g = one_op("iota", [("x", "float32", ["T"])], [], length="T*2", dtype="int32")
     out = run_graph(Fusion.from_json(g), {"x": np.zeros(3, np.float32)})["out"]
     check_same(out, torch.arange(6, dtype=torch.int32))
 
@@ -164,7 +156,7 @@ def test_iota_rejects_bool():
     with pytest.raises(RuntimeError):
         torch.arange(3, dtype=torch.bool)
     with pytest.raises(GraphError) as e:
-        Fusion.from_json(graph("iota", [], [], length=3, dtype="bool"))
+        Fusion.from_json(one_op("iota", [], [], length=3, dtype="bool"))
     assert e.value.issues[0].loc == ("ops", 0, "dtype")
 
 
@@ -259,7 +251,7 @@ def test_slice(dim, start, end, step):
 def test_slice_symbolic(start, end, step):
     """One graph over a symbolic size, bound to sizes below, inside and above the slice bounds."""
     kw = {k: v for k, v in dict(start=start, end=end).items() if v not in (None, "none")}
-    g = graph("slice", [("x", "float32", ["T", 2])], ["x"], dim=0, step=step, **kw)
+    g = one_op("slice", [("x", "float32", ["T", 2])], ["x"], dim=0, step=step, **kw)
     fusion = Fusion.from_json(g)
     s = None if start == "none" else start
     for t in (0, 1, 3, 7):
@@ -523,7 +515,7 @@ def test_topk_k_out_of_range(k):
 
 def test_topk_symbolic_k():
     x = rand("float32", (3, 8), gen_for("topk-sym"))
-    g = graph("topk", [("x", "float32", ["T", 8])], ["x"], 2, k="T")
+    g = one_op("topk", [("x", "float32", ["T", 8])], ["x"], n_out=2, k="T")
     res = run_graph(Fusion.from_json(g), {"x": x.numpy()})
     check_same(res["out0"], torch.topk(x, 3).values)
 
@@ -745,7 +737,7 @@ def test_failed_in_place_update_writes_nothing(op, attrs):
         index, src = np.array([0, 2, 9]), np.ones((3, 3), np.float32)
     else:
         index, src = np.array([1, -1]), np.ones((2, 3), np.float32)
-    g = graph(op, [("self", "float32", [4, 3]), ("index", "int64", list(index.shape)), ("src", "float32", list(src.shape))],
+    g = one_op(op, [("self", "float32", [4, 3]), ("index", "int64", list(index.shape)), ("src", "float32", list(src.shape))],
               ["self", "index", "src"], **attrs)
     g["outputs"] = [{"name": "out", "alias_of": "self"}]
     fusion = Fusion.from_json(g)
@@ -790,13 +782,13 @@ def test_failed_in_place_update_writes_nothing(op, attrs):
 ], ids=lambda v: v if isinstance(v, str) else None)
 def test_index_validation(op, operands, attrs, loc):
     with pytest.raises(GraphError) as e:
-        Fusion.from_json(graph(op, operands, [n for n, _, _ in operands], **attrs))
+        Fusion.from_json(one_op(op, operands, [n for n, _, _ in operands], **attrs))
     (issue,) = e.value.issues
     assert issue.loc == loc, issue
 
 
 def test_index_extent_checked_at_bind_for_symbols():
-    g = graph("gather", [("x", "float32", ["T", 3]), ("i", "int64", [2, "K"])], ["x", "i"], dim=0)
+    g = one_op("gather", [("x", "float32", ["T", 3]), ("i", "int64", [2, "K"])], ["x", "i"], dim=0)
     fusion = Fusion.from_json(g)  # K <= 3 unknown until bound
     ok = run_graph(fusion, {"x": np.ones((4, 3), np.float32), "i": np.zeros((2, 2), np.int64)})
     assert ok["out"].shape == (2, 2)
@@ -837,7 +829,7 @@ def test_index_put_2d_index(vshape, accumulate):
                                            ("reshape", dict(shape=[2, "T"]), 3)], ids=str)
 def test_symbolic_shape_rules_checked_at_bind(op, attrs, size):
     """Rules that depend on a symbol's value fail at bind time, like torch does at call time."""
-    fusion = Fusion.from_json(graph(op, [("x", "float32", ["T"])], ["x"], **attrs))
+    fusion = Fusion.from_json(one_op(op, [("x", "float32", ["T"])], ["x"], **attrs))
     x = torch.arange(float(size))
     with pytest.raises(RuntimeError):
         {"reshape": lambda: x.reshape([2, -1] if attrs["shape"][1] == -1 else [2, size]),

@@ -18,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tomllib
-from test_client import ROOT, server_process
+from helpers.processes import ROOT, server_process
+from helpers.waiting import scaled
 
 ROOTS = {"compiler", "server", "client", "scaleout", "cli", "torch_ext"}
 
@@ -46,16 +47,16 @@ def test_every_folder_of_modules_is_a_listed_package():
 def archives(tmp_path_factory) -> dict[str, Path]:
     out = tmp_path_factory.mktemp("dist")
     subprocess.run([sys.executable, "-m", "build", "--wheel", "--sdist", "--outdir", str(out), str(ROOT)],
-                   check=True, capture_output=True, text=True, timeout=600)
+                   check=True, capture_output=True, text=True, timeout=scaled(600))
     return {"wheel": next(out.glob("segfuse-*.whl")), "sdist": next(out.glob("segfuse-*.tar.gz"))}
 
 
 def venv(path: Path, *requirements: str, system_site: bool = False) -> Path:
     """A venv at `path` with `requirements` installed by its own pip; returns its bin folder."""
     subprocess.run([sys.executable, "-m", "venv", *(["--system-site-packages"] if system_site else []), str(path)],
-                   check=True, timeout=120)
+                   check=True, timeout=scaled(120))
     r = subprocess.run([str(path / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                        *requirements], capture_output=True, text=True, timeout=900)
+                        *requirements], capture_output=True, text=True, timeout=scaled(900))
     assert r.returncode == 0, r.stdout + r.stderr
     return path / "bin"
 
@@ -64,19 +65,19 @@ def serves_a_registered_fusion(bin_dir: Path) -> None:
     """`segfuse serve` of that venv registers the MoE histogram and runs it; numpy's bincount
     is the oracle. The modules come from the venv, not from this checkout."""
     where = subprocess.run([str(bin_dir / "python"), "-c", "import segfuse.server.routers as m; print(m.__file__)"],
-                           capture_output=True, text=True, timeout=60)
+                           capture_output=True, text=True, timeout=scaled(60))
     assert where.returncode == 0 and where.stdout.startswith(str(bin_dir.parent)), where.stdout + where.stderr
     with server_process([str(bin_dir / "segfuse"), "serve", "--backend", "numpy"]) as url:
         graph = (ROOT / "examples" / "moe_problem_sizes.json").read_bytes()
         req = urllib.request.Request(f"{url}/v2/fusions", graph, {"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=30) as r:
+        with urllib.request.urlopen(req, timeout=scaled(30)) as r:
             name = json.loads(r.read())["name"]
         ids = np.random.default_rng(0).integers(0, 16, (64, 2))
         body = {"inputs": [{"name": "topk_ids", "shape": list(ids.shape), "datatype": "INT64",
                             "data": ids.ravel().tolist()}]}
         req = urllib.request.Request(f"{url}/v2/models/{name}/infer", json.dumps(body).encode(),
                                      {"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=30) as r:
+        with urllib.request.urlopen(req, timeout=scaled(30)) as r:
             out = json.loads(r.read())["outputs"][0]
     assert out["data"] == np.bincount(ids.ravel(), minlength=16).tolist()
 
@@ -102,14 +103,14 @@ def test_every_extra_installs_and_its_modules_import(archives, tmp_path):
     # On top of this interpreter's packages (CI's dev extra has torch and Ray): pip installs what is missing
     bin_dir = venv(tmp_path / "all", f"segfuse[{','.join(sorted(EXTRA_IMPORTS))}] @ {wheel}", system_site=True)
     code = "import importlib\n" + "".join(f"importlib.import_module({m!r})\n" for m in EXTRA_IMPORTS.values())
-    r = subprocess.run([str(bin_dir / "python"), "-c", code], capture_output=True, text=True, timeout=300)
+    r = subprocess.run([str(bin_dir / "python"), "-c", code], capture_output=True, text=True, timeout=scaled(300))
     assert r.returncode == 0, r.stderr
     # The nvrtc extra compiles a graph's kernels without a GPU
     r = subprocess.run([str(bin_dir / "segfuse"), "explain", str(ROOT / "examples" / "moe_problem_sizes.json"),
-                        "--shape", "T=64,K=2", "--compile", "sm_90"], capture_output=True, text=True, timeout=300)
+                        "--shape", "T=64,K=2", "--compile", "sm_90"], capture_output=True, text=True, timeout=scaled(300))
     assert r.returncode == 0 and "for sm_90 with nvrtc-" in r.stdout, r.stdout + r.stderr
     for extra in ("cuda12", "dev"):  # resolvable with the wheel (cuda12 replaces cuda13's CuPy)
         r = subprocess.run([str(bin_dir / "python"), "-m", "pip", "install", "--dry-run", "-q",
                             "--disable-pip-version-check", f"segfuse[{extra}] @ {wheel}"],
-                           capture_output=True, text=True, timeout=600)
+                           capture_output=True, text=True, timeout=scaled(600))
         assert r.returncode == 0, f"[{extra}]: {r.stdout}{r.stderr}"

@@ -8,7 +8,8 @@ import json
 
 import numpy as np
 import pytest
-from test_server_api import assert_error, counts_of, put_raw
+from helpers.graphs import counts_of
+from helpers.service import assert_error, put_raw
 
 pytestmark = pytest.mark.anyio
 URL = "/v2/models/moe_problem_sizes/infer"

@@ -11,7 +11,8 @@ import uuid
 import httpx
 import numpy as np
 import pytest
-from conftest import ELEMENTWISE_CHAIN, MOE_PROBLEM_SIZES
+from helpers.graphs import ELEMENTWISE_CHAIN, MOE_PROBLEM_SIZES
+from helpers.waiting import scaled
 from kserve import InferenceRESTClient, InferInput, InferRequest, RESTConfig
 from kserve.protocol.infer_type import RequestedOutput
 
@@ -19,14 +20,14 @@ from kserve.protocol.infer_type import RequestedOutput
 def register(server, graph: dict) -> str:
     g = copy.deepcopy(graph)
     g["name"] = f"{graph['name']}_{uuid.uuid4().hex[:8]}"
-    r = httpx.post(server.url + "/v2/fusions", json=g, timeout=30)
+    r = httpx.post(server.url + "/v2/fusions", json=g, timeout=scaled(30))
     assert r.status_code == 201, r.text
     return g["name"]
 
 
 def run(coro_fn):
     async def main():
-        client = InferenceRESTClient(RESTConfig(protocol="v2", timeout=60))
+        client = InferenceRESTClient(RESTConfig(protocol="v2", timeout=scaled(60)))
         try:
             return await coro_fn(client)
         finally:

@@ -19,8 +19,9 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
-from conftest import ELEMENTWISE_CHAIN, MOE_PROBLEM_SIZES
-from test_server_live import GatedEngine
+from helpers.graphs import ELEMENTWISE_CHAIN, MOE_PROBLEM_SIZES
+from helpers.service import GatedEngine
+from helpers.waiting import scaled, wait_until
 from tritonclient.utils import InferenceServerException
 
 
@@ -31,14 +32,14 @@ def unique(prefix: str) -> str:
 def register(server, graph: dict, name: str) -> dict:
     g = copy.deepcopy(graph)
     g["name"] = name
-    r = httpx.post(server.url + "/v2/fusions", json=g, timeout=30)
+    r = httpx.post(server.url + "/v2/fusions", json=g, timeout=scaled(30))
     assert r.status_code in (200, 201), r.text
     return r.json()
 
 
 @pytest.fixture
 def triton(live_server):
-    c = httpclient.InferenceServerClient(live_server.url.removeprefix("http://"), network_timeout=60)
+    c = httpclient.InferenceServerClient(live_server.url.removeprefix("http://"), network_timeout=scaled(60))
     yield c
     c.close()
 
@@ -350,7 +351,7 @@ def test_zip_bomb_is_413_without_inflating(live_server_factory):
     tracemalloc.start()
     try:
         r = httpx.post(server.url + "/v2/models/x/infer", content=bomb,
-                       headers={"Content-Encoding": "gzip"}, timeout=60)
+                       headers={"Content-Encoding": "gzip"}, timeout=scaled(60))
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -428,7 +429,7 @@ def test_timeout_honoured(live_server, moe):
     results: dict = {}
 
     def call(key, **kw):
-        c = httpclient.InferenceServerClient(host, network_timeout=60)
+        c = httpclient.InferenceServerClient(host, network_timeout=scaled(60))
         try:
             results[key] = c.infer(moe, [ids_input(ids)], **kw).as_numpy("counts")
         except InferenceServerException as e:
@@ -439,17 +440,15 @@ def test_timeout_honoured(live_server, moe):
     try:
         first = threading.Thread(target=call, args=("first",))
         first.start()
-        assert gate.entered.wait(10)
+        assert gate.entered.wait(scaled(60))
         late = threading.Thread(target=call, args=("late",), kwargs={"timeout": 1000})  # 1 ms
         late.start()
-        deadline = time.monotonic() + 10
-        while rt.executor.admitted < 2 and time.monotonic() < deadline:
-            time.sleep(0.005)
+        wait_until(lambda: rt.executor.admitted >= 2, 60, "the late call admitted", poll=0.005)
         time.sleep(0.05)
     finally:
         gate.release.set()
-        first.join(30)
-        late.join(30)
+        first.join(scaled(120))
+        late.join(scaled(120))
         rt.engine = gate.inner
     np.testing.assert_array_equal(results["first"], counts_of(ids))
     e = results["late"]

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import os
 import uuid
-from multiprocessing import shared_memory
 
 import httpx
 import pytest
+from helpers.waiting import scaled
 from region_server import serve
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="POSIX shared memory in /dev/shm (Linux)")
@@ -17,30 +17,15 @@ pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="POSIX sha
 SYS = "/v2/systemsharedmemory"
 
 
-@pytest.fixture
-def objects():
-    made = []
-
-    def make(nbytes: int, name: str | None = None) -> shared_memory.SharedMemory:
-        s = shared_memory.SharedMemory(name=name or f"sf_test_{uuid.uuid4().hex[:12]}", create=True, size=nbytes)
-        made.append(s)
-        return s
-
-    yield make
-    for s in made:
-        s.close()
-        s.unlink()
-
-
 def _body(obj, byte_size: int = 1) -> dict:
     return {"key": "/" + obj.name, "byte_size": byte_size}
 
 
 @pytest.mark.anyio
-async def test_region_count_is_bounded_per_server(asgi_server, objects):
+async def test_region_count_is_bounded_per_server(asgi_server, shm):
     auth = {"authorization": "Bearer s3cret"}
     async with asgi_server(token="s3cret", max_regions=3, headers=auth) as c:
-        objs = [objects(1) for _ in range(4)]
+        objs = [shm(1) for _ in range(4)]
         for i in range(3):
             r = await c.post(f"{SYS}/region/r{i}/register", json=_body(objs[i]))
             assert r.status_code == 200, r.text
@@ -58,13 +43,13 @@ async def test_region_count_is_bounded_per_server(asgi_server, objects):
         assert 'segfuse_regions{kind="system"} 3.0' in metrics
 
 
-def test_region_descriptors_stay_within_the_process_limit(tmp_path, objects):
+def test_region_descriptors_stay_within_the_process_limit(tmp_path, shm):
     """With a low limit of open files (256 here) and no region count bound to speak of, registrations
     stop with a 413 naming the limit while descriptors remain for everything else: new connections
     and other routes keep working (before, shm_open or accept failed with EMFILE)."""
-    obj = objects(4096)
+    obj = shm(4096)
     with serve(tmp_path, nofile=256, max_regions=100_000) as served, httpx.Client(base_url=served.url,
-                                                                                   timeout=30) as c:
+                                                                                   timeout=scaled(30)) as c:
         statuses = []
         for i in range(300):
             r = c.post(f"{SYS}/region/r{i}/register", json=_body(obj))
@@ -76,7 +61,7 @@ def test_region_descriptors_stay_within_the_process_limit(tmp_path, objects):
         assert 413 in statuses and statuses.index(413) >= 50, statuses
         assert 200 not in statuses[statuses.index(413):]  # no registration slips past the bound
         for _ in range(20):  # fresh connections still accepted, buffers still stored
-            assert httpx.get(served.url + "/v2/health/ready", timeout=30).status_code == 200
+            assert httpx.get(served.url + "/v2/health/ready", timeout=scaled(30)).status_code == 200
         r = c.put("/v2/buffers/b", json={"dtype": "int64", "shape": [3], "data": [1, 2, 3]})
         assert r.status_code == 201, r.text
         # unregistering gives the descriptors back
@@ -87,11 +72,11 @@ def test_region_descriptors_stay_within_the_process_limit(tmp_path, objects):
 @pytest.mark.anyio
 @pytest.mark.parametrize("name", ["sem.sf_test_{}", "segfuse-codec-sf_test_{}"],
                          ids=["named-semaphore", "codec-segment"])
-async def test_keys_naming_the_servers_own_objects_are_refused(asgi_server, objects, name):
+async def test_keys_naming_the_servers_own_objects_are_refused(asgi_server, shm, name):
     """POSIX named semaphores (multiprocessing's locks among them) live as /dev/shm/sem.NAME, and the
     codec's segments, where it must name them, start with segfuse-codec-: such keys are refused even
     when the object exists."""
-    obj = objects(64, name.format(uuid.uuid4().hex[:12]))
+    obj = shm(64, name=name.format(uuid.uuid4().hex[:12]))
     async with asgi_server() as c:
         for key in ("/" + obj.name, obj.name):
             r = await c.post(f"{SYS}/region/own/register", json={"key": key, "byte_size": 64})

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import os
 import threading
-import uuid
-from multiprocessing import shared_memory
 
 import numpy as np
 import pytest
-from conftest import MOE_PROBLEM_SIZES
+from helpers.graphs import MOE_PROBLEM_SIZES
+from helpers.waiting import scaled
 from region_server import Served, get, post, serve
 
 pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="POSIX shared memory in /dev/shm (Linux)")
@@ -20,24 +19,6 @@ pytestmark = pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="POSIX sha
 SYS = "/v2/systemsharedmemory"
 INFER = "/v2/models/moe_problem_sizes/infer"
 TOKENS, K = 16384, 8  # 1 MiB of int64 ids: the read spans many pages
-
-
-@pytest.fixture
-def objects():
-    made = []
-
-    def make(nbytes: int) -> shared_memory.SharedMemory:
-        s = shared_memory.SharedMemory(name=f"sf_test_{uuid.uuid4().hex[:12]}", create=True, size=nbytes)
-        made.append(s)
-        return s
-
-    yield make
-    for s in made:
-        try:
-            s.close()
-        except BufferError:
-            pass
-        s.unlink()
 
 
 def _register(served: Served, name: str, obj, byte_size: int) -> None:
@@ -66,8 +47,8 @@ def _run_in_background(served: Served) -> tuple[threading.Thread, dict]:
     return t, box
 
 
-def test_shrinking_objects_mid_run_fails_the_run_not_the_server(tmp_path, objects):
-    ids_obj, out_obj = objects(TOKENS * K * 8), objects(256)
+def test_shrinking_objects_mid_run_fails_the_run_not_the_server(tmp_path, shm):
+    ids_obj, out_obj = shm(TOKENS * K * 8), shm(256)
     ids = np.random.default_rng(5).integers(0, 16, (TOKENS, K))
     np.ndarray(ids.shape, np.int64, buffer=ids_obj.buf)[...] = ids
     out_obj.buf[:] = b"\x5a" * 256
@@ -81,7 +62,7 @@ def test_shrinking_objects_mid_run_fails_the_run_not_the_server(tmp_path, object
         served.wait_entered()
         os.ftruncate(ids_obj._fd, 0)
         served.open_gate()
-        t.join(60)
+        t.join(scaled(60))
         assert served.alive(), f"the server died: exit status {served.proc.returncode} (-7 is SIGBUS)"
         r = box.get("r")
         assert r is not None, box
@@ -99,7 +80,7 @@ def test_shrinking_objects_mid_run_fails_the_run_not_the_server(tmp_path, object
         served.wait_entered()
         os.ftruncate(out_obj._fd, 64)
         served.open_gate()
-        t.join(60)
+        t.join(scaled(60))
         assert served.alive(), f"the server died: exit status {served.proc.returncode} (-7 is SIGBUS)"
         r = box.get("r")
         assert r is not None, box
@@ -113,11 +94,11 @@ def test_shrinking_objects_mid_run_fails_the_run_not_the_server(tmp_path, object
         assert [(x["name"], x["ref_count"]) for x in stat] == [("counts", 0), ("ids", 0)]
 
 
-def test_objects_resized_during_many_runs_never_crash_the_server(tmp_path, objects):
+def test_objects_resized_during_many_runs_never_crash_the_server(tmp_path, shm):
     """No gate: a thread keeps shrinking and restoring the input object while runs go on. Every run
     answers 200 or a 400 that says the object shrank, and the server stays up."""
     nbytes = TOKENS * K * 8
-    ids_obj, out_obj = objects(nbytes), objects(128)
+    ids_obj, out_obj = shm(nbytes), shm(128)
     with serve(tmp_path) as served:
         assert post(served, "/v2/fusions", json=MOE_PROBLEM_SIZES).status_code == 201
         _register(served, "ids", ids_obj, nbytes)

@@ -10,40 +10,17 @@ import tracemalloc
 
 import numpy as np
 import pytest
+from helpers.graphs import FILL_INPUT as X
+from helpers.graphs import FILL_N, fill_graph
+from helpers.service import assert_error, count_runs
 from segfuse.compiler.engine import Engine
 from segfuse.compiler.ir import Fusion
 from segfuse.compiler.plan import bytes_needed
 from segfuse.compiler.segmenter.cache import PlanCache
 
-from tests.test_server_api import assert_error
-
 pytestmark = pytest.mark.anyio
 
-N = 60_000  # elements of the run's output: 240 KB of float32, about 1 MB of JSON
-
-
-def fill_graph(n: int = N, name: str = "fill") -> dict:
-    """y = full([n], 1.5) + x: a small request that makes a large output."""
-    return {"format": "segfuse.fusion/1", "name": name,
-            "inputs": [{"name": "x", "dtype": "float32", "shape": [1]}],
-            "ops": [{"op": "full", "out": "a", "shape": [n], "value": 1.5, "dtype": "float32"},
-                    {"op": "add", "out": "y", "inputs": ["a", "x"]}],
-            "outputs": ["y"]}
-
-
-X = {"name": "x", "shape": [1], "datatype": "FP32", "data": [2.0]}
-
-
-def count_runs(rt, monkeypatch) -> list:
-    """Every batch the engine is asked to run, recorded."""
-    calls, real = [], rt.engine.run_batch
-
-    def run_batch(batch, **kw):
-        calls.append(len(batch))
-        return real(batch, **kw)
-
-    monkeypatch.setattr(rt.engine, "run_batch", run_batch)
-    return calls
+N = FILL_N  # elements of the run's output
 
 
 async def test_a_run_needing_more_than_max_run_bytes_is_413_and_never_runs(asgi_server, monkeypatch):

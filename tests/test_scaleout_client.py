@@ -12,8 +12,9 @@ import hashlib
 import httpx
 import numpy as np
 import pytest
-from conftest import MOE_PROBLEM_SIZES, LiveServer
-from segfuse.client import AsyncClient, Buffer, Client, SegfuseError
+from helpers.graphs import MOE_PROBLEM_SIZES
+from helpers.servers import LiveServer
+from segfuse.client import AsyncClient, Buffer, Client, ClientError
 from segfuse.scaleout.routing import shard_for
 
 URLS = ["http://s0.test:1", "http://s1.test:2/base", "http://s2.test:3/x/y"]
@@ -77,7 +78,7 @@ def test_registrations_reach_every_shard_and_the_rest_only_the_namespaces():
 def test_shards_that_disagree_give_502_listing_them():
     transport, _ = _recording({"s2.test": 409})
     with Client(shards=URLS, transport=transport, retries=0) as c:
-        with pytest.raises(SegfuseError, match="shards disagree") as e:
+        with pytest.raises(ClientError, match="shards disagree") as e:
             c.register(MOE_PROBLEM_SIZES)
     assert e.value.status == 502
     assert "shard-0: 201, shard-1: 201, shard-2: 409" in e.value.message
@@ -86,7 +87,7 @@ def test_shards_that_disagree_give_502_listing_them():
 def test_a_shard_out_of_reach_gives_503_and_success_codes_agree():
     transport, _ = _recording({"s1.test": 503})
     with Client(shards=URLS, transport=transport, retries=0) as c:
-        with pytest.raises(SegfuseError, match="not every shard could be reached") as e:
+        with pytest.raises(ClientError, match="not every shard could be reached") as e:
             c.register(MOE_PROBLEM_SIZES)
     assert e.value.status == 503  # the SDK's retry policy sends a 503 again (here retries=0)
     transport, _ = _recording({"s0.test": 200})  # 200 (had it) and 201 (new): both succeeded

@@ -19,27 +19,30 @@ import cuda_emulator as emu
 import numpy as np
 import pytest
 import scatter_cases as sc
+from helpers.emulated import on_device
+from segfuse.compiler.engine import Engine
 from segfuse.compiler.ir import Fusion
-from test_cuda_emulator import PLANS, _device, emulated  # noqa: F401  (emulated: the emulator's fixture)
+
+PLANS = Engine("numpy")
 
 pytestmark = pytest.mark.skipif(not emu.available(), reason="needs a C++17 compiler (c++)")
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_scatter_into_a_private_copy_read_in_the_same_block(emulated, seed):  # noqa: F811
+def test_scatter_into_a_private_copy_read_in_the_same_block(emulated, seed):
     ins = sc.private_copy_inputs(seed)
     f = Fusion.from_json(sc.private_copy_graph())
     plan = PLANS.plan(f, {n: a.shape for n, a in ins.items()})
     seg = next(s for s in plan.segments if "a" in s.intermediates)  # (the case the bug needed)
     assert getattr(seg.kind, "value", seg.kind) == "single_block" and any(a.tensor == "a" for a in seg.aliases)
     rt, Array = emulated
-    got, _ = rt.run(f, _device(ins, Array), plan)
+    got, _ = rt.run(f, on_device(ins, Array), plan)
     for name, want in sc.private_copy_want(ins).items():
         np.testing.assert_array_equal(np.asarray(got[name]), want, err_msg=name)
 
 
 @pytest.mark.parametrize("dt,size,reduce,include_self,then", sc.WIDE_CASES)
-def test_16bit_scatter_sums_round_once(emulated, dt, size, reduce, include_self, then):  # noqa: F811
+def test_16bit_scatter_sums_round_once(emulated, dt, size, reduce, include_self, then):
     n_out, n_dom = sc.SIZES[size]
     ins = sc.wide_inputs(dt, n_out, n_dom, reduce, seed=n_out + n_dom)
     f = Fusion.from_json(sc.wide_graph(dt, n_out, n_dom, reduce, include_self, then))
@@ -47,5 +50,5 @@ def test_16bit_scatter_sums_round_once(emulated, dt, size, reduce, include_self,
     kinds = {getattr(s.kind, "value", s.kind) for s in plan.segments}
     assert ("single_block" in kinds) == size.startswith("single block"), kinds
     rt, Array = emulated
-    got, _ = rt.run(f, _device(ins, Array), plan)
+    got, _ = rt.run(f, on_device(ins, Array), plan)
     sc.check_wide(np.asarray(got["z" if then else "y"]), ins, dt, reduce, include_self, then)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from helpers.graphs import graph
 from segfuse.compiler import Fusion
 from segfuse.compiler.errors import GraphError
 from segfuse.compiler.ops.indexing import Reduce
@@ -15,9 +16,7 @@ NAMES = ["none", "add", "mul", "amax", "amin", "mean"]  # the wire format, writt
 
 
 def _graph(op: dict) -> dict:
-    return {"format": "segfuse.fusion/1", "name": "r",
-            "inputs": [{"name": "x", "dtype": "float32", "shape": [4]}, {"name": "i", "dtype": "int64", "shape": [4]}],
-            "ops": [op], "outputs": ["o"]}
+    return graph([("x", "float32", [4]), ("i", "int64", [4])], [op], ["o"], "r")
 
 
 def test_the_members_are_the_wire_strings():

@@ -15,9 +15,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from test_client import free_port
-
-SEGFUSE = [sys.executable, "-c", "import sys; from segfuse.cli import main; sys.exit(main())"]
+from helpers.processes import SEGFUSE, free_port
+from helpers.waiting import scaled
 
 
 def consecutive_ports(n: int) -> int:
@@ -58,13 +57,13 @@ def start_group(n: int, *extra: str, env: dict | None = None) -> tuple[subproces
     proc = subprocess.Popen([*SEGFUSE, "serve", "--backend", "numpy", "--port", str(base), "--processes", str(n),
                              *extra], env=full_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     urls = [f"http://127.0.0.1:{base + k}" for k in range(n)]
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + scaled(120)
     pending = list(urls)
     while pending and time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"the group exited with {proc.returncode}: {proc.stderr.read()}")
         try:
-            if httpx.get(pending[0] + "/v2/health/ready", timeout=2).status_code == 200:
+            if httpx.get(pending[0] + "/v2/health/ready", timeout=scaled(2)).status_code == 200:
                 pending.pop(0)
                 continue
         except httpx.TransportError:
@@ -77,7 +76,7 @@ def start_group(n: int, *extra: str, env: dict | None = None) -> tuple[subproces
 def stop(proc: subprocess.Popen) -> tuple[int, str]:
     proc.send_signal(signal.SIGTERM)
     try:
-        _, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=scaled(60))
     except subprocess.TimeoutExpired:
         proc.kill()
         _, err = proc.communicate()
@@ -114,7 +113,7 @@ def test_one_process_ending_stops_the_group_with_a_failure():
     kids = children_of(proc.pid)
     os.kill(kids[0], signal.SIGKILL)
     try:
-        _, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=scaled(60))
     except subprocess.TimeoutExpired:
         proc.kill()
         raise
@@ -156,11 +155,11 @@ def test_mps_daemon_starts_before_the_servers_they_use_it_and_it_quits_after_the
 def test_mps_without_the_control_daemon_is_a_clear_error(tmp_path):
     env = {**os.environ, "PATH": str(Path(sys.executable).parent)}  # no nvidia-cuda-mps-control here
     r = subprocess.run([*SEGFUSE, "serve", "--backend", "numpy", "--port", str(free_port()), "--mps"],
-                       env=env, capture_output=True, text=True, timeout=60)
+                       env=env, capture_output=True, text=True, timeout=scaled(60))
     assert r.returncode == 2 and "--mps needs nvidia-cuda-mps-control" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("n", ["0", "-1"])
 def test_processes_must_be_positive(n):
-    r = subprocess.run([*SEGFUSE, "serve", "--processes", n], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([*SEGFUSE, "serve", "--processes", n], capture_output=True, text=True, timeout=scaled(60))
     assert r.returncode == 2 and "--processes must be at least 1" in r.stderr, r.stderr

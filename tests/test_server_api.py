@@ -9,41 +9,15 @@ import json
 
 import numpy as np
 import pytest
+from helpers.graphs import counts_of
+from helpers.service import NPY, RAW, assert_error, put_raw
 
 pytestmark = pytest.mark.anyio
-
-RAW = "application/octet-stream"
-NPY = "application/x-npy"
-
-
-def assert_error(r, status: int, *fragments: str) -> dict:
-    """An error response: the status, the one error body shape, and text that explains it."""
-    assert r.status_code == status, (r.status_code, r.text)
-    body = r.json()
-    assert set(body) == {"error", "details"}, body
-    assert isinstance(body["error"], str) and body["error"]
-    assert isinstance(body["details"], list)
-    for d in body["details"]:
-        assert set(d) == {"loc", "msg"} and isinstance(d["loc"], list), d
-    text = json.dumps(body)
-    for f in fragments:
-        assert f in text, (f, body)
-    return body
-
 
 def npy_bytes(a: np.ndarray) -> bytes:
     buf = io.BytesIO()
     np.save(buf, a)
     return buf.getvalue()
-
-
-def counts_of(ids: np.ndarray) -> np.ndarray:
-    return np.bincount(ids.reshape(-1), minlength=16).astype(np.int64)
-
-
-async def put_raw(c, name: str, a: np.ndarray, **params):
-    return await c.put(f"/v2/buffers/{name}", content=a.tobytes(), headers={"content-type": RAW},
-                       params={"dtype": a.dtype.name, "shape": ",".join(map(str, a.shape)), **params})
 
 
 async def get_raw(c, name: str) -> np.ndarray:

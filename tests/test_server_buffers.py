@@ -6,6 +6,7 @@ import asyncio
 
 import numpy as np
 import pytest
+from helpers.waiting import scaled
 from segfuse.compiler.dtypes import DType
 from segfuse.server.buffers import BufferStore
 from segfuse.server.errors import ApiError
@@ -77,7 +78,7 @@ async def test_crossed_read_write_pins_do_not_deadlock():
     ta, tb = asyncio.create_task(a()), asyncio.create_task(b())
     await asyncio.sleep(0.01)
     hold.set()
-    await asyncio.wait_for(asyncio.gather(h, ta, tb), 5)
+    await asyncio.wait_for(asyncio.gather(h, ta, tb), scaled(5))
     assert sorted(done) == ["a", "b"]
 
 

@@ -4,22 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
-import sys
 import time
 
 import httpx
 import pytest
+from helpers.processes import SEGFUSE, free_port
 from segfuse.server.settings import Settings, parse_size
-
-SEGFUSE = [sys.executable, "-c", "import sys; from segfuse.cli import main; sys.exit(main())"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_settings_from_env_and_overrides():
@@ -80,7 +71,7 @@ def test_serve_process_with_env_token():
 
 
 def test_serve_cupy_without_gpu_is_a_clear_error():
-    from segfuse.server.backend import cupy_visible
+    from segfuse.server.array_backends import cupy_visible
 
     if cupy_visible():
         pytest.skip("a GPU is visible here")
@@ -94,7 +85,7 @@ def test_serve_cupy_without_gpu_is_a_clear_error():
 
 
 def test_cache_dir_layout(tmp_path, monkeypatch):
-    from segfuse.server.backend import resolve
+    from segfuse.server.array_backends import resolve
 
     monkeypatch.setenv("SEGFUSE_KERNEL_CACHE", "unset")  # restored after the test
     monkeypatch.setenv("CUPY_CACHE_DIR", "unset")

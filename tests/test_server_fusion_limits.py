@@ -7,7 +7,7 @@ import asyncio
 import copy
 
 import pytest
-from test_server_live import GatedEngine, client, wait_event
+from helpers.service import GatedEngine, client, wait_event
 
 pytestmark = pytest.mark.anyio
 

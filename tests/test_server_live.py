@@ -7,37 +7,12 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import threading
 
-import httpx
 import numpy as np
 import pytest
+from helpers.service import RAW, GatedEngine, client, put, wait_event
 
 pytestmark = pytest.mark.anyio
-
-RAW = "application/octet-stream"
-
-
-class GatedEngine:
-    """Wraps the server's engine so a test decides when a run may proceed."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.entered = threading.Event()
-        self.release = threading.Event()
-
-    def is_warm(self, fusion, inputs):
-        return False  # gated runs go to a run worker (a warm GPU run would run on the event loop)
-
-    def run_batch(self, calls, **kw):  # what the server's run workers call
-        self.entered.set()
-        if not self.release.wait(30):
-            raise AssertionError("gate never opened")
-        return self.inner.run_batch(calls, **kw)
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
 
 @pytest.fixture
 def gate(live_server):
@@ -47,20 +22,6 @@ def gate(live_server):
     yield g
     g.release.set()
     rt.engine = g.inner
-
-
-async def wait_event(event: threading.Event, timeout: float = 10) -> None:
-    assert await asyncio.to_thread(event.wait, timeout), "timed out"
-
-
-def client(server, **kw) -> httpx.AsyncClient:
-    return httpx.AsyncClient(base_url=server.url, timeout=60, **kw)
-
-
-async def put(c, name, a):
-    r = await c.put(f"/v2/buffers/{name}", content=a.tobytes(), headers={"content-type": RAW},
-                    params={"dtype": a.dtype.name, "shape": ",".join(map(str, a.shape))})
-    assert r.status_code in (200, 201), r.text
 
 
 async def get(c, name) -> np.ndarray:

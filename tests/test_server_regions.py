@@ -16,32 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_server_live import GatedEngine
+from helpers.service import GatedEngine
 
 pytestmark = pytest.mark.anyio
 
 ROOT = Path(__file__).resolve().parents[1]
 SYS = "/v2/systemsharedmemory"
-
-
-@pytest.fixture
-def shm():
-    """`shm(nbytes, fill=0)`: a new POSIX shared-memory object (closed and unlinked afterwards)."""
-    made = []
-
-    def make(nbytes: int, fill: int = 0) -> shared_memory.SharedMemory:
-        s = shared_memory.SharedMemory(name=f"sf_test_{uuid.uuid4().hex[:12]}", create=True, size=nbytes)
-        s.buf[:nbytes] = bytes([fill]) * nbytes
-        made.append(s)
-        return s
-
-    yield make
-    for s in made:
-        try:
-            s.close()
-        except BufferError:  # a test's NumPy view is still alive: the mapping goes with it
-            pass
-        s.unlink()
 
 
 def key(s: shared_memory.SharedMemory) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers.graphs import view_of_kernel_output, view_only
 from segfuse.compiler import FusionDefinition
 from segfuse.compiler.cuda.arrays import contiguous_strides
 from segfuse.compiler.cuda.prepare import SourcesOnly, prepare_plan
@@ -23,24 +24,6 @@ def prepared(f, shapes, strides=None):
     st = {n: contiguous_strides(bound.types[n].shape) for n in f.input_names}
     st.update(strides or {})
     return plan, prepare_plan(SourcesOnly(), f, plan, bound, st)
-
-
-def view_only():
-    with FusionDefinition("view_only") as fd:
-        x = fd.define_tensor("x", ["A", "B"], "float32")
-        fd.add_output(fd.ops.reshape(x, [-1]), "flat")
-    return fd.fusion()
-
-
-def view_of_kernel_output():
-    """y = exp(x) is written by the kernel; r = reshape(y) is a view of it (both outputs)."""
-    with FusionDefinition("view_of_output") as fd:
-        x = fd.define_tensor("x", ["A", "B"], "float32")
-        y = fd.ops.exp(x)
-        fd.add_output(y, "y")
-        fd.add_output(fd.ops.reshape(y, [-1]), "r")
-        fd.add_output(fd.ops.unsqueeze(y, 0), "u")
-    return fd.fusion()
 
 
 def test_a_view_segment_prepares_no_kernel():

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import numpy as np
+from helpers.graphs import graph
 from segfuse.compiler.dtypes import DType
 
 
 def _graph(name, inputs, ops, outputs):
-    return {"format": "segfuse.fusion/1", "name": name, "inputs": inputs, "ops": ops, "outputs": outputs}
+    return graph(inputs, ops, outputs, name)
 
 
 def rand(rng, shape, dt: DType, lo=-4, hi=5, nonzero=False):

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import cupy as cp
 import numpy as np
-from segfuse.client import Client, SegfuseError
+from segfuse.client import Client, ClientError
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 E, K = 16, 4
@@ -112,7 +112,7 @@ def scenario_moe(c: Client) -> None:
 def expect_400(call, *words) -> None:
     try:
         call()
-    except SegfuseError as e:
+    except ClientError as e:
         assert e.status == 400 and all(w in e.message for w in words), (e.status, e.message)
         return
     raise AssertionError(f"no error; expected 400 with {words}")

@@ -16,8 +16,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from conftest import LiveServer
-from test_server_live import GatedEngine
+from helpers.servers import LiveServer
+from helpers.service import GatedEngine
 
 CHILD = Path(__file__).with_name("cuda_regions_child.py")
 CUDA = "/v2/cudasharedmemory"

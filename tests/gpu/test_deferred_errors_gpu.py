@@ -13,6 +13,7 @@ import pytest
 cp = pytest.importorskip("cupy")
 
 from corpus import moe_graphs  # noqa: E402
+from helpers.graphs import SCATTER_ADD_INPLACE  # noqa: E402
 from segfuse.compiler.cuda import thread_state as ts  # noqa: E402
 from segfuse.compiler.engine import Engine  # noqa: E402
 from segfuse.compiler.errors import DeferredRunError, RunError  # noqa: E402
@@ -20,14 +21,6 @@ from segfuse.compiler.ir import Fusion  # noqa: E402
 from segfuse.compiler.numpy_backend import run_graph  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-
-INPLACE = {"format": "segfuse.fusion/1", "name": "scatter_add_inplace",
-           "inputs": [{"name": "dst", "dtype": "float32", "shape": ["M"]},
-                      {"name": "index", "dtype": "int64", "shape": ["N"]},
-                      {"name": "src", "dtype": "float32", "shape": ["N"]}],
-           "ops": [{"op": "scatter", "out": "upd", "inputs": ["dst", "index", "src"], "dim": 0, "reduce": "add"}],
-           "outputs": [{"name": "upd", "alias_of": "dst"}]}
-
 
 def _hist(idt="int64"):
     g, mk = moe_graphs(idt=idt)[0]
@@ -144,7 +137,7 @@ def test_a_failure_among_more_runs_than_the_ring_holds():
 
 
 def test_in_place_updates_are_still_checked_before_returning():
-    f = Fusion.from_json(INPLACE)
+    f = Fusion.from_json(SCATTER_ADD_INPLACE)
     eng = Engine("cupy", errors="deferred")
     rng = np.random.default_rng(0)
     M, N = 300, 5000
@@ -159,8 +152,8 @@ def test_in_place_updates_are_still_checked_before_returning():
             eng.run(f, {"dst": dst, "index": cp.asarray(bad), "src": cp.asarray(src_h)})
         assert not isinstance(e.value, DeferredRunError)
         np.testing.assert_array_equal(cp.asnumpy(dst), dst_h)  # untouched
-        got = eng.run(f, {"dst": dst, "index": cp.asarray(idx_h), "src": cp.asarray(src_h)}).outputs["upd"]
-        want = run_graph(f, {"dst": dst_h.copy(), "index": idx_h, "src": src_h})["upd"]
+        got = eng.run(f, {"dst": dst, "index": cp.asarray(idx_h), "src": cp.asarray(src_h)}).outputs["dst_updated"]
+        want = run_graph(f, {"dst": dst_h.copy(), "index": idx_h, "src": src_h})["dst_updated"]
         np.testing.assert_allclose(cp.asnumpy(got), want, rtol=1e-5, atol=1e-5)
 
 

@@ -14,7 +14,7 @@ import literal_cases as lc  # noqa: E402
 from segfuse.compiler.engine import Engine  # noqa: E402
 from segfuse.compiler.ir import Fusion  # noqa: E402
 
-from .test_cupy_backend import runtime  # noqa: E402
+from .planned_runtime import runtime  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

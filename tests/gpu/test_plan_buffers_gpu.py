@@ -16,14 +16,13 @@ import pytest
 cp = pytest.importorskip("cupy")
 
 from corpus import all_cases, case_inputs  # noqa: E402
+from helpers.plan_graphs import BIG_N, graphs, runnable, scan_chain, unspecified_write  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from segfuse.compiler import Engine, Fusion, run_graph  # noqa: E402
 from segfuse.compiler.cuda import buffers  # noqa: E402
 from segfuse.compiler.cuda.runtime import CupyRuntime  # noqa: E402
 from segfuse.compiler.dtypes import from_numpy  # noqa: E402
-from test_cuda_buffers import _chain, runnable  # noqa: E402  (the scan chain whose plan reuses a buffer)
-from test_plan_executor import BIG_N, graphs, unspecified_write  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -112,7 +111,7 @@ def test_corpus_runs_in_the_plans_buffers(case, monkeypatch):
 @pytest.mark.parametrize("n", [BIG_N, 1 << 20])
 def test_reused_buffers_on_the_gpu(monkeypatch, reuse_bytes, n):
     monkeypatch.setattr(buffers, "_REUSE_BYTES", reuse_bytes)  # 0: every buffer per run (the pool's)
-    f, ins = _chain(n, "int64")
+    f, ins = scan_chain(n, "int64")
     rt = CupyRuntime()
     plan, first = _check_run(rt, f, ins, monkeypatch, "chain", loose=True)
     tb = plan.tensor_buffer
@@ -125,7 +124,7 @@ def test_reused_buffers_on_the_gpu(monkeypatch, reuse_bytes, n):
 
 @pytest.mark.parametrize("deferred", [False, True])
 def test_fast_path_and_graph_replays_on_reused_buffers(deferred):
-    f, ins = _chain(dtype="int64")
+    f, ins = scan_chain(dtype="int64")
     rt = CupyRuntime()
     plan = PLANS.plan(f, {"x": (BIG_N,)})
     dev = {"x": cp.asarray(ins["x"])}

@@ -1,4 +1,4 @@
-"""The random graphs of tests/test_property_graphs.py on the GPU, against PyTorch (issue 15).
+"""The random graphs of tests/test_property_graphs.py (helpers/random_graphs.py) on the GPU, against PyTorch.
 
 CI runs the generator's graphs on the NumPy backend with a fixed seed (and compiles their kernels,
 tests/compile_check.py); here every graph runs on `Engine("cupy")` and must agree with the
@@ -19,7 +19,10 @@ import pytest
 cp = pytest.importorskip("cupy")
 torch = pytest.importorskip("torch")
 
-import test_property_graphs as pg  # noqa: E402
+from helpers import random_graphs as pg  # noqa: E402
+from helpers import reduced_precision as rp  # noqa: E402
+from helpers.graphs import one_op  # noqa: E402
+from helpers.torch_oracle import to_torch  # noqa: E402
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 from segfuse.compiler import Engine, Fusion, RunError  # noqa: E402
@@ -81,7 +84,6 @@ def test_random_graphs_agree_with_torch_on_the_gpu(name):
 
 
 # ---- reduced-precision arithmetic (tests/test_reduced_precision.py's cases on the GPU) ----------
-import test_reduced_precision as rp  # noqa: E402
 
 
 def _on_gpu(engine: Engine, want_dtype):
@@ -113,11 +115,11 @@ def test_floor_divide_of_16_bit_tensors_agrees_with_torch_cuda(dt):
     a, b = (bits[k].view(ml_dtypes.bfloat16 if dt == "bfloat16" else np.float16) for k in range(2))
     keep = np.isfinite(a.astype(np.float32)) & np.isfinite(b.astype(np.float32)) & (b.astype(np.float32) != 0)
     a, b = a[keep], b[keep]
-    f = Fusion.from_json(rp._graph("floor_divide", ["a", "b"], {"a": a, "b": b}))
-    got = pg.to_torch(_on_gpu(Engine("cupy"), tdt)(f, {"a": a, "b": b})["y"]).double()
-    theirs = torch.floor_divide(pg.to_torch(a).cuda(), pg.to_torch(b).cuda()).cpu().double()
+    f = Fusion.from_json(one_op("floor_divide", {"a": a, "b": b}, ["a", "b"], out="y"))
+    got = to_torch(_on_gpu(Engine("cupy"), tdt)(f, {"a": a, "b": b})["y"]).double()
+    theirs = torch.floor_divide(to_torch(a).cuda(), to_torch(b).cuda()).cpu().double()
     same = (got == theirs) | (torch.isnan(got) & torch.isnan(theirs))
-    q = (pg.to_torch(a).double() / pg.to_torch(b).double()).abs()
+    q = (to_torch(a).double() / to_torch(b).double()).abs()
     if dt == "bfloat16":
         assert bool(same.all()), f"{int((~same).sum())} of {same.numel()} differ from torch's CUDA floor_divide"
     else:

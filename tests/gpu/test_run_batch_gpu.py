@@ -10,12 +10,11 @@ import pytest
 cp = pytest.importorskip("cupy")
 
 from corpus import moe_graphs  # noqa: E402
+from helpers.graphs import SCATTER_ADD_INPLACE as INPLACE  # noqa: E402
 from segfuse.compiler.engine import Engine, RunResult  # noqa: E402
 from segfuse.compiler.errors import DeferredRunError, RunError  # noqa: E402
 from segfuse.compiler.ir import Fusion  # noqa: E402
 from segfuse.compiler.numpy_backend import run_graph  # noqa: E402
-
-from .test_deferred_errors_gpu import INPLACE  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

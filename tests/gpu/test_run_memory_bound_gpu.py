@@ -9,7 +9,9 @@ import pytest
 
 cp = pytest.importorskip("cupy")
 
-from test_run_memory_bound import X, count_runs, fill_graph  # noqa: E402
+from helpers.graphs import FILL_INPUT as X  # noqa: E402
+from helpers.graphs import fill_graph  # noqa: E402
+from helpers.service import count_runs  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.anyio]
 HUGE = 1 << 52  # the byte limits out of the way: only the device's free memory binds

@@ -5,22 +5,18 @@ kernel, and every result equals the NumPy interpreter's, on the general path and
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 cp = pytest.importorskip("cupy")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from corpus import all_cases, case_inputs  # noqa: E402
+from helpers.graphs import view_of_kernel_output, view_only  # noqa: E402
 from segfuse.compiler import FusionDefinition  # noqa: E402
 from segfuse.compiler.cuda.runtime import get_runtime  # noqa: E402
 from segfuse.compiler.engine import Engine  # noqa: E402
 from segfuse.compiler.ir import Fusion  # noqa: E402
 from segfuse.compiler.numpy_backend import run_graph  # noqa: E402
-from test_view_segments import view_of_kernel_output, view_only  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 

@@ -1,4 +1,4 @@
-"""Issue 17, items 13, 15 and 18, through the console script: `segfuse run` honours $SEGFUSE_SERVER,
+"""Through the console script: `segfuse run` honours $SEGFUSE_SERVER,
 every `--help` example works as written, `segfuse fusions ls|get|rm`, `run --replace`, and
 `segfuse explain` readable at 80 columns with plain sizes and a real shared-memory limit."""
 
@@ -14,8 +14,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_cli import segfuse, server  # noqa: F401  (the live-server fixture)
-from test_client import ROOT, counts_of
+from helpers.graphs import counts_of
+from helpers.processes import ROOT, segfuse
+from helpers.waiting import scaled
 
 MOE = str(ROOT / "examples" / "moe_problem_sizes.json")
 
@@ -26,8 +27,8 @@ def _ids(tmp_path: Path, seed=3) -> np.ndarray:
     return ids
 
 
-# ---- item 13 -------------------------------------------------------------------------------------
-def test_run_uses_segfuse_server_from_the_environment(server, tmp_path):  # noqa: F811
+# ---- the server from the environment -------------------------------------------------------------
+def test_run_uses_segfuse_server_from_the_environment(server, tmp_path):
     ids = _ids(tmp_path)
     segfuse("buffers", "put", "env_ids", tmp_path / "ids.npy", server=server)
     r = segfuse("run", MOE, "-i", "topk_ids=buffer:env_ids", "-o", "counts=buffer:env_counts", server=server)
@@ -52,7 +53,7 @@ def test_a_server_buffer_without_a_server_is_a_clear_error(tmp_path):
     assert "--server" in r.stderr
 
 
-# ---- item 15 -------------------------------------------------------------------------------------
+# ---- help examples and fusions commands ----------------------------------------------------------
 def _command_paths() -> list[list[str]]:
     import argparse
 
@@ -92,7 +93,7 @@ def test_every_help_example_that_needs_no_server_works(tmp_path):
     assert {"validate", "run", "warmup", "explain"} <= set(ran)
 
 
-def test_server_help_examples_and_fusions_commands(server, tmp_path):  # noqa: F811
+def test_server_help_examples_and_fusions_commands(server, tmp_path):
     (tmp_path / "examples").symlink_to(ROOT / "examples")
     ids = _ids(tmp_path)
     seq = [e for p in (["buffers"], ["run"], ["fusions"]) for e in _examples(*p)]
@@ -108,7 +109,7 @@ def test_server_help_examples_and_fusions_commands(server, tmp_path):  # noqa: F
     assert np.array_equal(np.load(tmp_path / "counts.npy"), counts_of(ids))
 
 
-def test_fusions_ls_get_rm(server, tmp_path):  # noqa: F811
+def test_fusions_ls_get_rm(server, tmp_path):
     _ids(tmp_path)
     graph = json.loads(Path(MOE).read_text())
     graph["name"] = "cli_fusions_moe"
@@ -127,7 +128,7 @@ def test_fusions_ls_get_rm(server, tmp_path):  # noqa: F811
     segfuse("fusions", "get", "nope_fusion", server=server, check=2)
 
 
-def test_run_replace(server, tmp_path):  # noqa: F811
+def test_run_replace(server, tmp_path):
     ids = _ids(tmp_path)
     graph = json.loads(Path(MOE).read_text())
     graph["name"] = "cli_replace_moe"
@@ -146,7 +147,7 @@ def test_run_replace(server, tmp_path):  # noqa: F811
     segfuse("fusions", "rm", "cli_replace_moe", server=server)
 
 
-# ---- item 18 -------------------------------------------------------------------------------------
+# ---- explain -------------------------------------------------------------------------------------
 def test_explain_is_readable_at_80_columns():
     out = segfuse("explain", ROOT / "examples" / "scatter_add.json", "--shape", "N=1000000,M=100000",
                   columns=80).stdout
@@ -188,9 +189,9 @@ def test_a_closed_pipe_is_no_traceback(argv, status):
     os.close(read_end)
     try:
         r = subprocess.run([script, *argv], stdout=write_end, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                           timeout=120)
+                           timeout=scaled(120))
     finally:
         os.close(write_end)
     assert r.stderr == "" and r.returncode == status, r.stderr
-    ok = subprocess.run([script, *argv], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    ok = subprocess.run([script, *argv], capture_output=True, text=True, cwd=ROOT, timeout=scaled(120))
     assert ok.returncode == 0 and ok.stdout and ok.stderr == "", ok.stderr

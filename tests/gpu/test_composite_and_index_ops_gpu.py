@@ -1,4 +1,4 @@
-"""The ops and fixes of issue 15 on the GPU against PyTorch on the CPU: select, softmax, log_softmax,
+"""Composite, scan and index ops on the GPU against PyTorch on the CPU: select, softmax, log_softmax,
 logsumexp, var, std, var_mean, cummax, cummin, scatter reduce "mean", index_reduce, and scatters /
 gathers with an empty index of another rank. Each graph runs under the segmenter's plan
 (Engine("cupy")) and the forced grid-mode and single-block lowerings, at sizes that take the
@@ -16,12 +16,12 @@ import pytest
 cp = pytest.importorskip("cupy")
 torch = pytest.importorskip("torch")
 
+from helpers.torch_oracle import to_numpy, to_torch  # noqa: E402
 from segfuse.compiler.engine import Engine  # noqa: E402
 from segfuse.compiler.errors import RunError  # noqa: E402
 from segfuse.compiler.ir import Fusion  # noqa: E402
-from torch_oracle import to_numpy, to_torch  # noqa: E402
 
-from .test_cupy_backend import runtime  # noqa: E402
+from .planned_runtime import runtime  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
