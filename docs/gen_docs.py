@@ -201,8 +201,9 @@ def validation_errors() -> str:
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             rc = main(["validate", path])
     text = (out.getvalue() + err.getvalue()).rstrip()
-    return ("`broken.json`:\n\n```json\n" + graph + "\n```\n\n"
-            "```text\n$ segfuse validate broken.json\n" + text + f"\n$ echo $?\n{rc}\n```\n")
+    # the file marker makes tests/test_docs_commands.py write the graph and run the session too
+    return ("`broken.json`:\n\n<!-- file: broken.json -->\n```json\n" + graph + "\n```\n\n"
+            "```console\n$ segfuse validate broken.json\n" + text + f"\n$ echo $?\n{rc}\n```\n")
 
 
 # ---- markers ---------------------------------------------------------------------------------

@@ -5,7 +5,10 @@ nothing is close. Also over HTTP: a 422 with the hint in the detail."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
+from helpers.processes import ROOT
 from segfuse.compiler import Fusion, GraphError
 
 X = [{"name": "x", "dtype": "float32", "shape": [4]}, {"name": "i", "dtype": "int64", "shape": [4]}]
@@ -82,3 +85,13 @@ async def test_hint_in_the_422_detail(asgi_server):
         assert r.status_code == 422, r.text
         (d,) = r.json()["details"]
         assert d["loc"] == ["ops", 0, "reduce"] and d["msg"].endswith("did you mean 'add'?")
+
+
+def test_the_readme_hint_example_holds():
+    """The README's status table promises a hint (`sum` -> `add`): the README is the oracle."""
+    line = next(ln for ln in (ROOT / "README.md").read_text().splitlines() if "did you mean" in ln)
+    pairs = re.findall(r"`(\w+)` -> `(\w+)`", line)
+    assert pairs, line
+    for given, meant in pairs:
+        ((loc, msg),) = _issues(_scatter(reduce=given))
+        assert loc == ("ops", 0, "reduce") and msg.endswith(f"; did you mean '{meant}'?"), msg
