@@ -41,10 +41,9 @@ import numpy as np
 from load import environment, start_server
 from load_python import percentile
 from segfuse.client import Buffer, Client, SystemRegion
+from workloads import moe_graphs
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))  # the test corpus (tests/corpus/)
-from corpus import moe_graphs  # noqa: E402
 
 FUSIONS = {"histogram": "moe_problem_sizes", "argsort": "moe_argsort"}
 MODES = ("region", "buffer", "inline")

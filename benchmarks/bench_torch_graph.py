@@ -19,15 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 
+import segfuse.torch as sft
 import torch
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
-import segfuse.torch as sft  # noqa: E402
-from torch_graphs import E, K, prologue_graph, torch_prologue  # noqa: E402
+from workloads import E, K, prologue_graph, torch_prologue
 
 
 def captured(fn, *args):

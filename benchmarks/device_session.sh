@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# The GPU batch a session runs first, in one device call of at most 10 minutes (the device tool's
-# limit): the GPU suite, then the issue-20 benchmarks in three modes, then the bench_gpu sections
-# whose numbers the README's targets cite. Run on the GPU machine from the repository root after
-# carrying .whl (../shared/gpu-machine/fetch-wheels.sh):   bash benchmarks/device_session.sh
+# The GPU suite and the GPU benchmarks in one call of under 10 minutes: the suite, then the MoE
+# prologue and the row normalizations in three modes, then the bench_gpu sections behind the
+# README's targets. Run on the GPU machine from the repository root after carrying .whl and .tools
+# (benchmarks/device_tools.sh makes them):   bash benchmarks/device_session.sh
 # Outputs go to $OUT (suite.txt, prologue.txt, norm.txt, bench.txt, bench_gpu.json, plots/);
 # each part has its own time limit (SUITE_S, PROLOGUE_S, NORM_S, BENCH_S seconds; 0 skips it) and is stopped
 # with SIGINT so pytest and the benchmarks still print what they have.

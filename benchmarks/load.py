@@ -95,7 +95,7 @@ def wait_ready(proc: subprocess.Popen, url: str, seconds: float, what: str, poll
 def in_process_baseline(backend: str, ids: np.ndarray, experts: int, duration: float) -> dict:
     """The same fusion through Engine.run in this process: what HTTP and the queue add to."""
     from segfuse.compiler import Fusion
-    from segfuse.server.backend import resolve
+    from segfuse.server.array_backends import resolve
 
     engine, arrays = resolve(backend, 0, None)
     fusion = Fusion.from_json(moe_graph(experts))

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import sys
 from pathlib import Path
 
 MODES = (("us", "per call (synchronized)"), ("pipelined us", "pipelined"), ("gpu us", "GPU time"))
@@ -63,5 +62,11 @@ def plot_modes(results: dict, out_dir: Path) -> list[Path]:
 
 
 if __name__ == "__main__":
-    for p in plot_modes(json.loads(Path(sys.argv[1]).read_text()), Path(sys.argv[2])):
+    import argparse
+
+    ap = argparse.ArgumentParser(description="One PNG per workload of a bench_gpu.json measured in the three modes.")
+    ap.add_argument("results", type=Path, help="a bench_gpu.json (benchmarks/out/ or benchmarks/results/)")
+    ap.add_argument("out", type=Path, help="the folder for the PNGs (docs/plots/ for the docs' plots)")
+    args = ap.parse_args()
+    for p in plot_modes(json.loads(args.results.read_text()), args.out):
         print(p)

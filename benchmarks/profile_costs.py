@@ -23,7 +23,7 @@ from profile_summary import read_stacks
 
 # (cost centre, predicate on (function, file)); a frame names the first centre whose predicate holds
 CENTRES = [
-    ("result copy to the host (CuPy, pinned memory)", lambda f, p: f.startswith("CupyBackend.to_host")),
+    ("result copy to the host (CuPy, pinned memory)", lambda f, p: f.startswith("CupyArrayBackend.to_host")),
     ("GPU launch and completion (segfuse.compiler, CuPy)", lambda f, p: "/compiler/" in p or "/cupy" in p),
     ("socket write (uvicorn's send)", lambda f, p: f == "RequestResponseCycle.send"),
     ("HTTP parsing and connection (uvicorn/httptools)", lambda f, p: "/uvicorn/" in p or "/httptools" in p),
@@ -35,7 +35,8 @@ CENTRES = [
     ("metrics and statistics", lambda f, p: "/server/metrics.py" in p or "/server/stats.py" in p
         or "/prometheus_client/" in p),
     ("run admission, pins, batching, commit (server/runs.py ...)", lambda f, p: any(
-        m in p for m in ("/server/runs.py", "/server/runtime.py", "/server/worker.py", "/server/buffers.py"))),
+        m in p for m in ("/server/runs.py", "/server/launch.py", "/server/run_records.py", "/server/executors.py",
+                         "/server/state.py", "/server/worker.py", "/server/buffers.py"))),
     ("middleware and routing (guard, compression, fast lane)", lambda f, p: "/server/" in p),
     ("event loop (uvloop, asyncio)", lambda f, p: "/asyncio/" in p or "/uvloop/" in p),
 ]

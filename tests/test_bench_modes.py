@@ -1,5 +1,5 @@
 """The three-mode GPU benchmarks without a GPU: their modules import (benchmarks/modes.py,
-bench_norms.py, bench_prologue.py; the GPU is only touched inside their functions), the prologue
+workloads.py, bench_norms.py, bench_prologue.py; the GPU is only touched inside their functions), the prologue
 benchmark's oracle agrees with an independent NumPy prologue on the CPU, and plot_modes draws one
 PNG per workload measured in more than one mode."""
 
@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
-@pytest.mark.parametrize("name", ["modes", "bench_norms", "bench_prologue", "plot_modes"])
+@pytest.mark.parametrize("name", ["modes", "workloads", "bench_norms", "bench_prologue", "plot_modes"])
 def test_benchmark_modules_import_without_a_gpu(name):
     importlib.import_module(name)
 
@@ -32,7 +32,7 @@ def test_env_list(monkeypatch):
 
 def test_prologue_oracle_is_the_prologue():
     torch = pytest.importorskip("torch")
-    from torch_graphs import torch_prologue
+    from workloads import torch_prologue
 
     ids = np.random.default_rng(0).integers(0, 256, (300, 8))
     counts, offsets, inp, outp = (t.numpy() for t in torch_prologue(torch.from_numpy(ids)))
@@ -160,44 +160,30 @@ def test_a_launch_count_that_fails_leaves_the_rows_and_the_other_counts(monkeypa
     assert rows[0]["launches"] is None and rows[1]["launches"] == 3 and calls == [1, 1]
 
 
-def test_a_norm_ab_variant_applies_its_knobs_inside_and_undoes_them():
-    """benchmarks/norm_ab.py's `variant`: the code generator's choices of its spec while its block
-    runs (here 16-byte vectors of bfloat16 and 16 elements a thread for few rows), limits' own
-    before and after."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from norm_ab import variant
-    from norm_graphs import norm_graph
-    from segfuse.compiler.cuda.prepare import modules_without_device
-    from segfuse.compiler.ir import Fusion
-    from segfuse.compiler.segmenter.cache import PlanCache
-
-    def kernel(tag):
-        base = norm_graph("rmsnorm", "bfloat16")
-        f = Fusion.from_json({**base.to_json(), "name": f"{base.name}_{tag}"})
-        b = f.bind({"x": (6, 4096), "w": (4096,)})
-        (_, mod), = modules_without_device(f, PlanCache().get(f, b)[0], b, 132)
-        return mod.launches[0].block, "sf_vload_last((const sf_v8<" in mod.source
-
-    assert kernel("before") == (512, False)
-    with variant("NORM_WIDE=1+NORM_PER_SMALL=16"):
-        assert kernel("inside") == (256, True)
-    assert kernel("after") == (512, False)
 
 
-def test_row_kernel_ptx_counts_the_global_accesses_of_a_variant():
-    """benchmarks/row_kernel_ptx.py through NVRTC, no GPU: RMSNorm bfloat16 [8, 4096] loads its row
-    and weights in 8-byte vectors, and in half as many 16-byte ones under NORM_WIDE=1; the stores
-    halve too."""
-    pytest.importorskip("cuda.bindings.nvrtc")
-    sys.path.insert(0, str(ROOT / "tests"))
-    from norm_ab import variant
-    from row_kernel_ptx import accesses
+def imports_of_the_test_tree(source: str) -> list[str]:
+    """The imports of a benchmark's source that only tests/ provides, and any "tests" path it builds."""
+    import ast
 
-    plain = accesses("rmsnorm", "bfloat16", 8, 4096, "t0")
-    with variant("NORM_WIDE=1"):
-        wide = accesses("rmsnorm", "bfloat16", 8, 4096, "t1")
-    assert plain["block"] == wide["block"] == 512 and plain["registers"] > 0
-    (ld8, n8), = plain["loads"].items()
-    (ld16, n16), = wide["loads"].items()
-    assert ld8.endswith(".v2.u32") and ld16.endswith(".v4.u32") and n8 == 2 * n16
-    assert sum(plain["stores"].values()) == 2 * sum(wide["stores"].values())
+    tests, bench = ROOT / "tests", ROOT / "benchmarks"
+    test_only = ({p.stem for p in tests.glob("*.py")} | {p.name for p in tests.iterdir() if (p / "__init__.py").exists()}
+                 | {"tests"}) - {p.stem for p in bench.glob("*.py")}
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [a.name for a in node.names if a.name.split(".")[0] in test_only]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module.split(".")[0] in test_only:
+            found.append(node.module)
+        elif isinstance(node, ast.Constant) and node.value == "tests":
+            found.append('the path "tests"')
+    return found
+
+
+def test_benchmarks_import_nothing_from_the_test_tree():
+    """The benchmarks run on their own (on a GPU machine, through `segfuse bench`): no script puts
+    tests/ on sys.path or imports a module that only tests/ has; shared code is in benchmarks/."""
+    assert sorted(imports_of_the_test_tree("import sys\nsys.path.insert(0, 'tests')\nfrom corpus import moe_graphs\n")) \
+        == ["corpus", 'the path "tests"']
+    found = {p.name: imports_of_the_test_tree(p.read_text()) for p in sorted((ROOT / "benchmarks").glob("*.py"))}
+    assert {name: f for name, f in found.items() if f} == {}

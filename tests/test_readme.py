@@ -1,4 +1,4 @@
-"""The docs cannot rot: every ```bash and ```python block of README.md, docs/operations.md and docs/torch.md runs
+"""The docs cannot rot: every ```bash and ```python block of README.md runs
 here against a live server (NumPy backend), except blocks preceded by `<!-- no-ci -->`; every
 example in examples/ runs too, in-process and through the service.
 
@@ -20,12 +20,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers.processes import ROOT, server_process
+from helpers.waiting import scaled
 from segfuse.client import Buffer, Client
 from segfuse.compiler import Engine, load_fusion
-from test_client import ROOT, server_process
 
 NO_CI = "<!-- no-ci -->"
-DOCS = [ROOT / "README.md", ROOT / "docs" / "operations.md", ROOT / "docs" / "torch.md"]
+DOCS = [ROOT / "README.md"]  # docs/*.md: tests/test_docs_commands.py
 EXAMPLES = ROOT / "examples"
 
 
@@ -96,6 +97,20 @@ def test_every_code_block_is_bash_python_or_marked():
     assert sum(b.lang == "python" for b in runnable) >= 3 and sum(b.lang == "bash" for b in runnable) >= 3
 
 
+
+def table_cells(path: Path) -> list[str]:
+    return [cell.strip() for line in path.read_text().splitlines() if line.startswith("|")
+            for cell in line.strip().strip("|").split(" | ")]
+
+
+@pytest.mark.parametrize(("doc", "limit"), [("README.md", 13_000), ("benchmarks/README.md", 30_000)])
+def test_front_pages_stay_short_with_short_table_cells(doc, limit):
+    """A newcomer reads these first: the detail belongs in docs/ and dated logs in git history."""
+    path = ROOT / doc
+    assert len(path.read_bytes()) <= limit
+    long = [c[:80] for c in table_cells(path) if len(c) > 300]
+    assert not long, long
+
 # ---- running the blocks -----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def server():
@@ -126,7 +141,7 @@ def run_block(block: Block, server: str, cwd: Path, env: dict) -> str:
         script = cwd / f"block_{block.line}.py"
         script.write_text(code)
         cmd = [sys.executable, str(script)]
-    r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    r = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=scaled(600))
     out = r.stdout + r.stderr
     assert r.returncode == 0, f"{block} exited {r.returncode}:\n{code}\n--- output:\n{out}"
     if block.lang == "bash":  # curl exits 0 on an HTTP error; the error body gives it away
@@ -142,7 +157,7 @@ def test_code_blocks_run(doc, server, scratch):
     if doc.name == "README.md":
         joined = "\n".join(outputs)
         assert "200" in outputs[0]  # the readiness check
-        assert "422 inputs disagree with the graph" in joined  # the SegfuseError in the client session
+        assert "422 inputs disagree with the graph" in joined  # the ClientError in the client session
         assert "[256, 256, 256, 256, 256, 256, 256, 256]" in joined  # the async session
         assert np.load(cwd / "counts.npy").shape == (16,)
 
@@ -188,6 +203,6 @@ def test_example_graph_runs_through_the_service(path, server):
 
 @pytest.mark.parametrize("script", sorted(EXAMPLES.glob("*.py")), ids=lambda p: p.name)
 def test_example_script_runs(script, tmp_path):
-    r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    r = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=scaled(600))
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.strip()
