@@ -6,8 +6,8 @@
 - `norm_graph` / `norm_inputs` / `torch_norm`: softmax, log_softmax, RMSNorm and LayerNorm over dim 1
   of [R, D] (bench_norms.py).
 
-The tests keep their own copies (tests/corpus/, tests/torch_graphs.py, tests/norm_graphs.py): a
-benchmark must not import the test tree, and a test's oracle must not be the benchmark's code."""
+The tests use them too (pyproject's pytest `pythonpath`; tests/corpus, tests/norm_graphs.py and
+tests/torch_graphs.py add what only tests need); nothing here imports the test tree."""
 
 from __future__ import annotations
 

@@ -7,9 +7,7 @@ Shared by tests/test_row_reduction.py, tests/gpu/test_row_reduction_gpu.py and b
 from __future__ import annotations
 
 from segfuse.compiler.builder import FusionDefinition
-
-EPS = 1e-6
-NORMS = ("softmax", "log_softmax", "rmsnorm", "layernorm")
+from workloads import EPS, NORMS, torch_norm  # noqa: F401  (shared with the benchmarks)
 
 
 def norm_graph(kind: str, dtype: str = "float32", composite: bool = False, shape=("R", "D")):
@@ -35,23 +33,6 @@ def norm_graph(kind: str, dtype: str = "float32", composite: bool = False, shape
                 y = d * fd.ops.rsqrt(var + EPS) * wf + bf
         fd.add_output(y if dtype == "float32" else fd.ops.cast(y, dtype), "y")
     return fd.fusion()
-
-
-def torch_norm(kind: str, inputs: dict):
-    """PyTorch's result (float32 math, rounded to the input's dtype), from torch tensors."""
-    import torch
-
-    x = inputs["x"]
-    xf = x.float()
-    if kind == "softmax":
-        y = torch.softmax(xf, 1)
-    elif kind == "log_softmax":
-        y = torch.log_softmax(xf, 1)
-    elif kind == "rmsnorm":
-        y = xf * torch.rsqrt((xf * xf).mean(1, keepdim=True) + EPS) * inputs["w"].float()
-    else:
-        y = torch.nn.functional.layer_norm(xf, (x.shape[1],), inputs["w"].float(), inputs["b"].float(), EPS)
-    return y.to(x.dtype)
 
 
 def norm_inputs(kind: str, R: int, D: int, dtype: str = "float32", seed: int = 0, special: bool = False):

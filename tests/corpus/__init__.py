@@ -12,6 +12,7 @@ from segfuse.compiler.dtypes import DType
 from segfuse.compiler.errors import GraphError
 from segfuse.compiler.ir import Fusion
 from segfuse.compiler.ops.registry import REGISTRY, OpKind
+from workloads import moe_graphs  # noqa: F401  (shared with the benchmarks)
 
 from .ops import all_op_cases
 from .util import _graph, rand  # noqa: F401  (also imported from here)
@@ -248,45 +249,6 @@ def scatter_cases(n_src=64, m=10):
             "r": rng.integers(0, 4, (6,)).astype(np.int64), "rn": rng.integers(-4, 4, (6,)).astype(np.int64),
             "v": rand(rng, (6, 9), dt)}))
     return out
-
-
-def moe_graphs(E=256, K=8, idt="int64"):
-    """The four MoE fusions (nvFuser SgLangMoETest) with E experts, topk K."""
-    ids = {"name": "topk_ids", "dtype": idt, "shape": ["T", K]}
-    counts_in = {"name": "tokens_per_expert", "dtype": idt, "shape": [E]}
-    ps = _graph("moe_problem_sizes", [ids], [
-        {"op": "reshape", "out": "flat", "inputs": ["topk_ids"], "shape": [-1]},
-        {"op": "full", "out": "zeros", "inputs": [], "shape": [E], "value": 0, "dtype": "int64"},
-        {"op": "full_like", "out": "ones", "inputs": ["flat"], "value": 1, "dtype": "int64"},
-        {"op": "scatter", "out": "counts", "inputs": ["zeros", "flat", "ones"], "dim": 0, "reduce": "add"}],
-        ["counts"])
-    eo = _graph("moe_expert_offsets", [counts_in], [
-        {"op": "cumsum", "out": "cs", "inputs": ["tokens_per_expert"], "dim": 0},
-        {"op": "pad", "out": "expert_offsets", "inputs": ["cs"], "pad": [1, 0]}], ["expert_offsets"])
-    bs = _graph("moe_blockscale_offsets", [counts_in], [
-        {"op": "cumsum", "out": "cs", "inputs": ["tokens_per_expert"], "dim": 0},
-        {"op": "pad", "out": "expert_offsets", "inputs": ["cs"], "pad": [1, 0]},
-        {"op": "ceil_div", "out": "blocks", "inputs": ["tokens_per_expert", 128]},
-        {"op": "mul", "out": "rounded", "inputs": ["blocks", 128]},
-        {"op": "cumsum", "out": "cs2", "inputs": ["rounded"], "dim": 0},
-        {"op": "pad", "out": "blockscale_offsets", "inputs": ["cs2"], "pad": [1, 0]}],
-        ["expert_offsets", "blockscale_offsets"])
-    ar = _graph("moe_argsort", [ids], [
-        {"op": "reshape", "out": "flat", "inputs": ["topk_ids"], "shape": [-1]},
-        {"op": "argsort", "out": "order", "inputs": ["flat"], "dim": 0, "descending": True, "stable": True},
-        {"op": "floor_divide", "out": "input_permutation", "inputs": ["order", K]},
-        {"op": "full", "out": "z", "inputs": [], "shape": [f"T*{K}"], "value": 0, "dtype": "int64"},
-        {"op": "iota", "out": "ar", "inputs": [], "length": f"T*{K}"},
-        {"op": "scatter", "out": "output_permutation", "inputs": ["z", "order", "ar"], "dim": 0}],
-        ["input_permutation", "output_permutation"])
-
-    def ids_maker(T, dtn=idt):
-        return lambda rng: {"topk_ids": rng.integers(0, E, (T, K)).astype(np.dtype(dtn))}
-
-    def counts_maker(T, dtn=idt):
-        return lambda rng: {"tokens_per_expert": rng.integers(0, T * K // E + 3, (E,)).astype(np.dtype(dtn))}
-
-    return [(ps, ids_maker), (eo, counts_maker), (bs, counts_maker), (ar, ids_maker)]
 
 
 def sort_consumers_graph(idt="int64", K=8) -> dict:
