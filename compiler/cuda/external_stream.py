@@ -31,6 +31,7 @@ import numpy as np
 from ..errors import DeferredRunError
 from . import radix_sort
 from .arrays import cp_dtype
+from .graphs import capture_launches
 from .thread_state import ERR_WORDS, RunCtx, device_error, track
 
 BLOCKS_PER_CHUNK = 256  # error blocks per mapped pinned allocation
@@ -229,28 +230,12 @@ def launch(rt, prep, env: dict, st: StreamState, err_ptr: int) -> None:
 
 
 def _capture(rt, st: StreamState, ctx, key: bytes, recs, fires, err_ptr: int):
-    """The launches of bound parameter blocks `recs` as a CUDA graph kept under `key` (None, and
-    no graphs in this process from now on, where a capture fails). Captured on a non-blocking
-    stream of the state's own (capturing the caller's stream would make its other work part of
-    the capture); replayed on the caller's stream."""
-    stream = st.capture_stream
-    if stream is None:
-        stream = st.capture_stream = rt.cp.cuda.Stream(non_blocking=True)
-    try:
-        stream.begin_capture()
-        try:
-            for rec, fire in zip(recs, fires):
-                fire(rec, err_ptr, stream.ptr)
-        finally:
-            graph = stream.end_capture()
-    except Exception as e:  # this call launches directly
-        rt.use_graphs = False
-        rt.graph_fallback_reason = f"{type(e).__name__}: {e}"
-        return None
-    ctx.graphs[key] = graph
-    rt.graph_captures += 1
+    """The launches of `recs` as a CUDA graph kept under `key` (graphs.capture_launches; None where a capture
+    fails). Replayed on the caller's stream."""
+    graph = capture_launches(rt, st, recs, fires, err_ptr)
+    if graph is not None:
+        ctx.graphs[key] = graph
     return graph
-
 
 
 def host_steps(prep) -> list:

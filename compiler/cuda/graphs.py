@@ -17,6 +17,30 @@ MEMO_WAIT = 32
 _ptr = operator.attrgetter("data.ptr")
 
 
+def capture_launches(rt, st, recs, fires, err_ptr: int):
+    """The launches of bound parameter blocks `recs` (each fired by its `fires` entry) as a CUDA
+    graph, or None, and no graphs on this runtime from now on, where a capture fails. Captured on a
+    non-blocking stream of the state's own (`st.capture_stream`, made here): capturing a blocking
+    stream makes other threads' work on the legacy stream fail (cudaErrorStreamCaptureImplicit)
+    while it lasts, and capturing a caller's stream would take its other work into the graph."""
+    stream = st.capture_stream
+    if stream is None:
+        stream = st.capture_stream = rt.cp.cuda.Stream(non_blocking=True)
+    try:
+        stream.begin_capture()
+        try:
+            for rec, fire in zip(recs, fires):
+                fire(rec, err_ptr, stream.ptr)
+        finally:
+            graph = stream.end_capture()
+    except Exception as e:
+        rt.use_graphs = False
+        rt.graph_fallback_reason = f"{type(e).__name__}: {e}"
+        return None
+    rt.graph_captures += 1
+    return graph
+
+
 def graphed_call(rt, fusion, prep, defer, tls, new_state, token, new_ctx):
     """The kernels-only fast path with CUDA graphs. A run binds every kernel's parameter block
     first (tensor pointers, outputs allocated); when those bytes equal the last run's, the
@@ -70,27 +94,13 @@ def graphed_call(rt, fusion, prep, defer, tls, new_state, token, new_ctx):
             blk = st.graph_free.pop()
             st.graph_owner[blk] = fusion
             err = st.gblock_dev + blk * block_bytes
-        # captured on a non-blocking stream of the thread's own: capturing a blocking stream
-        # makes other threads' work on the legacy stream fail (cudaErrorStreamCaptureImplicit)
-        # while it lasts. Replays run on the thread's blocking stream, ordered as direct runs.
-        stream = st.capture_stream
-        if stream is None:
-            stream = st.capture_stream = rt.cp.cuda.Stream(non_blocking=True)
-        try:
-            stream.begin_capture()
-            try:
-                for rec, fire in zip(recs, fires):
-                    fire(rec, err, stream.ptr)
-            finally:
-                graph = stream.end_capture()
-        except Exception as e:  # no graphs on this runtime from now on; this run launches directly
-            rt.use_graphs = False
-            rt.graph_fallback_reason = f"{type(e).__name__}: {e}"
+        # replays run on the thread's blocking stream, ordered as direct runs
+        graph = capture_launches(rt, st, recs, fires, err)
+        if graph is None:  # this run launches directly
             if blk is not None:
                 release(st, blk)
             return None
         g = graphs[key] = (graph, blk)
-        rt.graph_captures += 1
         return g
 
     def remember(st, ctx, ins, env, key, g) -> dict:
