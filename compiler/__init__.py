@@ -11,6 +11,7 @@ import importlib
 # public name -> the module (relative to this package) that defines it
 _EXPORTS = {
     "FusionDefinition": ".builder", "Tensor": ".builder",
+    "CodegenOptions": ".codegen.options",
     "DType": ".dtypes",
     "Engine": ".engine", "RunResult": ".engine",
     "BindError": ".errors", "GraphError": ".errors", "Issue": ".errors", "RunError": ".errors",

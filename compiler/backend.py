@@ -14,6 +14,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable
 from typing import ClassVar
 
+from .codegen.options import DEFAULT_OPTIONS, CodegenOptions
+
 
 class Backend(ABC):
     name: ClassVar[str]
@@ -21,6 +23,11 @@ class Backend(ABC):
     compiles: ClassVar[bool] = False  # whether warmup compiles kernels (else it only plans)
     fast_path: ClassVar[bool] = False  # whether `signature`/`prepared_call` give warm calls a fast path
     batch_size: ClassVar[int] = 0  # the most runs one batch holds (0: any number)
+    options: CodegenOptions = DEFAULT_OPTIONS
+
+    def __init__(self, options: CodegenOptions | None = None):
+        # what its kernels are generated with (compiler/codegen/options.py)
+        self.options = options if options is not None else DEFAULT_OPTIONS
 
     @classmethod
     def unavailable(cls) -> str | None:

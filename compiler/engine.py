@@ -24,6 +24,7 @@ from collections.abc import Callable
 import numpy as np
 
 from .backend import Backend
+from .codegen.options import DEFAULT_OPTIONS, CodegenOptions
 from .ir import Fusion
 from .plan import Plan
 from .segmenter.cache import SHARED_PLANS, PlanCache
@@ -117,8 +118,11 @@ def resolve_backend(name: str) -> str:
     return name
 
 
-def backend_for(name: str) -> Backend:
-    """The process's instance of backend `name` ("auto" resolved first)."""
+def backend_for(name: str, options: CodegenOptions | None = None) -> Backend:
+    """The process's instance of backend `name` ("auto" resolved first); with code generator
+    options other than the defaults, an instance of its own."""
+    if options is not None and options != DEFAULT_OPTIONS:
+        return BACKEND_CLASSES[resolve_backend(name)]()(options)
     hit = _INSTANCES.get(name)
     if hit is not None:
         return hit
@@ -142,14 +146,18 @@ def compile_fallbacks() -> dict:
 
 class Engine:
     """Runs fusions on one backend: "numpy", "cupy", "auto" (cupy where CuPy sees a GPU, else
-    numpy), or a `Backend` instance (compiler/backend.py)."""
+    numpy), or a `Backend` instance (compiler/backend.py). `options`: the code generator's
+    (`CodegenOptions`; with a Backend instance, give them to the instance instead)."""
 
     _defaults: dict[str, Engine] = {}
 
-    def __init__(self, backend: str | Backend = "numpy", plan_cache: PlanCache | None = None, errors: str = "raise"):
+    def __init__(self, backend: str | Backend = "numpy", plan_cache: PlanCache | None = None, errors: str = "raise",
+                 options: CodegenOptions | None = None):
         if errors not in ERROR_MODES:
             raise ValueError(f"errors must be one of {', '.join(ERROR_MODES)}, not {errors!r}")
-        impl = backend if isinstance(backend, Backend) else backend_for(backend)
+        if isinstance(backend, Backend) and options is not None:
+            raise ValueError("options go to the Backend instance itself (Backend(options=...))")
+        impl = backend if isinstance(backend, Backend) else backend_for(backend, options)
         self.device_backend = impl
         self.backend = impl.name
         self.errors = errors
@@ -205,7 +213,7 @@ class Engine:
             return modules
         from .cuda.prepare import modules_without_device
 
-        return modules_without_device(fusion, plan, fusion.bind(shapes))
+        return modules_without_device(fusion, plan, fusion.bind(shapes), options=self.device_backend.options)
 
     def compile_offline(self, fusion: Fusion, shapes: dict[str, tuple], arch: str = "sm_90") -> tuple[str, list]:
         """Compile every module `kernel_modules` lists with NVRTC for `arch`, with no GPU (the

@@ -89,3 +89,30 @@ def test_the_cli_resolves_auto_without_the_server():
             "print(e.backend, sorted({m for m in sys.modules if m.startswith('segfuse.server')}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == [resolve_backend("auto"), "[]"]
+
+
+def test_an_engines_codegen_options_reach_the_kernels_it_generates():
+    """Options given to the Engine reach the code generator (row loads without evict-last hints
+    here); the defaults keep the process's shared backend, other options get a backend of their own."""
+    from norm_graphs import norm_graph
+    from segfuse.compiler import CodegenOptions
+
+    fusion = norm_graph("rmsnorm")
+    shapes = {n: (32768, 4096) if n == "x" else (4096,) for n in fusion.input_names}
+    default = Engine("numpy")
+    plain = Engine("numpy", options=CodegenOptions(row_load_hints=False))
+    assert Engine("numpy", options=CodegenOptions()).device_backend is default.device_backend
+    assert plain.device_backend is not default.device_backend
+    (_, hinted), = default.kernel_modules(fusion, shapes)
+    (_, unhinted), = plain.kernel_modules(fusion, shapes)
+    assert "evict_last" in hinted.source and "evict_last" not in unhinted.source
+    assert unhinted.options == CodegenOptions(row_load_hints=False)
+
+
+def test_options_for_a_backend_instance_go_to_the_instance():
+    from segfuse.compiler import CodegenOptions
+    from segfuse.compiler.numpy_backend import NumpyBackend
+
+    with pytest.raises(ValueError, match="Backend instance"):
+        Engine(NumpyBackend(), options=CodegenOptions(row_load_hints=False))
+    assert Engine(NumpyBackend(CodegenOptions(row_load_hints=False))).device_backend.options.row_load_hints is False

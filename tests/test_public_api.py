@@ -20,7 +20,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 COMPILER_ALL = [
-    "BindError", "DType", "Engine", "Fusion", "FusionDefinition", "GraphError", "Issue", "Limits",
+    "BindError", "CodegenOptions", "DType", "Engine", "Fusion", "FusionDefinition", "GraphError", "Issue", "Limits",
     "RunError", "RunResult", "SegfuseError", "Tensor", "load_fusion", "run_graph",
 ]
 CLIENT_ALL = ["AsyncClient", "Buffer", "Client", "ClientError", "FusionRef", "Region", "RunResult", "SystemRegion"]

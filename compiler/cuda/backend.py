@@ -5,10 +5,11 @@ imports this module, never the other way round; nothing here imports CuPy at imp
 from __future__ import annotations
 
 from ..backend import Backend
+from ..codegen.options import DEFAULT_OPTIONS, CodegenOptions
 from ..numpy_backend import input_types
 from .arrays import shape_proxies, signature
 from .prepare import compile_fallbacks
-from .runtime import get_runtime
+from .runtime import CupyRuntime, get_runtime
 from .thread_state import DEFERRED_SLOTS
 
 
@@ -22,7 +23,8 @@ class CupyBackend(Backend):
     # (a plain function: the Engine calls it on every run of a warm graph)
     signature = staticmethod(signature)
 
-    def __init__(self):
+    def __init__(self, options: CodegenOptions | None = None):
+        super().__init__(options)
         self._rt = None
 
     @classmethod
@@ -47,7 +49,8 @@ class CupyBackend(Backend):
         """The process's CupyRuntime (made at the first use: CuPy, the device, the kernel cache)."""
         rt = self._rt
         if rt is None:
-            rt = self._rt = get_runtime()
+            # other options: a runtime of its own, on the device's kernel cache (keyed by options)
+            rt = self._rt = get_runtime() if self.options == DEFAULT_OPTIONS else CupyRuntime(options=self.options)
         return rt
 
     def start(self) -> None:
