@@ -2,14 +2,15 @@
 lazily computed outputs (a grid-stride loop, plus a 16-byte-vector variant when every tensor of
 the outputs' cone is flat and contiguous).
 
-`PointwiseRenderer` reads the segment's placement (types, locations, index type) from the driver
-(segment.py); its `lambdas` are every family's way to read a tensor (`KernelInput.lambdas`).
+`PointwiseRenderer` reads a `KernelInput` (kernel_input.py) without its `lambdas`: its own
+`lambdas` are every family's way to read a tensor (`KernelInput.lambdas`).
 """
 
 from __future__ import annotations
 
 from ..ops.registry import LAZY_KINDS, Lowering, OpKind, Scalar, TensorType
 from . import ctypes_ as ct
+from .kernel_input import KernelInput
 from .layout import contiguous_strides, numel
 from .lazy import RENDERERS, coords, delinearize, render_lazy
 
@@ -34,9 +35,10 @@ class LambdaCtx:
 class PointwiseRenderer:
     LOWERINGS = frozenset(RENDERERS)  # the lazy ops, rendered as lambdas (lazy.py)
 
-    def __init__(self, seg, nodes, types, strides, loc, stage, copies, producer, params, I):
-        self.seg, self.nodes, self.types, self.strides, self.loc, self.stage = seg, nodes, types, strides, loc, stage
-        self.copies, self.producer, self.params, self.I = copies, producer, params, I
+    def __init__(self, inp: KernelInput):
+        self.seg, self.nodes, self.types, self.strides = inp.seg, inp.nodes, inp.types, inp.strides
+        self.loc, self.stage, self.copies, self.producer = inp.loc, inp.stage, inp.copies, inp.producer
+        self.params, self.I = inp.params, inp.I
 
     # ---- lambdas -----------------------------------------------------------------------
     def lambdas(self, flat_leaf=None, only=None, leaf=None) -> tuple[str, dict]:

@@ -102,7 +102,6 @@ class RowKernelRenderer:
     def __init__(self, inp: KernelInput):
         self.fusion, self.seg, self.types, self.strides = inp.fusion, inp.seg, inp.types, inp.strides
         self.loc, self.I, self.sm, self.options, self._lambdas = inp.loc, inp.I, inp.sm, inp.options, inp.lambdas
-        self.min_blocks, self.cluster = 0, 1
 
     def render(self) -> Rendered:
         """The kernel's vector variant first (the runtime runs it when every pointer is aligned),
@@ -115,13 +114,11 @@ class RowKernelRenderer:
         out = None
         if split > 1:  # (a split needs the row in registers: else a block per row after all)
             out = self._row_kernels_in(region, R, K, split)
-        if out is None:
-            out = self._row_kernels_in(region, R, K, 1)
-        return Rendered(out, 0, self.min_blocks, self.cluster)
+        return out or self._row_kernels_in(region, R, K, 1)
 
-    def _row_kernels_in(self, region, R, K, S):
-        """The kernels with S blocks (a cluster) a row; None when S > 1 and the parts of the row
-        do not fit registers."""
+    def _row_kernels_in(self, region, R, K, S) -> Rendered | None:
+        """The kernels with S blocks (a cluster: __cluster_dims__) a row; None when S > 1 and the
+        parts of the row do not fit registers."""
         Kc = K if S == 1 else -(-K // (4 * S)) * 4  # a block's part: a multiple of 4 (vector loads)
         lanes = row_threads(Kc, R * S, self.sm, S)
         block = WARP_BLOCK if lanes == 32 else lanes
@@ -142,7 +139,6 @@ class RowKernelRenderer:
             if not in_regs or lanes == 32:
                 return None
             grid = R * S  # (R * S <= the SM count: limits.row_split)
-        self.cluster = S  # (__cluster_dims__)
         smem = 0 if in_regs else per_slot * slots
         geo = (region, R, K, lanes, slots, cache, offs, per_slot)
         weights = self._row_weights(region, cache, Kc, lanes, few_rows=R <= self.sm) if in_regs else []
@@ -152,12 +148,12 @@ class RowKernelRenderer:
         body = self._row_body_registers if in_regs else self._row_body
         narrow = in_regs and lanes > 32 and R > self.sm and all(self.types[x].dtype.itemsize <= 2 for x in (*cache, *weights))
         # (__launch_bounds__; pointless while the rows do not fill the SMs)
-        self.min_blocks = self.options.row_min_resident_threads_2byte // block if narrow else 0
+        min_blocks = self.options.row_min_resident_threads_2byte // block if narrow else 0
         out = []
         if cache and K % 4 == 0:
             out.append((body(geo, vector=True), grid, block, smem, True))
         out.append((body(geo, vector=False), grid, block, smem, None))
-        return out
+        return Rendered(out, 0, min_blocks, S)  # (no scratch: the reductions' results live in registers)
 
     def _rows_in_registers(self, region, cache, K, lanes) -> bool:
         """Registers hold the cached rows (K elements a block: a row, or its part of a split row):

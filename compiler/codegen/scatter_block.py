@@ -80,10 +80,11 @@ class BlockScatterRenderer(ScatterRenderer):
         blocks = min(self.sm, -(-numel(self.parts(nd)[0]) // HIST_BLOCK_SOURCES))
         return blocks if blocks >= 4 else 1
 
-    def block_body(self, nd, free_off: int, blocks: int = 1) -> tuple[str, int]:
-        """(code, extra shared memory at free_off). Many sources per target: warp-group replicas
-        of the target in shared memory take the atomics (little contention), then one thread per
-        element combines them into the target. With `blocks` > 1, see `histogram_blocks`."""
+    def block_body(self, nd, free_off: int, scratch: int, blocks: int = 1) -> tuple[str, int, int]:
+        """(code, extra shared memory at free_off, where the segment's scratch ends after it: it
+        ends at byte `scratch` before). Many sources per target: warp-group replicas of the target
+        in shared memory take the atomics (little contention), then one thread per element
+        combines them into the target. With `blocks` > 1, see `histogram_blocks`."""
         dom, pre, lin, val, reduce, include_self, selft, cs = self.parts(nd)
         o = nd.outputs[0]
         staged = o in self.stage
@@ -109,8 +110,7 @@ class BlockScatterRenderer(ScatterRenderer):
             fold = (f"{Wd} hv = {rep}[j];\n"
                     f"    for (int r = 1; r < {reps}; ++r) hv = {op}::f<{Wd}>(hv, {rep}[r * {n_out} + j]);")
             if blocks > 1:
-                part = self.scratch_used
-                self.scratch_used = align(part + blocks * n_out * wsz)
+                part, scratch = scratch, align(scratch + blocks * n_out * wsz)
                 P = f"(({Wd}*)(sf_scratch + {part}))"
                 out.append(f"  for (int j = threadIdx.x; j < {n_out}; j += blockDim.x) {{ {fold}\n"
                            f"    {P}[blockIdx.x * {n_out} + j] = hv; }}")
@@ -124,7 +124,7 @@ class BlockScatterRenderer(ScatterRenderer):
             t = self.types[o]
             out.append("  __syncthreads();")
             out.append(f"  for (int j = threadIdx.x; j < {numel(t.shape)}; j += blockDim.x) {self.loc[o].ref}[j] = {tgt}[j];")
-            return "\n".join(out), n_out * wsz * reps
+            return "\n".join(out), n_out * wsz * reps, scratch
         if staged or o not in self.aliased:
             out.append(self._init_target(nd, tgt, "threadIdx.x", "blockDim.x"))
             out.append("  __syncthreads();")
@@ -136,7 +136,7 @@ class BlockScatterRenderer(ScatterRenderer):
             t = self.types[o]
             out.append("  __syncthreads();")
             out.append(f"  for (int j = threadIdx.x; j < {numel(t.shape)}; j += blockDim.x) {self.loc[o].ref}[j] = {tgt}[j];")
-        return "\n".join(out), 0
+        return "\n".join(out), 0, scratch
 
 
 

@@ -9,7 +9,7 @@ from ..ops.registry import Lowering, OpKind, Scalar
 from . import ctypes_ as ct
 from . import scatter as _sc
 from .geometry import THREADS, align
-from .kernel_input import KernelInput
+from .kernel_input import KernelInput, Rendered
 from .layout import numel
 from .lazy import Unsupported, coords, delinearize, linearize
 from .pointwise import LambdaCtx
@@ -71,11 +71,10 @@ _SOURCES = {Lowering.scatter: _scatter_source, Lowering.index_add: _index_add_so
 class ScatterRenderer:
     LOWERINGS = frozenset(_SOURCES)
 
-    def __init__(self, inp: KernelInput, scratch: int):
+    def __init__(self, inp: KernelInput):
         self.seg, self.types, self.strides, self.loc, self.stage = inp.seg, inp.types, inp.strides, inp.loc, inp.stage
         self.I, self.sm, self.copies, self.producer, self.aliased = inp.I, inp.sm, inp.copies, inp.producer, inp.aliased
         self._lambdas, self._dst, self._grid = inp.lambdas, inp.dst, inp.grid
-        self.scratch_used = scratch  # where the segment's scratch ends: the family's buffers extend it
 
     # ---- scatter -----------------------------------------------------------------------
     def parts(self, nd):
@@ -153,7 +152,9 @@ class ScatterRenderer:
                 f"    {delinearize('l', t.shape, I)}\n"
                 f"    {target_ref}[l] = {ct.cvt(f'{names[selfn]}({chr(44).join(coords(t.rank))})', S or ct.storage(t.dtype))};\n  }}")
 
-    def grid_kernels(self, nd):
+    def grid_kernels(self, nd, scratch: int) -> Rendered:
+        """The kernels of scatter `nd` in grid mode; the segment's scratch ends at byte `scratch`
+        (a float accumulator goes after it)."""
         dom, pre, lin, val, reduce, include_self, selft, cs = self.parts(nd)
         o = nd.outputs[0]
         dst = self.loc[o].ref
@@ -167,7 +168,7 @@ class ScatterRenderer:
             if o not in self.aliased:
                 res.append((lam + "\n" + self._init_target(nd, dst, gstart, gstep), self._grid(n_out), THREADS, 0, None))
             res.append((lam + "\n" + self._scatter_loop(nd, gstart, gstep, dst, "store"), self._grid(n_dom), THREADS, 0, None))
-            return res
+            return Rendered(res, scratch)
         vec = _sc.vector_plan(self, nd)  # (leaves, V): a 16-byte-load variant goes before each scalar kernel
         Wd = ct.WIDE[selft.dtype]
         wsize = 8 if Wd in ("long long", "double") else 4
@@ -176,8 +177,7 @@ class ScatterRenderer:
         acc, St, W = dst, ct.storage(selft.dtype), None
         wide = _sc.rounds_every_source(selft, reduce)
         if wide:
-            off = self.scratch_used
-            self.scratch_used = align(off + n_out * 4)
+            off, scratch = scratch, align(scratch + n_out * 4)
             acc, St, W = f"((float*)(sf_scratch + {off}))", "float", "float"
         fresh = wide or o not in self.aliased  # acc does not hold self's data yet
         if n_out * wsize <= _sc.PRIV_SMEM and n_dom >= 8 * n_out and n_dom >= 4096:
@@ -211,7 +211,7 @@ class ScatterRenderer:
                             threads, smem, True))
             blocks = max(1, min(-(-n_dom // (threads * 16)), self.sm * _sc.HIST_BLOCKS_PER_SM))
             res.append((head + self._scatter_loop(nd, gstart, gstep, "h", "atomic", W=Wd) + tail, blocks, threads, smem, None))
-            return res + self._round_wide(nd, acc, dst, gstart, gstep) if wide else res
+            return Rendered(res + self._round_wide(nd, acc, dst, gstart, gstep) if wide else res, scratch)
         # Global atomics. A target larger than L2 is split into windows, one pass over the sources
         # each, so the random atomics of a pass hit L2 (see scatter.py).
         wins = _sc.window_bounds(n_out, _sc.windows(n_out * (4 if wide else selft.dtype.itemsize), n_dom))
@@ -238,7 +238,7 @@ class ScatterRenderer:
                             threads, 0, True))
             res.append((lam + "\n" + self._scatter_loop(nd, gstart, gstep, acc, "atomic", W=W, window=win),
                         self._grid(n_dom, per_sm=_sc.ATOMIC_BLOCKS_PER_SM), THREADS, 0, None))
-        return res + self._round_wide(nd, acc, dst, gstart, gstep) if wide else res
+        return Rendered(res + self._round_wide(nd, acc, dst, gstart, gstep) if wide else res, scratch)
 
     def _round_wide(self, nd, acc: str, dst: str, gstart: str, gstep: str) -> list:
         """The last kernel of a 16-bit float sum or product: its float accumulator, rounded once."""

@@ -13,29 +13,31 @@ shape (32-bit when every offset fits, 64-bit otherwise), which makes the two wid
 cached variants. Identifiers are counters (t0, v3, sf_k_<hash>_1); user tensor names never
 appear in the source.
 
-This module is the driver (placement, phases, the grid and single-block dispatch, the module
-text). Each kernel family is a renderer in its own module that reads a narrow `KernelInput`
-(kernel_input.py: the placed tensors, the index type, the SM count, the `CodegenOptions`) and
-returns its kernels: pointwise.py (lambdas, materialize), reduction.py (reductions, scans),
-row_reduction.py (row-persistent reductions, from the plan's `RowKernel`), sorting.py,
-scatter_kernels.py (scatter family, grid mode) and scatter_block.py (scatters in one block). The
-tunables the benchmark sets (VEC_BLOCKS_PER_SM, RADIX_MIN) stay here, where the dispatch reads them.
+This module is the driver: it places the segment's tensors (parameters, shared memory, scratch),
+splits it into phases, hands a narrow `KernelInput` (kernel_input.py: the placed tensors, the
+index type, the SM count, the `CodegenOptions`) to the renderer its kind names (`RENDERERS`), and
+assembles the module text from the kernels the renderer returns (`Rendered`). The segment
+renderers: grid.py (grid mode: each anchor's family by its op kind), single_block.py (the
+phases in one block) and row_reduction.py (row-persistent reductions, from the plan's
+`RowKernel`). The kernel families they use, each in its own module: pointwise.py (lambdas,
+materialize), reduction.py (reductions, scans), sorting.py, scatter_kernels.py (scatter family,
+grid mode) and scatter_block.py (scatters in one block). The tunables the benchmark sets
+(VEC_BLOCKS_PER_SM, RADIX_MIN) stay here: the driver hands them to the renderers.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import re
 from dataclasses import dataclass
 
 from ..limits import NOMINAL_SM_COUNT, SMEM_PER_BLOCK, index_bits
 from ..ops.registry import LAZY_KINDS, OpKind
 from ..plan import AliasMode, SegmentKind
 from . import ctypes_ as ct
-from . import radix
-from .geometry import THREADS, align
-from .kernel_input import KernelInput
+from .geometry import align
+from .grid import GridRenderer
+from .kernel_input import KernelInput, Loc, Rendered
 from .layout import contiguous_strides, numel
 from .lazy import Unsupported
 from .options import DEFAULT_OPTIONS, CodegenOptions
@@ -43,8 +45,8 @@ from .pointwise import PointwiseRenderer
 from .prelude import OPTIONAL_PARTS, PRELUDE
 from .reduction import ReductionRenderer
 from .row_reduction import RowKernelRenderer
-from .scatter_block import BlockScatterRenderer
 from .scatter_kernels import ScatterRenderer
+from .single_block import SingleBlockRenderer
 from .sorting import SortRenderer
 
 # Streaming kernels: enough blocks that each thread handles a few vectors (more bytes in flight
@@ -81,20 +83,31 @@ class Module:
     options: CodegenOptions = DEFAULT_OPTIONS  # what generated it (the kernel cache keys by them too)
 
 
-@dataclass
-class Loc:
-    kind: str  # param | smem | scratch
-    ref: str  # C pointer expression
-    strides: tuple
-
-
-# The kernel families: each renders its ops from a `KernelInput` and lists the lowerings it renders.
+# The kernel families: each renders its ops from a `KernelInput` and lists the lowerings it renders
+# (the segment renderers below combine them).
 FAMILIES = (PointwiseRenderer, ReductionRenderer, SortRenderer, ScatterRenderer, RowKernelRenderer)
 
 
+def _render_row_kernel(inp: KernelInput, phases) -> Rendered:
+    return RowKernelRenderer(inp).render()  # (one kernel, and its vector variant: no phases)
+
+
+def _render_single_block(inp: KernelInput, phases) -> Rendered:
+    return SingleBlockRenderer(inp, RADIX_MIN).render(phases)
+
+
+def _render_grid(inp: KernelInput, phases) -> Rendered:
+    return GridRenderer(inp, VEC_BLOCKS_PER_SM).render(phases)
+
+
+# A segment's renderer by its kind; every other kind renders in grid mode. (Module functions, so
+# that they read the tunables above when called.)
+RENDERERS = {SegmentKind.row_reduction: _render_row_kernel, SegmentKind.single_block: _render_single_block}
+
+
 class SegmentCodegen:
-    """One segment's module: places its tensors, then `build()` renders every phase with its
-    family's renderer."""
+    """One segment's module: places its tensors, then `build()` hands them to the renderer of the
+    segment's kind and assembles the module from the kernels it returns."""
 
     @classmethod
     def lowerings(cls) -> frozenset:
@@ -127,8 +140,6 @@ class SegmentCodegen:
         self.anchors = [nd for nd in self.nodes if nd.op.kind not in LAZY_KINDS]
         self._choose_index_type()
         self._place()
-        self.pointwise = PointwiseRenderer(seg, self.nodes, self.types, self.strides, self.loc, self.stage, self.copies,
-                                           self.producer, self.params, self.I)
 
     # ---- layout ------------------------------------------------------------------------
     def _choose_index_type(self):
@@ -152,8 +163,6 @@ class SegmentCodegen:
             self.loc[n] = Loc("param", f"t{k}", st)
         self.smem_used = 0
         self.scratch_used = 0
-        self.min_blocks = 0  # __launch_bounds__'s minimum of resident blocks an SM (0: none)
-        self.cluster = 1  # blocks of a thread-block cluster (__cluster_dims__; 1: none)
         for nd in self.anchors:
             for o in nd.outputs:
                 if o in self.loc:
@@ -185,10 +194,12 @@ class SegmentCodegen:
         self.aliased = {o for o in self.aliased if self.loc[o].kind == "param"}
 
     def kernel_input(self) -> KernelInput:
-        """What a family renderer reads of this segment, once its tensors are placed."""
-        return KernelInput(self.fusion, self.seg, tuple(self.nodes), self.types, self.strides, self.loc, self.stage,
-                           self.copies, self.producer, frozenset(self.aliased), self.I, self.sm, self.options,
-                           self.pointwise.lambdas)
+        """What a renderer reads of this segment, once its tensors are placed: the pointwise
+        family reads it without `lambdas`, and gives every other renderer its `lambdas`."""
+        placed = KernelInput(self.fusion, self.seg, tuple(self.nodes), self.types, self.strides, self.loc, self.stage,
+                             self.copies, self.producer, frozenset(self.aliased), tuple(self.params), self.I, self.sm,
+                             self.options, self.scratch_used, self.smem_used)
+        return dataclasses.replace(placed, lambdas=PointwiseRenderer(placed).lambdas)
 
     # ---- phases ------------------------------------------------------------------------
     def phases(self) -> list:
@@ -209,21 +220,11 @@ class SegmentCodegen:
         return out
 
     def build(self) -> Module:
-        body_fns = []  # (name_suffix, body, grid, block, smem, vector_of)
-        phases = self.phases()
-        if self.seg.kind == SegmentKind.row_reduction:
-            rendered = RowKernelRenderer(self.kernel_input()).render()  # one kernel (and its vector variant)
-            body_fns.extend(rendered.kernels)
-            self.scratch_used, self.min_blocks, self.cluster = rendered.scratch_bytes, rendered.min_blocks, rendered.cluster
-        elif self.block_mode:
-            body_fns.append(self._block_kernel(phases))
-        else:
-            groups = [what for kind, what in phases if kind == "materialize"]
-            for ph in phases:
-                if ph[0] != "materialize" or len(groups) == 1:
-                    body_fns.extend(self._grid_kernels(ph))
-            if len(groups) > 1:
-                body_fns.append(self._materialize_together(groups))
+        kind = self.seg.kind
+        if kind != SegmentKind.row_reduction:  # (a row kernel whatever the mode)
+            kind = SegmentKind.single_block if self.block_mode else None
+        rendered = RENDERERS.get(kind, _render_grid)(self.kernel_input(), self.phases())
+        body_fns = rendered.kernels  # (body, grid, block, smem, vector flag) each
         params = []
         for k, n in enumerate(self.params):
             t = self.types[n]
@@ -232,8 +233,8 @@ class SegmentCodegen:
         plist = ", ".join(params)
         text = []
         for i, (body, _grid, block, _smem, _vec) in enumerate(body_fns):
-            bounds = f"{block}, {self.min_blocks}" if self.min_blocks > 1 else f"{block}"
-            dims = f"__cluster_dims__({self.cluster}, 1, 1) " if self.cluster > 1 else ""
+            bounds = f"{block}, {rendered.min_blocks}" if rendered.min_blocks > 1 else f"{block}"
+            dims = f"__cluster_dims__({rendered.cluster}, 1, 1) " if rendered.cluster > 1 else ""
             text.append(f"extern \"C\" __global__ void {dims}__launch_bounds__({bounds}) SFNAME_{i}({plist}) {{\n"
                         f"  extern __shared__ __align__(16) unsigned char sf_smem[];\n{body}\n}}\n")
         src_body = "\n".join(text)
@@ -248,127 +249,9 @@ class SegmentCodegen:
             launches.append(Launch(f"{kname}_{i}", grid, block, smem,
                                    vector_of=f"{kname}_{i + 1}" if vec else None))
         return Module(source=source, params=list(self.params), launches=launches,
-                      scratch_bytes=self.scratch_used,
+                      scratch_bytes=rendered.scratch_bytes,
                       index_bits=self.index_bits, key=h,
                       may_fail=any("sf_err" in b[0] for b in body_fns), options=self.options)
-
-    # ---- grid mode ---------------------------------------------------------------------
-    def _grid(self, work: int, threads: int = THREADS, per_sm: int = 8) -> int:
-        return max(1, min(-(-work // threads), self.sm * per_sm))
-
-    def _grid_kernels(self, ph):
-        kind, what = ph
-        I = self.I
-        gstart = f"(({I})blockIdx.x * blockDim.x + threadIdx.x)"
-        gstep = f"(({I})gridDim.x * blockDim.x)"
-        if kind == "materialize":
-            lam, _ = self.pointwise.lambdas()
-            n = numel(self.types[what[0]].shape)
-            res = [(lam + "\n" + self.pointwise.materialize(what, gstart, gstep), self._grid(n), THREADS, 0, None)]
-            vec = self.pointwise.vector_materialize(what)
-            if vec is not None:
-                # the vector variant is listed first; the runtime picks it when pointers are aligned
-                # listed first: the runtime launches it instead of the next (scalar) kernel when
-                # every pointer is aligned to a vector
-                res.insert(0, (vec, self._grid(max(1, n // 4), per_sm=VEC_BLOCKS_PER_SM), THREADS, 0, True))
-            return res
-        nd = what
-        kindname = nd.op.kind
-        if kindname is OpKind.reduction:
-            return [ReductionRenderer(self.kernel_input()).grid_kernel(nd)]
-        if kindname is OpKind.scan:
-            return [ReductionRenderer(self.kernel_input()).scan_kernel(nd)]
-        if kindname is OpKind.sort:
-            return [SortRenderer(self.kernel_input()).grid_kernel(nd)]
-        if kindname is OpKind.scatter:
-            scatters = ScatterRenderer(self.kernel_input(), self.scratch_used)
-            kernels = scatters.grid_kernels(nd)
-            self.scratch_used = scatters.scratch_used
-            return kernels
-        raise Unsupported(f"anchor kind {kindname}")
-
-    def _materialize_together(self, groups):
-        """Outputs of several shapes in one launch (one kernel per segment): each shape group owns
-        a range of the grid's blocks and strides over its elements within them. The groups are
-        independent: each recomputes its values from the segment's inputs and anchor results."""
-        I = self.I
-        lam, _ = self.pointwise.lambdas()
-        parts, first = [], 0
-        for what in groups:
-            blocks = self._grid(numel(self.types[what[0]].shape))
-            start = f"(({I})(blockIdx.x - {first}u) * blockDim.x + threadIdx.x)"
-            parts.append(f"  if (blockIdx.x >= {first}u && blockIdx.x < {first + blocks}u) {{\n"
-                         + self.pointwise.materialize(what, start, f"(({I}){blocks} * blockDim.x)") + "\n  }")
-            first += blocks
-        return (lam + "\n" + "\n".join(parts), first, THREADS, 0, None)
-
-    def _dst(self, o):
-        return (self.stage.get(o) or self.loc[o]).ref
-
-    # ---- single-block mode -------------------------------------------------------------
-    def _block_kernel(self, phases):
-        blocks = BlockScatterRenderer(self.kernel_input(), self.scratch_used).histogram_blocks(phases)
-        lam, names = self.pointwise.lambdas()
-        parts = [lam]
-        sort_off = self.smem_used
-        smem = self.smem_used
-        work = 32
-        for kind, what in phases:
-            if kind == "materialize":
-                parts.append(self.pointwise.materialize(what, "threadIdx.x", "blockDim.x", names))
-                work = max(work, numel(self.types[what[0]].shape))
-            else:
-                nd = what
-                k = nd.op.kind
-                if k is OpKind.reduction:
-                    reductions = ReductionRenderer(self.kernel_input())
-                    x, xt, ot, name, rd, kd, R, K = reductions.parts(nd)
-                    parts.append(reductions.body(nd, "0", "1", "threadIdx.x", "blockDim.x",
-                                                 "sf_block_reduce(acc, comb)", self._dst(nd.outputs[0])))
-                    work = max(work, K)
-                elif k is OpKind.scan:
-                    parts.append(ReductionRenderer(self.kernel_input()).scan_body(nd, "0", "1", self._dst(nd.outputs[0])))
-                    xt = self.types[nd.inputs[0]]
-                    work = max(work, xt.shape[nd.attrs.dim % xt.rank] if xt.rank else 1)
-                elif k is OpKind.sort:
-                    sorts = SortRenderer(self.kernel_input())
-                    x, xt, d, L, P, V, nbytes = sorts.parts(nd)
-                    if L > RADIX_MIN and xt.rank == 1 and not xt.dtype.is_float:
-                        body, self.scratch_used = sorts.radix_body(nd, sort_off, self.scratch_used)
-                        parts.append(body)
-                        smem = max(smem, sort_off + radix.SMEM_BYTES)
-                        work = radix.THREADS  # the radix sort needs exactly 1024 threads
-                    else:
-                        smem = max(smem, sort_off + nbytes)
-                        parts.append(sorts.body(nd, "0", "1", sort_off))
-                        work = max(work, P // 2)
-                elif k is OpKind.scatter:
-                    scatters = BlockScatterRenderer(self.kernel_input(), self.scratch_used)
-                    body, extra = scatters.block_body(nd, sort_off, blocks if nd is phases[0][1] else 1)
-                    self.scratch_used = scatters.scratch_used
-                    parts.append(body)
-                    smem = max(smem, sort_off + extra)
-                    dom = scatters.parts(nd)[0]
-                    work = max(work, numel(dom))
-                else:
-                    raise Unsupported(f"anchor kind {k}")
-            parts.append("  __syncthreads();")
-        if smem > SMEM_PER_BLOCK:
-            raise Unsupported("single-block segment needs too much shared memory")
-        threads = min(1024, max(32, -(-work // 32) * 32))
-        return (_unroll_block_loops("\n".join(parts), threads), blocks, threads, align(smem), None)
-
-
-_BLOCK_LOOP = re.compile(r"^(\s*)(for \((?:int|long long) [a-z]\w* = threadIdx\.x; )", re.M)
-
-
-def _unroll_block_loops(body: str, threads: int) -> str:
-    """A single-block kernel always runs with `threads` threads: with that constant as the stride,
-    loop trip counts are known and `#pragma unroll` lets the compiler issue several iterations'
-    global loads before their uses. One SM runs the whole segment, so its loops are bound by
-    memory latency, not bandwidth (MoE histogram of 32768 ids: 32 dependent load-atomic rounds)."""
-    body = body.replace("blockDim.x", str(threads))
-    return _BLOCK_LOOP.sub(lambda m: f"{m.group(1)}#pragma unroll 4\n{m.group(1)}{m.group(2)}", body)
 
 
 def generate(fusion, seg, types, strides=None, **kw) -> Module:
