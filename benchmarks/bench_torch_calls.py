@@ -1,5 +1,5 @@
 """The host cost of a `segfuse.torch` eager call against `Engine("cupy", errors="deferred")` on the
-same tensors (issue 42: the wrapper should cost at most ~10 us more), for the MoE prologue
+same tensors (the target: the wrapper costs at most ~10 us more), for the MoE prologue
 (benchmarks/workloads.py: one graph, E = 256, K = 8) at T in {1, 128, 4096, 65536}.
 
 Three ways to call the same graph on the same ids, none waiting for the device per call (as a
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 TOKENS = (1, 128, 4096, 65536)
-TARGET_US = 10.0  # issue 42: an eager call within this of the Engine's
+TARGET_US = 10.0  # the target: an eager call within this of the Engine's
 
 
 def parse_args(argv=None) -> argparse.Namespace:
