@@ -252,12 +252,11 @@ def _radix_sources(fusion, sorts) -> list:
     from segfuse.compiler.codegen.sort_epilogue import render
     from segfuse.compiler.cuda.arrays import cp_dtype
     from segfuse.compiler.ops.registry import LibrarySort
-    from segfuse.compiler.segmenter.sort_epilogue import match
 
     out = []
     for how, seg, types in sorts:
         if how == "fused":
-            m = match(fusion, seg.nodes, seg.inputs, seg.outputs, types, copies=getattr(seg, "copies", ()))
+            m = seg.sort_epilogue  # the plan's record, as compiler/cuda/library_sorts.py reads it
             epi, _ = render(fusion, m, types)
             out.append(("sort epilogue", seg.id, source(np.dtype(cp_dtype(types[m.key].dtype)), epi)[0]))
             continue

@@ -24,7 +24,7 @@ library segment whose `Segment.sort_epilogue` records the match (its routine: `L
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from ..ops.registry import Combiner, LibrarySort, Lowering, OpKind, Scalar
 from ..plan import LibraryRoutine, SortEpilogue, SortHistogram
@@ -48,21 +48,14 @@ Histogram = SortHistogram
 
 
 @dataclass(frozen=True)
-class Match:
-    argsort: int  # node position of the sort
-    key: str  # the segment input holding the keys, in the row's element order
-    n: object  # row length (int, or a size expression in a plan)
-    descending: bool
-    order: str  # the argsort's output
-    stores: tuple  # position tensors stored at pos (segment outputs), in output order
-    scatters: tuple  # (node position, target needs a phase-0 init) per scatter
-    producer: dict  # tensor -> node position, for every tensor made in the region
-    hist: Histogram | None = None
+class Match(SortEpilogue):
+    """A match at the types it was made at: the plan's record (`epilogue()`) and the row length."""
+
+    n: object = None  # row length (int, or a size expression in a plan)
 
     def epilogue(self) -> SortEpilogue:
         """The plan's record of the match (sizes left to the run's types)."""
-        return SortEpilogue(self.argsort, self.key, self.descending, self.order, self.stores, self.scatters,
-                            self.producer, self.hist)
+        return SortEpilogue(**{f.name: getattr(self, f.name) for f in fields(SortEpilogue)})
 
 
 def _numel(shape):
@@ -167,7 +160,7 @@ def match(fusion, nodes, inputs, outputs, types, copies=(), le=None, histograms=
     stores = tuple(o for o in outputs if o in position)
     if not stores and not scatters and h is None:
         return None
-    return Match(a, x, n, bool(A.attrs.descending), order, stores, tuple(scatters), producer, h)
+    return Match(a, x, bool(A.attrs.descending), order, stores, tuple(scatters), producer, h, n=n)
 
 
 def _bins_of(nd, keys) -> bool:
