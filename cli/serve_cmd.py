@@ -122,7 +122,7 @@ def cmd_serve(args) -> int:
                         "start it with a GPU (docker run --gpus all; on Kubernetes a nvidia.com/gpu limit); to serve on "
                         "the CPU on purpose, pass --backend numpy or set SEGFUSE_BACKEND=numpy")
     app = create_app(settings)
-    app.state.runtime.freeze_gc = True
+    app.state.server_state.freeze_gc = True
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                 log_config=log_config(settings.log_level, settings.log_format), **server_options(settings))
     return 0

@@ -88,8 +88,8 @@ class Shard:
         from segfuse.server.settings import Settings
 
         app = create_app(Settings.from_env(**self.settings))
-        app.state.runtime.freeze_gc = True
-        app.state.runtime.shard = self.shard_id  # GET /v2's `shard`, segfuse_gpu_info's label
+        app.state.server_state.freeze_gc = True
+        app.state.server_state.shard = self.shard_id  # GET /v2's `shard`, segfuse_gpu_info's label
         # The app's own lifespan (runtime start and stop), on this replica's event loop.
         await self._stack.enter_async_context(app.router.lifespan_context(app))
         await wait_ready(app)

@@ -42,30 +42,30 @@ class SegfuseApp(FastAPI):
 def create_app(settings: Settings | None = None) -> SegfuseApp:
     settings = settings or Settings.from_env()
     settings.check()
-    runtime = ServerState(settings)
+    server_state = ServerState(settings)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         # Initialise in the background: /v2/health/live answers at once, /ready says 503 until done.
-        starting = asyncio.create_task(runtime.start(launch_batch, commit_batch))
+        starting = asyncio.create_task(server_state.start(launch_batch, commit_batch))
         app.state.starting = starting
         try:
             yield
         finally:
             await starting
-            await runtime.stop()
+            await server_state.stop()
 
     app = SegfuseApp(title="segfuse", version=__version__, description=DESCRIPTION, lifespan=lifespan,
                      **docs_pages.offline_docs_kwargs())
-    app.state.runtime = runtime
+    app.state.server_state = server_state
     app.state.settings = settings
     app.state.fast_lane = True
-    app.fast_lane = FastLane(runtime)
-    app.fast_guarded = GuardMiddleware(CompressionMiddleware(app.fast_lane, settings=settings), runtime=runtime)
+    app.fast_lane = FastLane(server_state)
+    app.fast_guarded = GuardMiddleware(CompressionMiddleware(app.fast_lane, settings=settings), runtime=server_state)
     errors.install(app)
     docs_pages.install(app)  # /docs and /redoc with local scripts (no CDN)
     app.add_middleware(CompressionMiddleware, settings=settings)  # inside the guard: auth and limits first
-    app.add_middleware(GuardMiddleware, runtime=runtime)
+    app.add_middleware(GuardMiddleware, runtime=server_state)
     # Fixed /v2/models/ routes (stats, ...) before infer's /v2/models/{model}.
     for r in (health.router, *PROTOCOL_ROUTERS, buffers.router, fusions.router, infer.router, shm.router):
         app.include_router(r)
@@ -75,10 +75,10 @@ def create_app(settings: Settings | None = None) -> SegfuseApp:
     async def metrics() -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST
 
-        if runtime.executor is not None:
-            runtime.metrics.runs_admitted.set(runtime.executor.admitted)
-        runtime.metrics.fusion_bytes.set(runtime.fusions.bytes)
-        return Response(runtime.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        if server_state.executor is not None:
+            server_state.metrics.runs_admitted.set(server_state.executor.admitted)
+        server_state.metrics.fusion_bytes.set(server_state.fusions.bytes)
+        return Response(server_state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     def openapi() -> dict:
         if app.openapi_schema:

@@ -10,7 +10,7 @@ from .state import ServerState
 
 
 async def get_state(request: Request) -> ServerState:
-    return request.app.state.runtime
+    return request.app.state.server_state
 
 
 async def ready_state(rt: Annotated[ServerState, Depends(get_state)]) -> ServerState:

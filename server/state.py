@@ -1,5 +1,5 @@
 """`ServerState`: what one app instance owns (engine, buffers, fusions, metrics, the executors of
-server/executors.py), its start and stop. The FastAPI app keeps it as `app.state.runtime`."""
+server/executors.py), its start and stop. The FastAPI app keeps it as `app.state.server_state`."""
 
 from __future__ import annotations
 

@@ -97,7 +97,7 @@ def _main(where: str, settings: str, gate: bool) -> None:
     thread.start()
     while not server.started:
         time.sleep(0.01)
-    rt = app.state.runtime
+    rt = app.state.server_state
     while not rt.ready:
         if rt.init_error:
             raise SystemExit(f"not ready: {rt.init_error}")

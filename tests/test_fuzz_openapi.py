@@ -96,7 +96,7 @@ FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list
 def _wait_ready(schema, app, headers=None):
     """The lifespan starts the backend in the background (/ready answers 503 until then): wait,
     so the fuzz meets a started server. Schemathesis ends the lifespan after each test."""
-    if app.state.runtime.ready:
+    if app.state.server_state.ready:
         return
     probe = schema["/v2/health/ready"]["GET"]
     deadline = time.monotonic() + scaled(60)

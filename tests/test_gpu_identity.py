@@ -106,7 +106,7 @@ async def test_cupy_backend_says_which_gpu_and_pins_it_on_every_thread(asgi_serv
         [s] = _gpu_info_samples((await c.get("/metrics")).text)
         assert s.value == 1 and s.labels == {"shard": "", "gpu_uuid": nvidia_uuid(UUIDS[1]), "pci_bus_id": BUS_IDS[1],
                                              "name": "NVIDIA H200 NVL", "visible_devices": "6,7"}
-        rt = c.app.state.runtime
+        rt = c.app.state.server_state
         # device 1 current on the run workers, the event loop's thread, the planning helpers and
         # the transfer helpers (each asked on the thread itself)
         assert devices.selected["segfuse-run-0"] == devices.selected["segfuse-run-1"] == 1

@@ -220,7 +220,7 @@ async def test_request_metrics_label_unknown_methods_other(asgi_server):
 async def test_runs_total_error_counts_429_refusals(asgi_server, moe_graph):
     async with asgi_server(max_queued_runs=1) as c:
         await c.post("/v2/fusions", json=moe_graph)
-        ex = c.app.state.runtime.executor
+        ex = c.app.state.server_state.executor
         ex.admitted = ex.max_admitted  # the queue is full
         try:
             for _ in range(3):

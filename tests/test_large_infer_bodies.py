@@ -69,7 +69,7 @@ async def register(c, *graphs) -> None:
 
 def codec_calls(c, monkeypatch) -> list[str]:
     """The names of the calls the server makes to its codec process, as they are made."""
-    codec, calls = c.app.state.runtime.codec, []
+    codec, calls = c.app.state.server_state.codec, []
     real = codec.call
 
     async def spy(name, *args):

@@ -24,7 +24,7 @@ async def test_a_repeated_body_is_parsed_once_and_reads_the_buffer_of_each_run(a
                                                                               moe_graph):
     rng = np.random.default_rng(1)
     async with asgi_server(backend=server_backend) as c:
-        cache = c.app.state.runtime.parsed_requests
+        cache = c.app.state.server_state.parsed_requests
         await c.post("/v2/fusions", json=moe_graph)
         for step in range(4):
             ids = rng.integers(0, 16, (8 * (step + 1), 4))  # new contents and a new shape each step
@@ -63,7 +63,7 @@ async def test_a_replaced_fusion_is_not_served_from_the_cache(asgi_server, serve
 
 async def test_bodies_with_data_or_a_timeout_are_parsed_every_time(asgi_server, moe_graph):
     async with asgi_server() as c:
-        cache = c.app.state.runtime.parsed_requests
+        cache = c.app.state.server_state.parsed_requests
         await c.post("/v2/fusions", json=moe_graph)
         inline = json.dumps({"inputs": [{"name": "topk_ids", "shape": [2, 2], "datatype": "INT64",
                                          "data": [1, 1, 2, 3]}]}).encode()
@@ -80,7 +80,7 @@ async def test_bodies_with_data_or_a_timeout_are_parsed_every_time(asgi_server, 
 
 async def test_a_bad_body_is_refused_every_time(asgi_server, moe_graph):
     async with asgi_server() as c:
-        cache = c.app.state.runtime.parsed_requests
+        cache = c.app.state.server_state.parsed_requests
         await c.post("/v2/fusions", json=moe_graph)
         bad = json.dumps({"inputs": [{"name": "topk_ids", "parameters": {"buffer": "../x"}}]}).encode()
         for _ in range(2):
@@ -95,7 +95,7 @@ async def test_a_repeated_body_that_would_overwrite_a_buffer_gets_409(asgi_serve
     body = json.dumps({"inputs": [{"name": "topk_ids", "parameters": {"buffer": "ids"}}],
                        "outputs": [{"name": "counts", "parameters": {"buffer": "out"}}]}).encode()
     async with asgi_server() as c:
-        cache = c.app.state.runtime.parsed_requests
+        cache = c.app.state.server_state.parsed_requests
         await c.post("/v2/fusions", json=moe_graph)
         assert (await put_raw(c, "ids", ids)).status_code == 201
         assert (await post(c, body)).status_code == 200

@@ -158,7 +158,7 @@ async def test_a_cold_run_past_the_planning_budget_is_413_and_changes_nothing(as
 async def test_a_cold_run_plans_off_the_run_worker(asgi_server, moe_graph, monkeypatch):
     """While one fusion's planning is held, another fusion's runs go through the (single) run worker."""
     async with asgi_server() as c:
-        rt = c.app.state.runtime
+        rt = c.app.state.server_state
         assert (await c.post("/v2/fusions", json=scatter_chain(4))).status_code == 201
         assert (await c.post("/v2/fusions", json=moe_graph)).status_code == 201
         slow_id = rt.fusions.resolve("chain").id
@@ -196,7 +196,7 @@ async def test_graphs_being_validated_do_not_hold_up_buffer_io(asgi_server, monk
     """More registrations than asyncio's default executor has threads are held in validation; a
     buffer PUT and GET (which use that executor) still answer, and the held ones answer 201 or 429."""
     async with asgi_server() as c:
-        rt = c.app.state.runtime
+        rt = c.app.state.server_state
         release = threading.Event()
         real_parse = rt.fusions.parse
 

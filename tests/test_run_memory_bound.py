@@ -25,7 +25,7 @@ N = FILL_N  # elements of the run's output
 
 async def test_a_run_needing_more_than_max_run_bytes_is_413_and_never_runs(asgi_server, monkeypatch):
     async with asgi_server() as c:
-        rt = c.app.state.runtime
+        rt = c.app.state.server_state
         rt.settings.max_run_bytes = 2 << 20
         runs = count_runs(rt, monkeypatch)
         assert (await c.post("/v2/fusions", json=fill_graph())).status_code == 201
@@ -49,7 +49,7 @@ async def test_a_run_needing_more_than_max_run_bytes_is_413_and_never_runs(asgi_
 
 async def test_a_refused_run_stores_nothing_and_reserves_nothing(asgi_server):
     async with asgi_server() as c:
-        rt = c.app.state.runtime
+        rt = c.app.state.server_state
         rt.settings.max_run_bytes = 64 << 10
         assert (await c.post("/v2/fusions", json=fill_graph())).status_code == 201
         r = await c.post("/v2/models/fill/infer", json={"inputs": [X], "outputs": [
@@ -65,7 +65,7 @@ async def test_a_small_request_for_a_4_gib_json_output_is_413_before_allocating(
     data, far more of text) on the default limits."""
     graph = fill_graph(1 << 30, "huge")
     async with asgi_server() as c:
-        runs = count_runs(c.app.state.runtime, monkeypatch)
+        runs = count_runs(c.app.state.server_state, monkeypatch)
         r = await c.post("/v2/execute", json={"graph": graph, "inputs": [X]})
         assert_error(r, 413, "max_run_bytes", f"limit of {16 << 30} bytes")
         assert runs == []

@@ -336,7 +336,7 @@ async def test_inplace_alias_updates_the_buffer(asgi_server, server_backend, sca
         assert r.status_code == 200, r.text
         np.add.at(expect, index, src)
         np.testing.assert_array_equal(await get_raw(c, "snapshot"), expect)
-        rt = c.app.state.runtime
+        rt = c.app.state.server_state
         assert not rt.arrays.may_share(rt.store.get("snapshot").array, rt.store.get("dst").array)
 
 
@@ -541,7 +541,7 @@ async def test_engine_extra_timings_and_compile_counts(asgi_server, moe_graph):
                                          "fallbacks": ["x"]}, r.cache_hits, r.cache_misses)
 
     async with asgi_server() as c:
-        rt = c.app.state.runtime
+        rt = c.app.state.server_state
         rt.engine = ReportingEngine(rt.engine)
         await c.post("/v2/fusions", json=moe_graph)
         r = await c.post("/v2/models/moe_problem_sizes/infer", json={

@@ -342,7 +342,7 @@ async def test_shrunk_object_is_refused_not_a_crash(moe_regions):
 async def test_unregister_refused_while_pinned(moe_regions):
     """A pin held from the test stands for a run in progress."""
     c, ids, out_obj = moe_regions
-    rt = c.app.state.runtime
+    rt = c.app.state.server_state
     with rt.regions.pin(["ids"]):
         assert_error(await c.post(f"{SYS}/region/ids/unregister"), 400,
                      "Cannot unregister shared memory region 'ids', it is currently in use", loc=["path", "name"])

@@ -61,7 +61,7 @@ async def test_a_server_on_the_last_gpu_keeps_its_buffers_there(asgi_server, moe
                 "outputs": [{"name": "counts", "parameters": {"buffer": "counts"}}]}
         r = await c.post("/v2/models/moe_problem_sizes/infer", json=body)
         assert r.status_code == 200, r.text
-        store = c.app.state.runtime.store
+        store = c.app.state.server_state.store
         for name in ("ids", "counts"):
             assert store.get(name).array.device.id == device, name
         got = (await c.get("/v2/buffers/counts", headers={"Accept": "application/json"})).json()

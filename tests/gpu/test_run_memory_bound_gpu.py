@@ -21,7 +21,7 @@ async def test_a_run_needing_more_than_the_free_device_memory_is_413(asgi_server
     free, _total = cp.cuda.runtime.memGetInfo()
     n = (free + cp.get_default_memory_pool().free_bytes()) // 4 + (1 << 28)  # 1 GiB more than is free
     async with asgi_server(backend="cupy", max_buffer_bytes=HUGE, max_total_bytes=HUGE, max_run_bytes=HUGE) as c:
-        runs = count_runs(c.app.state.runtime, monkeypatch)
+        runs = count_runs(c.app.state.server_state, monkeypatch)
         for name, size in (("too_big", n), ("fits", 1024)):
             assert (await c.post("/v2/fusions", json=fill_graph(size, name))).status_code == 201
         r = await c.post("/v2/models/too_big/infer", json={"inputs": [X], "outputs": [

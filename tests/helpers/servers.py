@@ -19,7 +19,7 @@ def settings(**kw):
 
 def skip_if_not_ready(app) -> None:
     """Skip where the cupy backend cannot start here; fail where any other backend did not."""
-    rt = app.state.runtime
+    rt = app.state.server_state
     if not rt.ready:
         if rt.settings.backend == "cupy":
             pytest.skip(f"cupy backend not available: {rt.init_error}")
@@ -57,7 +57,7 @@ class LiveServer:
                         return self
                 except httpx.TransportError:
                     pass
-                if self.app.state.runtime.init_error:
+                if self.app.state.server_state.init_error:
                     break
             time.sleep(0.02)
         self.stop()
@@ -70,4 +70,4 @@ class LiveServer:
 
     @property
     def runtime(self):
-        return self.app.state.runtime
+        return self.app.state.server_state
