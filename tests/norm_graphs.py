@@ -1,4 +1,4 @@
-"""Row normalizations written as graphs (issue 20), and their PyTorch oracles: softmax,
+"""Row normalizations written as graphs, and their PyTorch oracles: softmax,
 log_softmax, RMSNorm and LayerNorm over dim 1 of [R, D], in float32 or bfloat16 (computed in
 float32, rounded at the output). `composite=True` uses the registry's softmax / log_softmax ops
 instead (they decompose into the same primitives, with a -inf pad for a symbolic row length).
@@ -6,31 +6,20 @@ Shared by tests/test_row_reduction.py, tests/gpu/test_row_reduction_gpu.py and b
 
 from __future__ import annotations
 
+import workloads
 from segfuse.compiler.builder import FusionDefinition
 from workloads import EPS, NORMS, torch_norm  # noqa: F401  (shared with the benchmarks)
 
 
 def norm_graph(kind: str, dtype: str = "float32", composite: bool = False, shape=("R", "D")):
-    with FusionDefinition(f"{kind}_{dtype}{'_op' if composite else ''}") as fd:
+    """The benchmarks' graph (workloads.norm_graph); `composite`: softmax / log_softmax as the registry's ops."""
+    if not (composite and kind in ("softmax", "log_softmax")):
+        return workloads.norm_graph(kind, dtype, shape)
+    with FusionDefinition(f"{kind}_{dtype}_op") as fd:
         x = fd.define_tensor("x", shape=list(shape), dtype=dtype)
-        xf = x if dtype == "float32" else fd.ops.cast(x, "float32")
-        if kind in ("softmax", "log_softmax") and composite:
-            y = getattr(fd.ops, kind)(x, 1, "float32")
-        elif kind in ("softmax", "log_softmax"):
-            z = xf - fd.ops.amax(xf, [1], True)
-            s = fd.ops.sum(fd.ops.exp(z), [1], True)
-            y = z - fd.ops.log(s) if kind == "log_softmax" else fd.ops.exp(z) / s
-        else:
-            w = fd.define_tensor("w", shape=[shape[1]], dtype=dtype)
-            wf = w if dtype == "float32" else fd.ops.cast(w, "float32")
-            if kind == "rmsnorm":
-                y = xf * fd.ops.rsqrt(fd.ops.mean(xf * xf, [1], True) + EPS) * wf
-            else:
-                b = fd.define_tensor("b", shape=[shape[1]], dtype=dtype)
-                bf = b if dtype == "float32" else fd.ops.cast(b, "float32")
-                d = xf - fd.ops.mean(xf, [1], True)
-                var = fd.ops.mean(d * d, [1], True)
-                y = d * fd.ops.rsqrt(var + EPS) * wf + bf
+        if dtype != "float32":  # an unused cast: these graphs have always carried it (kernel digests)
+            fd.ops.cast(x, "float32")
+        y = getattr(fd.ops, kind)(x, 1, "float32")
         fd.add_output(y if dtype == "float32" else fd.ops.cast(y, dtype), "y")
     return fd.fusion()
 
