@@ -33,7 +33,9 @@ def _infer_body() -> dict:
                                                            "shared_memory_byte_size": 128}}]}
 
 
-def _run_in_background(served: Served) -> tuple[threading.Thread, dict]:
+def _run_while_shrinking(served: Served, obj, size: int):
+    """One run held in the engine while `obj` shrinks to `size` bytes; its response, once the server
+    is known to have survived it."""
     box: dict = {}
 
     def call():
@@ -44,7 +46,14 @@ def _run_in_background(served: Served) -> tuple[threading.Thread, dict]:
 
     t = threading.Thread(target=call)
     t.start()
-    return t, box
+    served.wait_entered()
+    os.ftruncate(obj._fd, size)
+    served.open_gate()
+    t.join(scaled(60))
+    assert served.alive(), f"the server died: exit status {served.proc.returncode} (-7 is SIGBUS)"
+    r = box.get("r")
+    assert r is not None, box
+    return r
 
 
 def test_shrinking_objects_mid_run_fails_the_run_not_the_server(tmp_path, shm):
@@ -58,14 +67,7 @@ def test_shrinking_objects_mid_run_fails_the_run_not_the_server(tmp_path, shm):
         _register(served, "counts", out_obj, 256)
 
         # the input object shrinks to nothing while the run is in the engine
-        t, box = _run_in_background(served)
-        served.wait_entered()
-        os.ftruncate(ids_obj._fd, 0)
-        served.open_gate()
-        t.join(scaled(60))
-        assert served.alive(), f"the server died: exit status {served.proc.returncode} (-7 is SIGBUS)"
-        r = box.get("r")
-        assert r is not None, box
+        r = _run_while_shrinking(served, ids_obj, 0)
         if r.status_code == 200:  # the input had been read before it shrank: the result is right
             counts = np.frombuffer(bytes(out_obj.buf[:128]), np.int64)
             np.testing.assert_array_equal(counts, np.bincount(ids.ravel(), minlength=16))
@@ -76,14 +78,7 @@ def test_shrinking_objects_mid_run_fails_the_run_not_the_server(tmp_path, shm):
         out_obj.buf[:] = b"\x5a" * 256
 
         # the output object shrinks while the run is in the engine: nothing may be written back
-        t, box = _run_in_background(served)
-        served.wait_entered()
-        os.ftruncate(out_obj._fd, 64)
-        served.open_gate()
-        t.join(scaled(60))
-        assert served.alive(), f"the server died: exit status {served.proc.returncode} (-7 is SIGBUS)"
-        r = box.get("r")
-        assert r is not None, box
+        r = _run_while_shrinking(served, out_obj, 64)
         assert r.status_code == 400, r.text
         body = r.json()
         assert "shrank to 64 bytes" in body["error"], body
