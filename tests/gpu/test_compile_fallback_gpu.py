@@ -32,12 +32,12 @@ def failing_get(real, fails):
     how-many-th generated source asked for)."""
     asked = []
 
-    def get(source):
+    def get(source, *options):
         if GENERATED.search(source):
             asked.append(source)
             if fails(source, len(asked)):
                 raise CompileError("NVRTC compilation failed", 'segfuse.cu(1): error: injected failure', source)
-        return real(source)
+        return real(source, *options)
 
     return get
 
@@ -101,7 +101,7 @@ async def test_without_a_compiler_the_error_is_one_line(asgi_server, monkeypatch
 
     cache = get_runtime().cache
     real = cache.get
-    monkeypatch.setattr(cache, "get", lambda s: no_compiler(s) if GENERATED.search(s) else real(s))
+    monkeypatch.setattr(cache, "get", lambda s, *o: no_compiler(s) if GENERATED.search(s) else real(s, *o))
     graph = {**topk_scatter(1024), "name": "fallback_none"}
     ins = data(1024, seed=2)
     async with asgi_server(backend="cupy") as c:

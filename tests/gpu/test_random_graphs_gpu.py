@@ -10,6 +10,7 @@ many graphs each configuration ran.
 
 from __future__ import annotations
 
+import json
 import os
 
 import ml_dtypes
@@ -74,7 +75,11 @@ def test_random_graphs_agree_with_torch_on_the_gpu(name):
     def run(data):
         g = pg.Gen(data, max_ops=max_ops, kinds=kinds, big=big)
         graph = g.build()
-        check_gpu(g, graph, engine)
+        try:
+            check_gpu(g, graph, engine)
+        except AssertionError as e:  # the graph and inputs, to replay it without Hypothesis
+            inputs = {k: [str(v.dtype), list(v.shape), v.ravel().tolist()] for k, v in g.arrays.items()}
+            raise AssertionError(f"{e}\ngraph: {json.dumps(graph)}\ninputs: {json.dumps(inputs)}") from None
         assert prepare.compile_fallbacks() == before, f"a kernel did not compile: {prepare.compile_fallbacks()}"
         ran.append(1)
 
