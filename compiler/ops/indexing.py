@@ -81,6 +81,8 @@ def check_bounds(op: str, idx: np.ndarray, size: int, dim: int, allow_negative: 
 
 def _coords(index: np.ndarray, dim: int, values: np.ndarray) -> tuple:
     """Full coordinates of each index element, with `values` substituted along `dim`."""
+    if index.ndim == 1:
+        return (values,)  # (the only dim: no grid to build)
     grids = list(np.indices(index.shape, sparse=False)) if index.ndim else []
     grids[dim] = values
     return tuple(grids)
