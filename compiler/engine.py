@@ -259,12 +259,20 @@ class Engine:
                 return _fast_result(outputs, (_clock() - t0) * 1e6)
         return self._run(fusion, inputs, self._deferred, self._calls)
 
-    def is_warm(self, fusion: Fusion, inputs: dict) -> bool:
-        """Whether a run of `fusion` on inputs like these takes the prepared fast path in a batch:
-        no binding, planning or compiling, only launches (a server runs those inline)."""
+    def is_warm(self, fusion: Fusion, inputs: dict, bound=None) -> bool:
+        """Whether a run of `fusion` on inputs like these does no planning or compiling: on a
+        device backend it takes the prepared fast path in a batch (only launches); on the host
+        backend (nothing compiles) its plan is cached, for `bound` (fusion.bind of the inputs)
+        when given. A server runs warm runs inline."""
         sig = self._signature
         if sig is None:
-            return False
+            be = self.device_backend
+            if be.compiles or be.device != "cpu":
+                return False
+            if bound is None:
+                shapes, dtypes, _ = be.read_inputs(fusion, inputs)
+                bound = fusion.bind(shapes, dtypes)
+            return self.plans.cached(fusion, bound) is not None
         key = sig(fusion, inputs)
         return key is not None and key in self._deferred_calls
 

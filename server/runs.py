@@ -58,18 +58,29 @@ async def run(state: ServerState, parsed: ParsedRun) -> RunOutcome:
 
 
 INLINE_INPUT_BYTES = 1 << 20  # a run inline on the loop reads at most this much (its kernels are short)
+# On the host backend the run is the computation: inline where handing it to a worker thread and
+# back costs more than the run; request data above this size was measured slower inline
+INLINE_REQUEST_DATA_BYTES = 1 << 16
 
 
 def _runs_inline(state: ServerState, run: AdmittedRun) -> bool:
     parsed = run.parsed
-    if any(i.host is not None or i.region is not None for i in parsed.inputs) or parsed.alias_buffers or \
+    if any(i.region is not None for i in parsed.inputs) or parsed.alias_buffers or \
             any(o.region is not None for o in parsed.outputs):
-        return False  # uploads, in-place updates and shared-memory regions go to a worker
+        return False  # in-place updates and shared-memory regions go to a worker
     inputs = run.device_inputs
     if sum(a.nbytes for a in inputs.values()) > INLINE_INPUT_BYTES:
         return False
     is_warm = getattr(state.engine, "is_warm", None)
-    return is_warm is not None and is_warm(parsed.fusion, inputs)
+    if is_warm is None:
+        return False
+    if state.arrays.name == "numpy":  # the run is the computation, on small request data
+        host = {i.name: i.host for i in parsed.inputs if i.host is not None}
+        return sum(a.nbytes for a in host.values()) <= INLINE_REQUEST_DATA_BYTES and \
+            is_warm(parsed.fusion, {**inputs, **host}, run.bound)
+    if any(i.host is not None for i in parsed.inputs):
+        return False  # uploads to the device go to a worker
+    return is_warm(parsed.fusion, inputs)
 
 
 async def _prepare(state: ServerState, parsed: ParsedRun):

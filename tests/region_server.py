@@ -114,7 +114,7 @@ class _Gate:
     def __init__(self, inner, where: Path):
         self.inner, self.where = inner, where
 
-    def is_warm(self, fusion, inputs):
+    def is_warm(self, fusion, inputs, bound=None):
         return False  # gated runs go to a run worker
 
     def run_batch(self, calls, **kw):

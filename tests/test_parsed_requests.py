@@ -104,3 +104,40 @@ async def test_a_repeated_body_that_would_overwrite_a_buffer_gets_409(asgi_serve
         assert cache.hits == 1
         r = await c.get("/v2/buffers/out", headers={"accept": "application/json"})
         assert r.json()["data"] == counts_of(ids).tolist()  # the first run's result, untouched
+
+
+def binary_body(ids: np.ndarray, header: dict | None = None) -> tuple[bytes, dict]:
+    """A binary-extension infer body of int64 ids (the tail), and its headers."""
+    head = json.dumps(header or {"inputs": [{"name": "topk_ids", "shape": list(ids.shape), "datatype": "INT64",
+                                             "parameters": {"binary_data_size": ids.nbytes}}]}).encode()
+    return head + ids.astype("<i8").tobytes(), {"content-type": "application/octet-stream",
+                                               "inference-header-content-length": str(len(head))}
+
+
+async def test_a_repeated_binary_header_is_parsed_once_and_each_body_gives_its_own_tensors(asgi_server, moe_graph):
+    rng = np.random.default_rng(3)
+    async with asgi_server() as c:
+        cache = c.app.state.server_state.parsed_requests
+        await c.post("/v2/fusions", json=moe_graph)
+        for _ in range(4):
+            ids = rng.integers(0, 16, (6, 4))  # the same header, new bytes every time
+            body, headers = binary_body(ids)
+            r = await c.post(URL, content=body, headers=headers)
+            assert r.status_code == 200, r.text
+            assert r.json()["outputs"][0]["data"] == counts_of(ids).tolist()
+        assert (cache.misses, cache.hits) == (1, 3)
+        # the same header with a tail one element short or long: refused as a fresh parse would
+        short, headers = binary_body(ids)
+        assert_error(await c.post(URL, content=short[:-8], headers=headers), 400, "binary_data_size")
+        assert_error(await c.post(URL, content=short + bytes(8), headers=headers), 400, "binary bytes after")
+        # a header with its data in the JSON is parsed every time
+        inline = {"inputs": [{"name": "topk_ids", "shape": [1, 2], "datatype": "INT64", "data": [5, 5]}],
+                  "outputs": [{"name": "counts", "parameters": {"binary_data": True}}]}
+        hits = cache.hits
+        for _ in range(2):
+            body, headers = binary_body(np.zeros(0, np.int64), inline)
+            r = await c.post(URL, content=body, headers=headers)
+            assert r.status_code == 200, r.text
+            n = int(r.headers["inference-header-content-length"])
+            assert np.frombuffer(r.content[n:], np.int64).tolist() == counts_of(np.array([5, 5])).tolist()
+        assert cache.hits == hits

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from helpers.service import RAW, GatedEngine, client, put, wait_event
 from helpers.service import counts_json as counts_of
+from segfuse.server import runs
 
 pytestmark = pytest.mark.anyio
 
@@ -200,7 +201,7 @@ class WarmRecorder:
         self.inner = inner
         self.batches: list[tuple[int, str]] = []
 
-    def is_warm(self, fusion, inputs):
+    def is_warm(self, fusion, inputs, bound=None):
         return True
 
     def run_batch(self, calls, **kw):
@@ -224,13 +225,21 @@ async def test_warm_runs_run_on_the_event_loop_together(live_server_factory, ser
         assert r.json()["parameters"]["batch_size"] == 1 and r.json()["outputs"][0]["data"] == counts_of(ids)
         rs = await asyncio.gather(*(c.post("/v2/models/moe_problem_sizes/infer", json=body) for _ in range(24)))
         assert all(r.status_code == 200 and r.json()["outputs"][0]["data"] == counts_of(ids) for r in rs)
-        # inline data and stored outputs still go to a worker thread
+        # small inline data: on the host backend the run is its computation, inline on the loop too;
+        # on the GPU it is an upload, which goes to a worker thread
         r = await c.post("/v2/models/moe_problem_sizes/infer", json={
             "inputs": [{"name": "topk_ids", "shape": [1, 1], "datatype": "INT64", "data": [3]}]})
         assert r.json()["outputs"][0]["data"] == counts_of([3])
+        # large inline data goes to a worker on either
+        big = np.random.default_rng(6).integers(0, 16, (runs.INLINE_REQUEST_DATA_BYTES // 8 + 1, 1))
+        r = await c.post("/v2/models/moe_problem_sizes/infer", json={
+            "inputs": [{"name": "topk_ids", "shape": list(big.shape), "datatype": "INT64", "data": big.ravel().tolist()}]})
+        assert r.json()["outputs"][0]["data"] == counts_of(big)
     threads = [t for _n, t in rec.batches]
-    assert sum(n for n, _t in rec.batches) == 26
-    assert not any(t.startswith("segfuse-run") for t in threads[:-1]) and threads[-1].startswith("segfuse-run")
+    assert sum(n for n, _t in rec.batches) == 27
+    assert not any(t.startswith("segfuse-run") for t in threads[:-2])
+    assert threads[-2].startswith("segfuse-run") == (server_backend != "numpy")
+    assert threads[-1].startswith("segfuse-run")
 
 
 class BrokenWarm(WarmRecorder):

@@ -85,7 +85,7 @@ async def infer_body(rt: ServerState, fusion, model: str, body: bytes | LargeBod
         req, tail = await decode(rt, InferRequest, body, header_length)
         return await _run_parsed(rt, req, _parsed(rt, fusion, req, tail), fusion.name)
     key = ParsedRequests.key(model, version, body, header_length)
-    hit = rt.parsed_requests.get(key, fusion) if key is not None else None
+    hit = rt.parsed_requests.get(key, fusion, body) if key is not None else None
     if hit is not None:
         req, parsed = hit
     else:

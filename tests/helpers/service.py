@@ -61,7 +61,7 @@ class GatedEngine:
         self.entered = threading.Event()
         self.release = threading.Event()
 
-    def is_warm(self, fusion, inputs):
+    def is_warm(self, fusion, inputs, bound=None):
         return False  # gated runs go to a run worker (a warm GPU run would run on the event loop)
 
     def run_batch(self, calls, **kw):  # what the server's run workers call
