@@ -12,11 +12,12 @@ SEGFUSE_MAX_RANK, SEGFUSE_MAX_BUFFER_BYTES, SEGFUSE_MAX_TOTAL_BYTES, SEGFUSE_MAX
 SEGFUSE_MAX_FUSIONS, SEGFUSE_MAX_FUSION_BYTES, SEGFUSE_MAX_PLAN_WORK, SEGFUSE_MAX_PLAN_SECONDS,
 SEGFUSE_MAX_RUN_BYTES, SEGFUSE_RUN_WORKERS, SEGFUSE_MAX_BATCH,
 SEGFUSE_MAX_HEADER_BYTES, SEGFUSE_HEADER_TIMEOUT, SEGFUSE_BODY_TIMEOUT, SEGFUSE_KEEP_ALIVE_TIMEOUT,
-SEGFUSE_LOG_LEVEL, SEGFUSE_LOG_FORMAT. Sizes take K/M/G suffixes (binary units).
+SEGFUSE_LOG_LEVEL, SEGFUSE_LOG_FORMAT, SEGFUSE_ACCESS_LOG (1/0, true/false). Sizes take K/M/G suffixes (binary units).
 
 examples:
   segfuse serve --port 8000
   segfuse serve --log-format json     # one JSON object per log line
+  segfuse serve --access-log          # plus one line per request (off by default, as in Triton)
   segfuse serve --backend cupy --processes 4 --mps   # ports 8000-8003 sharing one GPU under MPS
   SEGFUSE_TOKEN=secret segfuse serve --backend cupy --device 0 --cache-dir /var/cache/segfuse
   curl -s localhost:8000/v2/health/ready
@@ -73,6 +74,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--log-format", choices=["text", "json"],
                    help="text (default) or json: one JSON object per line (time, level, logger, message, "
                         "request_id)")
+    p.add_argument("--access-log", action=argparse.BooleanOptionalAction,
+                   help="write one line per request as uvicorn does (client, request line, status); off by "
+                        "default as in Triton, since it costs throughput")
     p.set_defaults(func=cmd_serve)
 
 
@@ -93,7 +97,7 @@ def settings_from_args(args):
         "max_buffer_bytes", "max_total_bytes", "max_region_bytes", "max_regions", "max_queued_runs", "max_fusions",
         "max_fusion_bytes", "max_plan_work", "max_plan_seconds", "max_run_bytes", "run_workers", "max_batch",
         "max_header_bytes", "header_timeout", "body_timeout",
-        "keep_alive_timeout", "log_level", "log_format")}
+        "keep_alive_timeout", "log_level", "log_format", "access_log")}
     try:
         return Settings.from_env(**overrides)
     except ValueError as e:
@@ -124,5 +128,6 @@ def cmd_serve(args) -> int:
     app = create_app(settings)
     app.state.server_state.freeze_gc = True
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
-                log_config=log_config(settings.log_level, settings.log_format), **server_options(settings))
+                access_log=settings.access_log, log_config=log_config(settings.log_level, settings.log_format),
+                **server_options(settings))
     return 0

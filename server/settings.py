@@ -43,6 +43,8 @@ class Settings:
     max_batch: int = 32  # runs a worker takes from the queue at once (launched back to back, one wait)
     log_level: str = "info"
     log_format: str = "text"  # text (uvicorn's lines) | json (one object per line, server/logs.py)
+    # uvicorn's line per request: off as in Triton (its --log-verbose adds them), since it costs throughput
+    access_log: bool = False
     extra: dict = field(default_factory=dict)
 
     ENV_PREFIX = "SEGFUSE_"
@@ -91,6 +93,12 @@ def _parse(name: str, raw: str, typ) -> object:
             return parse_size(raw)
     except ValueError:
         raise ValueError(f"{Settings.ENV_PREFIX}{name.upper()}={raw!r} is not an integer") from None
+    if typ == "bool":
+        flag = _BOOLEANS.get(raw.strip().lower())
+        if flag is None:
+            raise ValueError(f"{Settings.ENV_PREFIX}{name.upper()}={raw!r} is not a boolean (1/0, true/false, "
+                             "yes/no, on/off)")
+        return flag
     if typ.startswith("float"):
         try:
             return float(raw)
@@ -98,6 +106,9 @@ def _parse(name: str, raw: str, typ) -> object:
             raise ValueError(f"{Settings.ENV_PREFIX}{name.upper()}={raw!r} is not a number") from None
     return raw
 
+
+_BOOLEANS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False,
+             "": False}
 
 _UNITS = {"k": 1 << 10, "m": MiB, "g": GiB, "t": 1 << 40}
 

@@ -78,14 +78,15 @@ def test_json_records_escape_line_separators():
 
 
 def test_a_served_request_cannot_forge_a_text_log_line():
-    """`segfuse serve` (text format): a request whose path decodes to CR/LF and a forged access
-    line; the server's failure line for it stays one line."""
-    with serve_logged("--log-level", "info") as served:
+    """`segfuse serve` (text format, access lines on): a request whose path decodes to CR/LF and a
+    forged access line; the server's failure line and its access line for it stay one line each."""
+    with serve_logged("--log-level", "info", "--access-log") as served:
         path = "/v2/buffers/x%0D%0AINFO:%20%20%20%20%20forged%0Aline%C2%85INFO:%20forged%20too"
         r = httpx.get(served.url + path, headers={"x-request-id": "r-inj"})
         assert r.status_code in (400, 404), r.text
     out = served.output
     lines = out.splitlines()
     assert any("[r-inj]" in line for line in lines), out
+    assert any("INFO:" in line and "/v2/buffers/x" in line and "HTTP/1.1" in line for line in lines), out
     for line in lines:
         assert not line.startswith(("INFO:     forged", "line", "INFO: forged")), out

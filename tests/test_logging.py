@@ -1,6 +1,7 @@
 """Logs and request ids (issue 17, item 17): every response carries an X-Request-ID (the
 client's own, or a new one); a failed request is logged with its status, message and id;
-`segfuse serve` shows segfuse's own INFO lines (the backend chosen) next to uvicorn's."""
+`segfuse serve` shows segfuse's own INFO lines (the backend chosen) next to uvicorn's, and
+uvicorn's line per request only when asked (--access-log or SEGFUSE_ACCESS_LOG), as in Triton."""
 
 from __future__ import annotations
 
@@ -44,6 +45,9 @@ async def test_a_failed_request_is_logged_with_its_id(asgi_server, caplog, moe_g
     assert any("[req-8]" in m and "404" in m and "not found" in m for m in lines), lines
 
 
+ACCESS_LINE = '"GET /v2/buffers/missing HTTP/1.1" 404'  # uvicorn's access line for _serve_and_ask's request
+
+
 def _serve_and_ask(*flags: str) -> str:
     """Start `segfuse serve` (the console script) with flags, ask for a missing buffer with
     X-Request-ID r-42, stop it; its stdout and stderr together."""
@@ -58,11 +62,52 @@ def test_segfuse_serve_logs_segfuse_info():
     assert "[r-42] -> 404" in out, out
 
 
+def test_segfuse_serve_writes_no_access_line_by_default(monkeypatch):
+    """As Triton: no line per request unless asked; the failure line and uvicorn's start lines stay."""
+    monkeypatch.delenv("SEGFUSE_ACCESS_LOG", raising=False)
+    out = _serve_and_ask("--log-level", "info")
+    assert "[r-42] -> 404" in out and "Uvicorn running on" in out, out
+    assert 'HTTP/1.1"' not in out, out  # neither this request's line nor the readiness checks'
+
+
+@pytest.mark.parametrize(("flags", "env"), [(("--access-log",), None), ((), "1"), (("--access-log",), "0")],
+                         ids=["flag", "variable", "flag-over-variable"])
+def test_segfuse_serve_access_log_writes_each_request(monkeypatch, flags, env):
+    monkeypatch.delenv("SEGFUSE_ACCESS_LOG", raising=False)
+    if env is not None:
+        monkeypatch.setenv("SEGFUSE_ACCESS_LOG", env)
+    out = _serve_and_ask("--log-level", "info", *flags)
+    access = [line for line in out.splitlines() if ACCESS_LINE in line]
+    assert len(access) == 1 and access[0].startswith("INFO:"), out
+    assert '"GET /v2/health/ready HTTP/1.1" 200' in out, out
+
+
+def test_no_access_log_flag_overrides_the_variable(monkeypatch):
+    monkeypatch.setenv("SEGFUSE_ACCESS_LOG", "true")
+    out = _serve_and_ask("--log-level", "info", "--no-access-log")
+    assert "[r-42] -> 404" in out and 'HTTP/1.1"' not in out, out
+
+
+def test_access_log_setting_parses_and_reaches_every_process_of_a_group():
+    from segfuse.cli.serve_group import child_env
+    from segfuse.server.settings import Settings
+
+    assert Settings().access_log is False
+    for raw, value in (("1", True), ("TRUE", True), ("yes", True), ("on", True), ("0", False), ("false", False),
+                       ("off", False), ("", False)):
+        assert Settings.from_env({"SEGFUSE_ACCESS_LOG": raw}).access_log is value, raw
+    with pytest.raises(ValueError, match="SEGFUSE_ACCESS_LOG='maybe' is not a boolean"):
+        Settings.from_env({"SEGFUSE_ACCESS_LOG": "maybe"})
+    for on in (True, False):  # `--processes N` hands its settings to each child as SEGFUSE_* variables
+        assert Settings.from_env(child_env(Settings(access_log=on), 8001, {})).access_log is on
+
+
 def test_segfuse_serve_json_logs():
     """--log-format json: every line, uvicorn's and segfuse's, is one JSON object with time,
     level, logger and message; the request's lines (segfuse's failure line and uvicorn's access
     line) carry its request_id."""
-    lines = [json.loads(line) for line in _serve_and_ask("--log-format", "json").splitlines() if line.strip()]
+    lines = [json.loads(line) for line in _serve_and_ask("--log-format", "json", "--access-log").splitlines()
+             if line.strip()]
     for line in lines:
         assert {"time", "level", "logger", "message"} <= set(line), line
         assert datetime.fromisoformat(line["time"].replace("Z", "+00:00")).tzinfo is not None
