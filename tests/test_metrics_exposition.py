@@ -148,7 +148,9 @@ async def test_metrics_count_the_requests_runs_and_batches(asgi_server, server_b
     assert got == expected_buckets(LATENCY_BUCKETS, totals)
     assert math.isclose(value(fams, "segfuse_run_seconds", "_sum"), sum(totals), rel_tol=1e-9)
     assert value(fams, "segfuse_kernel_cache_hits", "_total") == sum(p["cache_hits"] for p in ok)
-    assert value(fams, "segfuse_kernel_cache_misses", "_total") == sum(p["cache_misses"] for p in ok) >= 1
+    assert value(fams, "segfuse_kernel_cache_misses", "_total") == sum(p["cache_misses"] for p in ok)
+    # (the plan cache is the process's: earlier tests may have planned these sizes, so misses may be 0)
+    assert sum(p["cache_hits"] + p["cache_misses"] for p in ok) >= len(ok)
     assert value(fams, "segfuse_compiles", "_total") == sum(p["kernels_compiled"] for p in ok)
     assert math.isclose(value(fams, "segfuse_compile_seconds", "_total"),
                         sum(p["timings_us"].get("compile", 0.0) for p in ok) / 1e6, rel_tol=1e-9, abs_tol=1e-12)
