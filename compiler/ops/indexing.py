@@ -70,7 +70,7 @@ def _le(a, b) -> bool | None:
 
 def check_bounds(op: str, idx: np.ndarray, size: int, dim: int, allow_negative: bool = False) -> np.ndarray:
     """Raise if any index is out of range; return indices with negatives wrapped."""
-    idx = idx.astype(np.int64)
+    idx = idx.astype(np.int64, copy=False)  # (read only here and by the callers)
     lo = -size if allow_negative else 0
     bad = (idx < lo) | (idx >= size)
     if np.any(bad):
@@ -263,7 +263,7 @@ def _accumulate(out, coords, vals, reduce, include_self):
     t = out.dtype
     work = opmath_np(t)
     acc = out.astype(work)
-    v = np.asarray(vals).astype(work)
+    v = np.asarray(vals).astype(work, copy=False)
     if reduce == "mean":  # PyTorch: (self +) the sum over the count (self counts one); integers floor
         cnt = np.ones(out.shape, work)
         if not include_self:
@@ -282,7 +282,7 @@ def _accumulate(out, coords, vals, reduce, include_self):
             uf.at(acc, coords, v)
     else:
         _UFUNC[reduce].at(acc, coords, v)
-    return acc.astype(t)
+    return acc.astype(t, copy=False)
 
 
 def opmath_np(dt: np.dtype) -> np.dtype:
