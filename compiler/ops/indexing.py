@@ -72,8 +72,8 @@ def check_bounds(op: str, idx: np.ndarray, size: int, dim: int, allow_negative: 
     """Raise if any index is out of range; return indices with negatives wrapped."""
     idx = idx.astype(np.int64, copy=False)  # (read only here and by the callers)
     lo = -size if allow_negative else 0
-    bad = (idx < lo) | (idx >= size)
-    if np.any(bad):
+    if idx.size and (idx.min() < lo or idx.max() >= size):  # (two reductions: no mask unless one is out)
+        bad = (idx < lo) | (idx >= size)
         v = int(idx[bad].reshape(-1)[0])
         raise OpError(f"{op}: index {v} is out of bounds for dimension {dim} with size {size}", ("inputs", 1))
     return np.where(idx < 0, idx + size, idx) if allow_negative else idx
