@@ -164,25 +164,15 @@ def _remember(key, bound) -> None:
     _BOUND[key] = bound
 
 
-_LARGEST: dict = {}  # id(bound) -> (bound, its largest tensor's bytes, its name): bound sizes repeat
-
-
 def _check_tensor_sizes(state: ServerState, bound) -> None:
     """413 before running when any tensor of the run (intermediates too) would exceed the per-buffer
     limit: a tiny request must not make the server allocate without bound."""
-    entry = _LARGEST.get(id(bound))
-    if entry is None or entry[0] is not bound:
-        sizes = [(nbytes_of(tuple(t.shape), t.dtype), name) for name, t in bound.types.items()]
-        entry = (bound, *max(sizes, default=(0, "")))
-        if len(_LARGEST) >= _BOUND_MAX:
-            _LARGEST.clear()
-        _LARGEST[id(bound)] = entry  # (holding `bound`: its id is not reused while the entry lives)
-    _, n, name = entry
     limit = state.settings.max_buffer_bytes
-    if n > limit:
-        t = bound.types[name]
-        raise too_large(f"tensor '{name}' would hold {n} bytes ({t.dtype}{list(t.shape)}), over the limit "
-                        f"of {limit} bytes per tensor", ["graph", name])
+    for name, t in bound.types.items():
+        n = nbytes_of(tuple(t.shape), t.dtype)
+        if n > limit:
+            raise too_large(f"tensor '{name}' would hold {n} bytes ({t.dtype}{list(t.shape)}), over the limit "
+                            f"of {limit} bytes per tensor", ["graph", name])
 
 
 def _give_back(state: ServerState, pins, reserved: int) -> None:
