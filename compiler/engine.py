@@ -79,7 +79,6 @@ _NEW = object.__new__
 
 ERROR_MODES = ("raise", "deferred")
 MAX_FAST_SIGNATURES = 4096  # per Engine; past that the table starts over (bounded memory)
-MAX_BOUND = 4096  # bound sizes remembered per Engine, likewise
 
 
 def _numpy_backend() -> type[Backend]:
@@ -170,7 +169,6 @@ class Engine:
         self._calls: dict = {}
         # run_batch defers every run's errors: its prepared calls are made in that mode
         self._deferred_calls: dict = self._calls if self._deferred else {}
-        self._bound: dict = {}  # (fusion id, input shapes, dtypes) -> Bound (`_bind`)
 
     @classmethod
     def default(cls, backend: str = "numpy") -> Engine:
@@ -273,22 +271,10 @@ class Engine:
                 return False
             if bound is None:
                 shapes, dtypes, _ = be.read_inputs(fusion, inputs)
-                bound = self._bind(fusion, shapes, dtypes)
+                bound = fusion.bind(shapes, dtypes)
             return self.plans.cached(fusion, bound) is not None
         key = sig(fusion, inputs)
         return key is not None and key in self._deferred_calls
-
-    def _bind(self, fusion: Fusion, shapes: dict, dtypes: dict):
-        """fusion.bind, remembered per (content id, input shapes and dtypes): a serving loop sees
-        the same sizes again and again, and binding costs more than a small run on the host."""
-        key = (fusion.id, *shapes.items(), *dtypes.items())
-        bound = self._bound.get(key)
-        if bound is None:
-            bound = fusion.bind(shapes, dtypes)
-            if len(self._bound) >= MAX_BOUND:
-                self._bound.clear()
-            self._bound[key] = bound
-        return bound
 
     def run_batch(self, calls: list[tuple[Fusion, dict]],
                   on_launched: Callable[[int, RunResult], None] | None = None) -> list[RunResult | Exception]:
@@ -335,7 +321,7 @@ class Engine:
         be = self.device_backend
         t0 = time.perf_counter()
         shapes, dtypes, inputs = be.read_inputs(fusion, inputs)
-        bound = self._bind(fusion, shapes, dtypes)
+        bound = fusion.bind(shapes, dtypes)  # (remembered per input signature)
         plan, hit = self.plans.get(fusion, bound)
         t1 = time.perf_counter()
         outputs, extra = be.run(plan, fusion, bound, inputs, deferred)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,6 +69,14 @@ class Output:
     alias_of: str | None = None
 
 
+MAX_BOUND = 1024  # bound input signatures remembered per fusion (past it the memo starts over)
+
+
+def _bind_key(shapes: dict, dtypes: dict | None) -> tuple:
+    return (tuple([(n, tuple(s)) for n, s in shapes.items()]),
+            None if dtypes is None else tuple(dtypes.items()))
+
+
 @dataclass(frozen=True)
 class Bound:
     """A fusion with its sizes bound: the symbol values and every tensor's concrete type."""
@@ -89,7 +96,9 @@ class Fusion:
     id: str
     producer: dict[str, int] = field(default_factory=dict)  # tensor -> node position (absent: graph input)
     uses: dict[str, list[tuple[int, int]]] = field(default_factory=dict)  # tensor -> [(node pos, operand pos)]
-    _bound: OrderedDict = field(default_factory=OrderedDict, repr=False)
+    # `bind`'s results by (input shapes, dtypes): a serving loop sees the same sizes again and
+    # again, and binding costs more than a small run on the host
+    _bound: dict = field(default_factory=dict, repr=False)
 
     @property
     def name(self) -> str:
@@ -129,7 +138,12 @@ class Fusion:
     # ---- binding ------------------------------------------------------------------------
     def bind(self, shapes: dict[str, tuple], dtypes: dict[str, DType] | None = None,
              loc_prefix: tuple = ("inputs",)) -> Bound:
-        """Check run-time inputs (shapes, and dtypes if given) and infer every concrete shape."""
+        """Check run-time inputs (shapes, and dtypes if given) and infer every concrete shape.
+        Remembered per (shapes, dtypes): the same inputs bind to the same object."""
+        key = _bind_key(shapes, dtypes)
+        hit = self._bound.get(key)
+        if hit is not None:
+            return hit
         issues = []
         given = set(shapes)
         env: dict[str, int] = {}
@@ -161,11 +175,6 @@ class Fusion:
                                                        f"{', '.join(self.input_names) or 'none'})"))
         if issues:
             raise BindError(issues)
-        key = tuple(sorted(env.items()))
-        hit = self._bound.get(key)
-        if hit is not None:
-            self._bound.move_to_end(key)
-            return hit
         types: dict[str, TensorType] = {}
         for name, t in self.inputs:
             types[name] = TensorType(t.dtype, tuple(int(s) for s in shapes[name]))
@@ -184,10 +193,14 @@ class Fusion:
                                        f"{list(types[o.name].shape)} but input '{o.alias_of}' has "
                                        f"{list(types[o.alias_of].shape)}; an in-place update needs the same shape")])
         bound = Bound(env, types)
+        if len(self._bound) >= MAX_BOUND:
+            self._bound.clear()  # (dict operations only: threads may bind one fusion at once)
         self._bound[key] = bound
-        if len(self._bound) > 64:
-            self._bound.popitem(last=False)
         return bound
+
+    def bound_for(self, shapes: dict, dtypes: dict | None = None) -> Bound | None:
+        """What `bind` returned before for these inputs, or None (it never binds)."""
+        return self._bound.get(_bind_key(shapes, dtypes))
 
 
 def canonical_dict(spec: GraphSpec) -> dict:

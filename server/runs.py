@@ -132,36 +132,21 @@ def _check_pinned(state: ServerState, parsed: ParsedRun) -> tuple[dict, dict]:
     return shapes, dtypes
 
 
-_BOUND: dict = {}  # (fusion id, input names, shapes and dtypes) -> Bound: a request's sizes repeat
-_BOUND_MAX = 4096
-
-
 BIND_HERE_OPS = 256  # a graph of more ops binds new sizes on the planning threads, not the event loop
 
 
 def _bind(state: ServerState, fusion: Fusion, shapes: dict, dtypes: dict):
-    """fusion.bind, remembered per input signature (BindError -> 422 before any work); None for new
-    sizes of a large graph (tens of milliseconds of inference: `_bind_elsewhere`)."""
-    key = (fusion.id, *((k, shapes[k], dtypes[k]) for k in shapes))
-    bound = _BOUND.get(key)
-    if bound is None:
-        if len(fusion.nodes) > BIND_HERE_OPS:
-            return None
+    """fusion.bind (remembered per input signature by the fusion; BindError -> 422 before any
+    work); None for new sizes of a large graph (tens of milliseconds of inference:
+    `_bind_elsewhere`)."""
+    bound = fusion.bound_for(shapes, dtypes)
+    if bound is None and len(fusion.nodes) <= BIND_HERE_OPS:
         bound = fusion.bind(shapes, dtypes)
-        _remember(key, bound)
     return bound
 
 
 async def _bind_elsewhere(state: ServerState, fusion: Fusion, shapes: dict, dtypes: dict):
-    bound = await state.planning.call(fusion.bind, shapes, dtypes)
-    _remember((fusion.id, *((k, shapes[k], dtypes[k]) for k in shapes)), bound)
-    return bound
-
-
-def _remember(key, bound) -> None:
-    if len(_BOUND) >= _BOUND_MAX:
-        _BOUND.clear()
-    _BOUND[key] = bound
+    return await state.planning.call(fusion.bind, shapes, dtypes)
 
 
 def _check_tensor_sizes(state: ServerState, bound) -> None:
