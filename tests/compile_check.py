@@ -229,8 +229,8 @@ class _recording_library_sorts:
             self.sorts.append(("library", seg, dict(types)))
             return lib(rt, fusion, seg, types)
 
-        def sort_epilogue_run(rt, fusion, seg, types, token=None):
-            got = fused(rt, fusion, seg, types, token)
+        def sort_epilogue_run(rt, fusion, seg, types, *args):
+            got = fused(rt, fusion, seg, types, *args)
             if got is not None:
                 self.sorts.append(("fused", seg, dict(types)))
             return got

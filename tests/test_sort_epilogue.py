@@ -7,7 +7,6 @@ tests/gpu/test_fused_sort_gpu.py."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 
 import numpy as np
@@ -345,22 +344,73 @@ def test_fused_plans_run_on_numpy(make):
 
 
 # ---- the runtime hook, with a stand-in for the GPU ------------------------------------------
-def test_runtime_step_launches_once_with_the_epilogue(monkeypatch):
+class _DevArr(np.ndarray):
+    """A NumPy array posing as a CuPy one: `.data.ptr` is its address."""
+
+    @property
+    def data(self):
+        return type("Ptr", (), {"ptr": self.ctypes.data})()
+
+
+class _FakeCp:
+    @staticmethod
+    def empty(shape, dtype):
+        return np.zeros(shape, dtype).view(_DevArr)
+
+    @staticmethod
+    def ascontiguousarray(a):
+        return np.ascontiguousarray(a).view(_DevArr)
+
+
+def test_runtime_step_binds_and_fires_the_fused_launch_like_a_kernel_step(monkeypatch):
+    """The fused sort is a step the fast paths bind with the plan's kernels and capture in their CUDA
+    graphs: `bind` writes its parameter block (the key itself, no copy; the outputs; the scratch;
+    the stream's counters; the error word zeroed) and launches nothing, `fire` launches once."""
+    import ctypes
+
     from segfuse.compiler.cuda import library_sorts, prepare
 
-    calls, prepared = [], []
+    prepared, launches = [], []
+    kernel = radix_sort._Kernel(0xF00, 1024, 264, 4)
     monkeypatch.setattr(radix_sort, "prepare", lambda dt, epi: prepared.append((dt, epi)))
-    monkeypatch.setattr(radix_sort, "argsort", lambda *a, **k: calls.append((a, k)))
+    monkeypatch.setattr(radix_sort, "_kernel", lambda dt, epi=None: kernel)
+
+    def coop(fptr, gx, gy, gz, bx, by, bz, smem, stream, addr):
+        n = 9
+        ptrs = (ctypes.c_void_p * n).from_address(addr)
+        launches.append((fptr, gx, stream, [ctypes.c_uint64.from_address(p).value for p in ptrs]))
+
+    monkeypatch.setattr(radix_sort, "_DRIVER", [(coop, None)])
 
     class FakeRt:
-        cp = np
+        cp = _FakeCp
+
+    class Stream:
+        ptr = 0x5157
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
 
     class State:
+        stream = Stream()
+        err_ptr = 0xE220
         buffers: dict = {}
+
+        def __init__(self):
+            self.params = {radix_sort._STATE_KEY: type("L", (), {"ctr": _FakeCp.empty(8, np.uint8)})()}
+            self.scratch = []
+
+        def scratch_for(self, nbytes):
+            self.scratch.append(_FakeCp.empty(nbytes, np.uint8))
+            return self.scratch[-1]
 
     class Ctx:
         state = State()
-        stream = contextlib.nullcontext()
+        stream = State.stream
+        sp = Stream.ptr
 
     f = moe("int32")
     T = 4096
@@ -369,24 +419,33 @@ def test_runtime_step_launches_once_with_the_epilogue(monkeypatch):
     prep = prepare.Prepared(p, types, [])
     step = prepare.segment_step(FakeRt(), f, p.segments[0], types, {}, prep)
     assert step.kind == "library" and prep.kernels == 1 and not prep.fallbacks
+    assert step.launches_only and step.fires  # the fast paths graph it
     assert not prep.may_fail  # `order // 8` cannot fail: the run need not synchronize
     assert prepared and prepared[0][0] == np.dtype(np.int32)
-    ids = np.zeros((T, K), np.int32)
+    ids = _FakeCp.empty((T, K), np.int32)
+    env = {"topk_ids": ids}
+    rec = step.run.bind(env, Ctx())
+    assert not launches  # binding launches nothing
+    ctr = Ctx.state.params[radix_sort._STATE_KEY].ctr
+    outs = env["input_permutation"], env["output_permutation"]
+    assert [a.shape for a in outs] == [(T * K,), (T * K,)]
+    grid = min(kernel.blocks, -(-T * K // radix_sort.TILE))
+    want = [ids.ctypes.data, T * K, 1, 0, Ctx.state.scratch[-1].ctypes.data, ctr.ctypes.data, 0,
+            outs[0].ctypes.data, outs[1].ctypes.data]  # the key itself: the input's memory, no copy
+    assert list(rec[0]) == want
+    step.run.fire(rec, 0xE1, Stream.ptr)
+    assert launches == [(0xF00, grid, Stream.ptr, want[:6] + [0xE1] + want[7:])]
+    # `run` is fire(bind): the state's error word, the state's stream
+    launches.clear()
     env = {"topk_ids": ids}
     step.run(env, Ctx())
-    (args, kw), = calls
-    assert args[1].shape == (T * K,) and np.shares_memory(args[1], ids)  # the input itself, no copy
-    assert args[2:5] == (0, True, Ctx.state) and kw["epilogue"] is prepared[0][1]
-    assert [a.shape for a in kw["outputs"]] == [(T * K,), (T * K,)]
-    assert env["input_permutation"] is kw["outputs"][0] and env["output_permutation"] is kw["outputs"][1]
-    # outputs are this thread's buffers: reused once the caller dropped them, fresh while it keeps them
-    kept = env["input_permutation"]
-    ptrs = [a.ctypes.data for a in kw["outputs"]]
-    calls.clear()
-    del args, kw
-    env = {"topk_ids": ids}
-    step.run(env, Ctx())
-    assert env["input_permutation"] is not kept and env["output_permutation"].ctypes.data == ptrs[1]
+    assert launches[0][2] == Stream.ptr and launches[0][3][6] == State.err_ptr
+    assert launches[0][3][7] == env["input_permutation"].ctypes.data
+    # a key laid out with gaps: each run copies it (in the run's stream) and the step is not graphed
+    strided = {"topk_ids": (2 * K, 1)}
+    prep_s = prepare.Prepared(p, types, [])
+    step_s = prepare.segment_step(FakeRt(), f, p.segments[0], types, dict(strided), prep_s)
+    assert not step_s.launches_only and step_s.run.__name__ == "run_copying"
     # a checked divisor makes the plan one that may fail
     div0 = graph("div0", BASE + [argsort_op(False), {"op": "floor_divide", "out": "q", "inputs": ["order", 0]}],
                  ["q"])

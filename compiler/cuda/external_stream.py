@@ -275,7 +275,7 @@ class ExternalStreams:
         rt = self.rt
         steps = prep.steps
         token = prep.ctx_token
-        if not (steps and all(s.launches_only for s in steps) and any(s.kind == "kernel" for s in steps)):
+        if not (steps and all(s.launches_only for s in steps) and any(s.fires for s in steps)):
             def launch_steps(env, st, err_ptr, capturing=False):
                 launch(rt, prep, env, st, err_ptr)
                 return None

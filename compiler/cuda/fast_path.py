@@ -32,7 +32,7 @@ def _call(rt, fusion, prep, st0, deferred: bool, token):
         return ctx
 
     launches_only = all(s.launches_only for s in prep.steps)
-    kernels = any(s.kind == "kernel" for s in prep.steps)
+    kernels = any(s.fires for s in prep.steps)
     if launches_only and kernels and not staged and rt.use_graphs and st0.mapped:
         return graphed_call(rt, fusion, prep, defer, tls, new_state, token, new_ctx)
 

@@ -21,12 +21,15 @@ from .arrays import cp_dtype, is_small, output_buffer
 from .buffers import store
 
 
-def sort_epilogue_run(rt, fusion, seg, types, token=None):
+def sort_epilogue_run(rt, fusion, seg, types, token=None, layout=None, block_token=None):
     """(run(env, ctx), may_fail) for a segment the sort epilogue pass made (its plan's
     `sort_epilogue`), at these concrete types: `run` launches the fused kernel; `may_fail` says
     whether it can write the error word (a checked divisor), so the run must synchronize to learn
     its outcome. None: not such a segment, or the radix sort does not take its keys; the general
-    path runs it."""
+    path runs it. `layout`: element strides of the tensors that may not be contiguous; where the
+    key is contiguous, `run` has `bind` and `fire` as a kernel step's (the fast paths capture its
+    launch in their CUDA graphs; its parameter block is kept in each state under `block_token`),
+    else each run copies the key first."""
     m = seg.sort_epilogue
     if m is None:
         return None
@@ -49,19 +52,50 @@ def sort_epilogue_run(rt, fusion, seg, types, token=None):
     token = token if token is not None else object()
     empty = cp.empty
 
-    def run(env, ctx):
-        x = env[key]
-        if x.ndim != 1:
-            x = x.reshape(-1)  # a view of a contiguous input (CuPy copies a strided one)
+    def outputs(env, ctx):
         # into the outputs' plan buffers (compiler/cuda/buffers.py); else per-thread buffers
         outs = [env.get(name) for name, _, _, _ in specs]
         outs = [a if a is not None else output_buffer(ctx, (token, i), shape, dt, small, empty)
                 for i, (a, (_, shape, dt, small)) in enumerate(zip(outs, specs))]
-        radix_sort.argsort(cp, x, 0, desc, ctx.state, epilogue=epi, outputs=outs)
         for (name, _, _, _), a in zip(specs, outs):
             env[name] = a
+        return outs
 
+    strides = (layout or {}).get(key)
+    if strides is not None and not is_row_major(kt.shape, strides):
+        def run_copying(env, ctx):
+            x = env[key]
+            with ctx.stream:  # (CuPy copies a strided key on the current stream)
+                x = cp.ascontiguousarray(x.reshape(-1))
+            radix_sort.argsort(cp, x, 0, desc, ctx.state, epilogue=epi, outputs=outputs(env, ctx))
+
+        return run_copying, may_fail
+
+    step = radix_sort.FusedStep(cp, key_dt, epi, n, desc, len(specs),
+                                block_token if block_token is not None else object())
+
+    def bind(env, ctx):
+        x = env[key]
+        return step.bind(x.reshape(-1) if x.ndim != 1 else x, outputs(env, ctx), ctx.state)
+
+    fire = step.fire
+
+    def run(env, ctx):
+        fire(bind(env, ctx), ctx.state.err_ptr, ctx.sp)
+
+    run.bind, run.fire = bind, fire
     return run, may_fail
+
+
+def is_row_major(shape, strides) -> bool:
+    """Whether element strides `strides` lay out `shape` row-major without gaps (dimensions of
+    one element may have any stride)."""
+    acc = 1
+    for d, s in zip(reversed(tuple(shape)), reversed(tuple(strides))):
+        if d != 1 and s != acc:
+            return False
+        acc *= d
+    return True
 
 
 def library_run(rt, fusion, seg, types):

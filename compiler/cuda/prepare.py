@@ -35,12 +35,19 @@ class Step:
     seg: object
     run: object  # callable(env, ctx)
     desc: str = ""
+    # a library step whose run is a kernel step's `fire(bind(env, ctx), ...)` (the fused sort)
+    launches: bool = False
 
     @property
     def launches_only(self) -> bool:
-        """Its run is `fire(bind(env, ctx), ...)` with no host work but binding (kernels, views):
-        the fast path may bind it and replay its launches from a CUDA graph."""
-        return self.kind in ("kernel", "view")
+        """Its run is `fire(bind(env, ctx), ...)` with no host work but binding (kernels, views,
+        the fused sort): the fast path may bind it and replay its launches from a CUDA graph."""
+        return self.kind in ("kernel", "view") or self.launches
+
+    @property
+    def fires(self) -> bool:
+        """It launches a kernel (a plan of views alone has nothing to put in a CUDA graph)."""
+        return self.kind == "kernel" or self.launches
 
 
 @dataclass
@@ -146,12 +153,13 @@ def segment_step(rt, fusion, seg, types, in_strides, prep) -> Step:
         if step is not None:
             return step
         prep.fallbacks.append(f"segment {seg.id}: a kernel makes the view (a reshape of a non-contiguous tensor)")
-    fused = sort_epilogue_run(rt, fusion, seg, types, prep.token())
+    fused = sort_epilogue_run(rt, fusion, seg, types, prep.token(), in_strides, prep.token())
     if fused is not None:
         run, may_fail = fused
         prep.kernels += 1
         prep.may_fail = prep.may_fail or may_fail  # (a checked divisor writes the error word)
-        return Step("library", seg, run, LibraryRoutine.sort_epilogue.describe())
+        return Step("library", seg, run, LibraryRoutine.sort_epilogue.describe(),
+                    launches=getattr(run, "fire", None) is not None)
     # A scatter writes straight into its self's buffer only when that buffer is materialized
     # before the segment (in place, ordered, or a staged alias_of input). Otherwise the kernel
     # initializes its own output from self (which is what a private copy means).

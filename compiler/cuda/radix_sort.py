@@ -193,6 +193,52 @@ def argsort(cp, x, axis, descending, state=None, epilogue: Epilogue | None = Non
     return out if len(shape) == 1 else out.reshape(shape)
 
 
+class FusedStep:
+    """A fused kernel's launch as a plan step's `bind` and `fire` (the shape of a kernel step,
+    compiler/cuda/param_blocks.py), so that the fast paths bind it with the plan's kernels and
+    capture its launch into their CUDA graphs: `bind` writes this step's parameter block in the
+    run's state (the key's, the outputs', the scratch's and the counters' pointers; the error
+    word zeroed, so the block's bytes identify the launch), `fire` sets the error word and
+    launches. The key is a contiguous row of `n` elements (prepare checks its layout), so
+    binding launches nothing."""
+
+    __slots__ = ("cp", "kernel", "n", "descending", "n_slots", "token")
+
+    def __init__(self, cp, dtype, epilogue: Epilogue, n: int, descending: bool, n_outputs: int, token):
+        self.cp = cp
+        self.kernel = _kernel(dtype, epilogue)
+        self.n, self.descending = n, descending
+        self.n_slots = 7 + n_outputs
+        self.token = token  # this step's block in each state (the prepared entry's: purged with it)
+
+    def bind(self, x, outputs, state) -> list:
+        """[slots, slot pointers, their address, grid]: the launch of the row `x` into `outputs`."""
+        blk = state.params.get(self.token)
+        if blk is None:
+            b = _EpiBlock(self.n_slots)
+            blk = state.params[self.token] = [b.vals, b.ptrs, b.addr, 0]
+        ls = state.params.get(_STATE_KEY)
+        if ls is None:
+            ls = state.params[_STATE_KEY] = _Launch(self.cp, state.stream)
+        k, n = self.kernel, self.n
+        grid = blk[3] = min(k.blocks, -(-n // TILE))
+        vals = blk[0]
+        vals[0] = x.data.ptr
+        vals[1] = n
+        vals[2] = 1 if self.descending else 0
+        vals[3] = 0
+        vals[4] = state.scratch_for(scratch_bytes(n, k.key_bytes, grid)).data.ptr
+        vals[5] = ls.ctr.data.ptr
+        vals[6] = 0
+        for i, a in enumerate(outputs):
+            vals[7 + i] = a.data.ptr
+        return blk
+
+    def fire(self, rec, err_ptr: int, stream_ptr: int) -> None:
+        rec[0][6] = err_ptr
+        _launch(self.kernel, rec[3], stream_ptr, rec[2])
+
+
 def _fused(cp, k, grid, x, n, descending, scratch, ls, stream, state, outputs):
     """Launch a fused kernel: its parameter block lives beside the plain one (per thread state or
     per stream) and shares that stream's counters, which every launch leaves zeroed."""
