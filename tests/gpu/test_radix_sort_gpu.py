@@ -138,13 +138,15 @@ def test_runtime_dispatch_keeps_multi_row_fallback():
 @pytest.mark.parametrize("idt", ["int64", "int32"])
 def test_moe_argsort_fusion(idt, monkeypatch):
     calls = []
-    real = radix_sort.argsort
+    real = radix_sort.FusedStep.bind
 
-    def spy(*a, **k):
-        calls.append(a[1].size)
-        return real(*a, **k)
+    def spy(self, x, outputs, state):
+        calls.append(x.size)
+        return real(self, x, outputs, state)
 
-    monkeypatch.setattr(radix_sort, "argsort", spy)
+    # the fused sort is a plan step that binds and fires like a kernel (its launch may be replayed
+    # from a CUDA graph): every run on new inputs binds it
+    monkeypatch.setattr(radix_sort.FusedStep, "bind", spy)
     g, mk = moe_graphs(idt=idt)[-1]
     assert g["name"] == "moe_argsort"
     f = Fusion.from_json(g)

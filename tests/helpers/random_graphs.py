@@ -140,9 +140,10 @@ class Gen:
             return outs
         res = list(res) if isinstance(res, tuple) else [res]
         if op == "pow" and not is_float(res[0]) and res[0].dtype != torch.bool and isinstance(args[1], torch.Tensor) \
-                and bool((args[1] < 0).any()):
+                and bool((args[1].to(res[0].dtype) < 0).any()):
             # documented difference: PyTorch's CPU kernel computes integer a ** -n (0, or +-1 for
-            # a = +-1); segfuse raises, as PyTorch does for a negative number exponent
+            # a = +-1); segfuse raises, as PyTorch does for a negative number exponent. (The exponent
+            # as the result's dtype: a signed 0-dim exponent of an unsigned result wraps, in both.)
             self.expect_error = "integers to negative integer powers"
             return outs
         exact_in = all(self.t[x].exact for x in inputs if isinstance(x, str))
