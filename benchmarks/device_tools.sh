@@ -2,7 +2,7 @@
 # Prepares, in the repository root of this machine (which reaches PyPI and Debian), what the
 # offline GPU machine needs to run benchmarks/load.py with wrk and py-spy:
 #   .whl/         wheels for CPython 3.12 manylinux x86_64: the web stack that
-#                 ../shared/gpu-machine/fetch-wheels.sh fetches, plus httptools, orjson and py-spy
+#                 ../shared/gpu-machine/fetch-wheels.sh fetches, plus httptools, orjson, xxhash and py-spy
 #                 (the GPU image already has uvloop, httpx, prometheus-client, numpy, cupy)
 #   .tools/root/  wrk and the libraries it links (LuaJIT, OpenSSL 3) from Debian packages (dpkg -x)
 #   .tools/bin/wrk  runs .tools/root/usr/bin/wrk with those libraries on LD_LIBRARY_PATH
@@ -22,7 +22,7 @@ for a in "$@"; do
 done
 # asgi-lifespan (and its sniffio): the server tests of the GPU suite (tests/conftest.py asgi_server);
 # lazy-importer: importlib-metadata 10 (fetched by fetch-wheels.sh, first on PYTHONPATH there) needs it
-EXTRA_WHEELS=(httptools orjson py-spy lazy-importer fastapi-offline asgi-lifespan sniffio)
+EXTRA_WHEELS=(httptools orjson py-spy lazy-importer fastapi-offline asgi-lifespan sniffio xxhash)
 
 if [ "$wheels" = 1 ]; then
   fetch="$root/../shared/gpu-machine/fetch-wheels.sh"

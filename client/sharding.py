@@ -7,17 +7,20 @@ A namespace names a set of buffers, regions and runs that live together on one s
 its namespace in the `Segfuse-Namespace` header; without the header it is in the namespace "default".
 
 Shards are named `shard-0`..`shard-<N-1>`; in direct mode the i-th URL is `shard-i`. Each namespace
-goes to the shard with the highest weight(shard, namespace), the first 8 bytes of
-blake2b(`shard NUL namespace`) read big-endian; so adding or removing a shard moves only the
-namespaces that shard wins or held. blake2b, not Python's `hash`: the choice must agree across
+goes to the shard with the highest weight(shard, namespace) = XXH32(namespace, seed = XXH32(shard)),
+ties to the smaller id; so adding or removing a shard moves only the namespaces that shard wins or
+held. XXH32 because a router computes it too: HAProxy's `xxh32(<seed>)` converter is the same
+function, so `haproxy_config` (segfuse.scaleout.router) routes each request with one converter per
+shard and no code of ours in the data path. Not Python's `hash`: the choice must agree across
 processes and restarts (PYTHONHASHSEED randomises `hash` of str).
 """
 
 from __future__ import annotations
 
-import hashlib
 import re
 from collections.abc import Iterable
+
+import xxhash
 
 NAMESPACE_HEADER = "Segfuse-Namespace"
 SHARD_HEADER = "Segfuse-Shard"  # names the shard that answered
@@ -45,15 +48,23 @@ def parse_namespace(value: str | None) -> str:
     return value
 
 
+def seed(shard: str) -> int:
+    """The shard's XXH32 seed: XXH32 of its id (an unsigned 32-bit number)."""
+    return xxhash.xxh32_intdigest(shard.encode())
+
+
 def weight(shard: str, namespace: str) -> int:
-    # The separator keeps ("ab", "c") and ("a", "bc") apart; a shard id has no NUL in it.
-    digest = hashlib.blake2b(f"{shard}\0{namespace}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big")
+    return xxhash.xxh32_intdigest(namespace.encode(), seed(shard))
 
 
 def shard_for(namespace: str, shards: Iterable[str]) -> str:
-    """The shard (one of `shards`, ids such as "shard-0") that holds `namespace`."""
-    best = max(shards, key=lambda s: (weight(s, namespace), s), default=None)
+    """The shard (one of `shards`, ids such as "shard-0") that holds `namespace`: the highest weight,
+    the smallest id among equal ones (a router compares the same way, in `sorted(shards)` order)."""
+    best, best_w = None, -1
+    for s in sorted(shards):
+        w = weight(s, namespace)
+        if w > best_w:
+            best, best_w = s, w
     if best is None:
         raise ValueError("no shards to route to")
     return best
@@ -62,6 +73,11 @@ def shard_for(namespace: str, shards: Iterable[str]) -> str:
 def shard_ids(n: int) -> list[str]:
     """The ids of a cluster of `n` shards, in order: shard-0 .. shard-<n-1>."""
     return [f"shard-{i}" for i in range(n)]
+
+
+def broadcast_routes() -> list[tuple[str, str]]:
+    """(method, path regular expression) of each kind of request every shard must see (for a router)."""
+    return [(m, p.pattern) for m, p in _BROADCAST]
 
 
 def is_broadcast(method: str, path: str) -> bool:

@@ -15,12 +15,14 @@ from segfuse.client.sharding import (
     SHARD_HEADER,
     NamespaceError,
     broadcast_outcome,
+    broadcast_routes,
     is_broadcast,
     parse_namespace,
+    seed,
     shard_for,
     shard_ids,
     weight,
 )
 
 __all__ = ["DEFAULT_NAMESPACE", "NAMESPACE_HEADER", "NAMESPACE_RULE", "SHARD_HEADER", "NamespaceError",
-           "broadcast_outcome", "is_broadcast", "parse_namespace", "shard_for", "shard_ids", "weight"]
+           "broadcast_outcome", "broadcast_routes", "is_broadcast", "parse_namespace", "seed", "shard_for", "shard_ids", "weight"]

@@ -114,6 +114,11 @@ def resolves(path: str) -> str | None:
     except ImportError as e:
         return f"import {module}: {e}"
     for part in filter(None, name.split(".")):
+        if not hasattr(obj, part) and hasattr(obj, "__path__"):
+            try:  # `from package import submodule` imports it, whether or not it was imported before
+                importlib.import_module(f"{obj.__name__}.{part}")
+            except ImportError:
+                pass
         if not hasattr(obj, part):
             return f"{module} has no {name}"
         obj = getattr(obj, part)

@@ -1,5 +1,5 @@
 """The SDK's direct sharded mode without Ray (`Client(shards=[...])`, `AsyncClient` the same): it picks
-the shard the ingress's hash picks (oracle: blake2b written out here), sends every request to that
+the shard the ingress's hash picks (oracle: XXH32 written out here), sends every request to that
 shard but registrations and removals, which reach every shard (502 when they disagree), and
 round-trips put/run/get against two real `segfuse serve` processes (oracle: np.bincount, and each
 server's own view of what it holds). The same against real Ray shards: tests/test_scaleout_ray.py."""
@@ -7,11 +7,11 @@ server's own view of what it holds). The same against real Ray shards: tests/tes
 from __future__ import annotations
 
 import asyncio
-import hashlib
 
 import httpx
 import numpy as np
 import pytest
+import xxhash
 from helpers.graphs import MOE_PROBLEM_SIZES
 from helpers.servers import LiveServer
 from segfuse.client import AsyncClient, Buffer, Client, ClientError
@@ -21,9 +21,10 @@ URLS = ["http://s0.test:1", "http://s1.test:2/base", "http://s2.test:3/x/y"]
 
 
 def oracle(namespace: str, n: int) -> int:
-    """The index of the shard the documented hash picks: highest blake2b-64 of 'shard-i NUL namespace'."""
+    """The index of the shard the documented hash picks: the highest XXH32 of the namespace, seeded with
+    XXH32 of 'shard-i'."""
     def w(i):
-        return int.from_bytes(hashlib.blake2b(f"shard-{i}\0{namespace}".encode(), digest_size=8).digest(), "big")
+        return xxhash.xxh32(namespace.encode(), seed=xxhash.xxh32(f"shard-{i}".encode()).intdigest()).intdigest()
 
     return max(range(n), key=w)
 
