@@ -139,10 +139,9 @@ def _bind(state: ServerState, fusion: Fusion, shapes: dict, dtypes: dict):
     """fusion.bind (remembered per input signature by the fusion; BindError -> 422 before any
     work); None for new sizes of a large graph (tens of milliseconds of inference:
     `_bind_elsewhere`)."""
-    bound = fusion.bound_for(shapes, dtypes)
-    if bound is None and len(fusion.nodes) <= BIND_HERE_OPS:
-        bound = fusion.bind(shapes, dtypes)
-    return bound
+    if len(fusion.nodes) <= BIND_HERE_OPS:
+        return fusion.bind(shapes, dtypes)  # (its memo first: one lookup on a warm request)
+    return fusion.bound_for(shapes, dtypes)
 
 
 async def _bind_elsewhere(state: ServerState, fusion: Fusion, shapes: dict, dtypes: dict):
