@@ -1,10 +1,10 @@
-"""One shard: segfuse runtimes (`segfuse.server.create_app`), one per namespace it holds, inside a Ray
-Serve replica.
+"""One shard: segfuse runtimes (`segfuse.server.create_app`), one per namespace it holds, behind one
+ASGI app (`ShardApp`) that a shard's own HTTP server serves (scaleout/shard_host.py, behind the
+router of scaleout/router.py) or that a Ray Serve replica drives (`Shard`, the Serve path).
 
-Requests reach it two ways, both as the same plain values (scaleout/asgi.py): from the ingress through
-a deployment handle (`forward`), and over HTTP on the shard's own route `/shards/shard-<i>` (`__call__`,
-the SDK's direct sharded mode). Each app is driven in-process through httpx's ASGI transport, the
-library's own ASGI client, rather than behind a second HTTP server per shard: no port per replica.
+A request goes to its namespace's app as it came (the ASGI scope, receive and send are handed on):
+nothing is re-framed or copied, so a shard's run costs what a `segfuse serve` process's does, plus
+reading one header.
 
 Namespaces are isolated here: each has its own runtime (buffers, regions, results, metrics), made on
 its first request, so two namespaces that hash to the same shard never see each other's data under
@@ -13,8 +13,8 @@ and replayed into the runtimes made later, so any namespace can run any fusion. 
 most `max_namespaces` runtimes (each has its worker threads and caches); a request for one more gets
 429. GET /metrics is every runtime's metrics in one exposition, labelled shard and namespace.
 
-Each start of a replica is an *incarnation* (start time and a random id), told to the registry
-(scaleout/registry.py) at start: a replica that replaces an earlier one gets that one's registrations
+Each start of a shard is an *incarnation* (start time and a random id), told to the registry
+(scaleout/registry.py) at start: a shard that replaces an earlier one gets that one's registrations
 back before it answers anything, and from then on its 404s say that the shard restarted.
 """
 
@@ -25,27 +25,25 @@ import os
 import time
 import uuid
 from contextlib import AsyncExitStack
+from urllib.parse import unquote
 
-import httpx
 import orjson
-from starlette.requests import Request
-from starlette.responses import Response
 
 from . import metrics, registry
-from .asgi import Answer, Call, call_of, error, header, response_of, with_body
+from .asgi import Answer, Call, error, with_body
 from .routing import DEFAULT_NAMESPACE, NAMESPACE_HEADER, NamespaceError, is_broadcast, parse_namespace
 
 MAX_NAMESPACES = 64
 _HEADER_KEY = NAMESPACE_HEADER.lower().encode()
 
 
-class Shard:
-    """The deployment's class (serve_ray.py wraps it with `serve.deployment`, one replica per shard).
-    `registry`: the registry actor's name (on Ray), a local `registry.Registry` (tests) or None."""
+class ShardApp:
+    """The ASGI app of shard `shard_id`. `settings`: Settings.from_env overrides of every runtime;
+    `registry`: a local `registry.Registry` (tests), an actor handle (Ray: `registry.actor()`), or
+    None. Started by its lifespan (or `start()`), stopped by `stop()`."""
 
-    async def __init__(self, shard_id: str, settings: dict, max_namespaces: int = MAX_NAMESPACES,
-                       registry_name: str | registry.Registry | None = registry.REGISTRY_NAME):
-        if not isinstance(max_namespaces, int) or max_namespaces < 1:
+    def __init__(self, shard_id: str, settings: dict, max_namespaces: int = MAX_NAMESPACES, registry_handle=None):
+        if isinstance(max_namespaces, bool) or not isinstance(max_namespaces, int) or max_namespaces < 1:
             raise ValueError(f"max_namespaces must be at least 1, not {max_namespaces!r}")
         self.shard_id = shard_id
         self.settings = settings
@@ -54,33 +52,87 @@ class Shard:
         self.incarnation = f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(self.started))}/{uuid.uuid4().hex[:8]}"
         self.replaced: str | None = None  # the incarnation this one replaced
         self._stack = AsyncExitStack()
-        self._spaces: dict[str, httpx.ASGITransport] = {}  # namespace -> its app's transport
+        self._spaces: dict = {}  # namespace -> its runtime's ASGI app
         self._registrations: list[Call] = []  # fusion registrations that succeeded, in order
         # Held while a runtime is made and while a registration goes round: two first requests of one
         # namespace make one runtime, and a new runtime misses no registration made meanwhile.
         self._lock = asyncio.Lock()
-        self._registry = registry.actor() if isinstance(registry_name, str) else registry_name
+        self._registry = registry_handle
+
+    async def start(self) -> None:
         await self._space(DEFAULT_NAMESPACE)  # ready (and its errors seen) at start
         if self._registry is not None:
-            known = await registry.call(self._registry, "start", shard_id, self.incarnation)
+            known = await registry.call(self._registry, "start", self.shard_id, self.incarnation)
             if known is not None:
                 self.replaced, calls = known
                 for call in calls:  # the predecessor's registrations, before any request
                     await self._register(DEFAULT_NAMESPACE, call, record=False)
 
-    async def _space(self, namespace: str) -> httpx.ASGITransport | None:
-        """The transport of the namespace's app, made (and given the registrations) on first use; None
-        when the shard holds max_namespaces already."""
-        transport = self._spaces.get(namespace)
-        if transport is not None:
-            return transport
+    async def stop(self) -> None:
+        await self._stack.aclose()
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            return await self._http(scope, receive, send)
+        if scope["type"] == "lifespan":
+            return await self._lifespan(receive, send)
+        raise RuntimeError(f"a segfuse shard serves HTTP, not {scope['type']}")
+
+    async def _http(self, scope, receive, send) -> None:
+        raw = next((v for k, v in scope["headers"] if k == _HEADER_KEY), None)
+        try:
+            namespace = parse_namespace(None if raw is None else raw.decode("latin-1"))
+        except NamespaceError as e:
+            return await _respond(send, error(400, str(e), ["header", NAMESPACE_HEADER]))
+        method, path = scope["method"], scope["path"]
+        if is_broadcast(method, path) or (method == "GET" and path == "/metrics"):
+            call = (method, scope.get("raw_path") or path.encode(), scope.get("query_string", b""),
+                    list(scope["headers"]), await _body(receive))
+            answer = await (self._metrics(call[3]) if path == "/metrics" else self._register(namespace, call))
+            return await _respond(send, self._noted(answer))
+        app = self._spaces.get(namespace) or await self._space(namespace)
+        if app is None:
+            return await _respond(send, error(
+                429, f"shard {self.shard_id} holds {self.max_namespaces} namespaces, the most it may; "
+                     f"namespace '{namespace}' has no runtime here", ["header", NAMESPACE_HEADER]))
+        await app(scope, receive, send if self.replaced is None else _Noting(self, send))
+
+    async def _lifespan(self, receive, send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                try:
+                    await self.start()
+                except Exception as e:  # noqa: BLE001 - the server reports it and does not serve
+                    await send({"type": "lifespan.startup.failed", "message": f"{type(e).__name__}: {e}"})
+                    return
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await self.stop()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+    async def answer(self, call: Call) -> Answer:
+        """(status, raw headers, body) of one request given as plain values (the Serve path)."""
+        method, raw_path, query, headers, body = call
+        sent: list[Answer] = []
+
+        async def send(message):
+            sent.append(message)
+
+        await self._http(_scope(method, raw_path, query, headers), _receiver(body), send)
+        return _answer_of(sent)
+
+    async def _space(self, namespace: str):
+        """The namespace's app, made (and given the registrations) on first use; None when the shard
+        holds max_namespaces already."""
         async with self._lock:
             return await self._make(namespace)
 
-    async def _make(self, namespace: str) -> httpx.ASGITransport | None:
-        transport = self._spaces.get(namespace)
-        if transport is not None:  # made while this request waited for the lock
-            return transport
+    async def _make(self, namespace: str):
+        app = self._spaces.get(namespace)
+        if app is not None:  # made while this request waited for the lock
+            return app
         if len(self._spaces) >= self.max_namespaces:
             return None
         from segfuse.server import create_app
@@ -90,42 +142,20 @@ class Shard:
         app = create_app(Settings.from_env(**self.settings))
         app.state.server_state.freeze_gc = True
         app.state.server_state.shard = self.shard_id  # GET /v2's `shard`, segfuse_gpu_info's label
-        # The app's own lifespan (runtime start and stop), on this replica's event loop.
+        # The app's own lifespan (runtime start and stop), on this server's event loop.
         await self._stack.enter_async_context(app.router.lifespan_context(app))
         await wait_ready(app)
-        transport = self._spaces[namespace] = httpx.ASGITransport(app=app, client=("ray-ingress", 0))
         for call in self._registrations:
-            await _send(transport, *call)
-        return transport
-
-    async def forward(self, method: str, raw_path: bytes, query: bytes, headers: list, body: bytes) -> Answer:
-        """(status, raw headers, body) of one request (what the ingress calls through its handle)."""
-        try:
-            namespace = parse_namespace(header(headers, _HEADER_KEY))
-        except NamespaceError as e:  # the ingress checks first; a direct caller gets the same answer
-            return error(400, str(e), ["header", NAMESPACE_HEADER])
-        call = (method, raw_path, query, headers, body)
-        path = raw_path.split(b"?", 1)[0].decode("latin-1")
-        if is_broadcast(method, path):
-            return self._noted(await self._register(namespace, call))
-        if method == "GET" and path == "/metrics":
-            return await self._metrics(headers)
-        transport = await self._space(namespace)
-        if transport is None:
-            return error(429, f"shard {self.shard_id} holds {self.max_namespaces} namespaces, the most it may; "
-                              f"namespace '{namespace}' has no runtime here", ["header", NAMESPACE_HEADER])
-        return self._noted(await _send(transport, *call))
-
-    async def __call__(self, request: Request) -> Response:
-        """The shard's own HTTP route (`/shards/shard-<i>`): the SDK's direct sharded mode."""
-        return response_of(await self.forward(*await call_of(request)), self.shard_id)
+            await call_app(app, call)
+        self._spaces[namespace] = app
+        return app
 
     async def _register(self, namespace: str, call: Call, record: bool = True) -> Answer:
         """A registration (or removal) applied to every namespace's runtime, kept for later ones and
         in the registry; the answer is the namespace's runtime's (the default's when the namespace
         has none here)."""
         async with self._lock:
-            answers = {ns: await _send(t, *call) for ns, t in list(self._spaces.items())}
+            answers = {ns: await call_app(app, call) for ns, app in list(self._spaces.items())}
             own = answers.get(namespace, answers[DEFAULT_NAMESPACE])
             if own[0] < 300:
                 registry.remember(self._registrations, call)
@@ -138,7 +168,7 @@ class Shard:
         headers go along: a token applies; the text comes back uncompressed)."""
         kept = [(k, v) for k, v in headers if k.lower() != b"accept-encoding"]
         spaces = list(self._spaces.items())
-        answers = [await _send(t, "GET", b"/metrics", b"", kept, b"") for _, t in spaces]
+        answers = [await call_app(app, ("GET", b"/metrics", b"", kept, b"")) for _, app in spaces]
         refused = next((a for a in answers if a[0] != 200), None)
         if refused is not None:  # e.g. 401: every runtime has the same token
             return refused
@@ -158,18 +188,114 @@ class Shard:
                         "buffers, regions and results from before then are lost)")
         return with_body(answer, orjson.dumps(doc))
 
-    async def identity(self) -> dict:
+    def identity(self) -> dict:
         return {"shard": self.shard_id, "incarnation": self.incarnation, "replaced": self.replaced,
                 "pid": os.getpid(), "namespaces": sorted(self._spaces)}
 
+
+class _Noting:
+    """`send` of a shard that replaced another: a 404 is held until its body is whole, then noted."""
+
+    def __init__(self, shard: ShardApp, send):
+        self.shard, self.send, self.held = shard, send, None
+
+    async def __call__(self, message) -> None:
+        if self.held is None:
+            if message["type"] == "http.response.start" and message["status"] == 404:
+                self.held = [message]
+                return
+            return await self.send(message)
+        self.held.append(message)
+        if message["type"] == "http.response.body" and not message.get("more_body", False):
+            status, headers, body = self.shard._noted(_answer_of(self.held))
+            await _respond(self.send, (status, headers, body))
+
+
+def _scope(method: str, raw_path: bytes, query: bytes, headers: list) -> dict:
+    path = raw_path.split(b"?", 1)[0]
+    return {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
+            "path": unquote(path.decode("latin-1")), "raw_path": path, "query_string": query, "root_path": "",
+            "headers": [(k.lower(), v) for k, v in headers], "client": ("segfuse-shard", 0),
+            "server": ("segfuse-shard", 80)}
+
+
+def _receiver(body: bytes):
+    done = False
+
+    async def receive():
+        nonlocal done
+        if not done:
+            done = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.Future()  # the client stays connected until the answer is sent
+
+    return receive
+
+
+async def _body(receive) -> bytes:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+def _answer_of(messages: list) -> Answer:
+    start = next(m for m in messages if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in messages if m["type"] == "http.response.body")
+    return start["status"], list(start.get("headers", [])), body
+
+
+async def _respond(send, answer: Answer) -> None:
+    status, headers, body = answer
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def call_app(app, call: Call) -> Answer:
+    """One request, given as plain values, to an ASGI app: its answer as plain values."""
+    method, raw_path, query, headers, body = call
+    sent: list = []
+
+    async def send(message):
+        sent.append(message)
+
+    await app(_scope(method, raw_path, query, headers), _receiver(body), send)
+    return _answer_of(sent)
+
+
+class Shard:
+    """Ray Serve's deployment class of a shard (serve_ray.py wraps it with `serve.deployment`): a
+    `ShardApp` driven by plain values. `registry_name`: the registry actor's name (on Ray), a local
+    `registry.Registry` (tests) or None."""
+
+    async def __init__(self, shard_id: str, settings: dict, max_namespaces: int = MAX_NAMESPACES,
+                       registry_name: str | registry.Registry | None = registry.REGISTRY_NAME):
+        handle = registry.actor() if isinstance(registry_name, str) else registry_name
+        self.app = ShardApp(shard_id, settings, max_namespaces, handle)
+        self.shard_id = shard_id
+        await self.app.start()
+
+    @property
+    def replaced(self) -> str | None:
+        return self.app.replaced
+
+    async def forward(self, method: str, raw_path: bytes, query: bytes, headers: list, body: bytes) -> Answer:
+        """(status, raw headers, body) of one request (what the ingress calls through its handle)."""
+        return await self.app.answer((method, raw_path, query, headers, body))
+
+    async def __call__(self, request):
+        """The shard's own HTTP route (`/shards/shard-<i>`): the SDK's direct sharded mode."""
+        from .asgi import call_of, response_of
+
+        return response_of(await self.forward(*await call_of(request)), self.shard_id)
+
+    async def identity(self) -> dict:
+        return self.app.identity()
+
     async def __del__(self):
-        await self._stack.aclose()
-
-
-async def _send(transport: httpx.ASGITransport, method: str, raw_path: bytes, query: bytes, headers: list,
-                body: bytes) -> Answer:
-    url = httpx.URL("http://segfuse-shard").copy_with(raw_path=raw_path + (b"?" + query if query else b""))
-    response = await transport.handle_async_request(httpx.Request(method, url, headers=headers, content=body))
-    # The raw stream: httpx's .content would undo a gzip Content-Encoding.
-    data = b"".join([chunk async for chunk in response.stream])
-    return response.status_code, list(response.headers.raw), data
+        await self.app.stop()

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 pytest.importorskip("orjson")
-from segfuse.scaleout.shard import Shard  # noqa: E402
+from segfuse.scaleout.shard import ShardApp  # noqa: E402
 
 pytestmark = pytest.mark.anyio
 GRAPH = {"format": "segfuse.fusion/1", "name": "hist",
@@ -28,22 +28,21 @@ async def make_shard():
     made = []
 
     async def make(shard_id="shard-0", **kw):
-        kw.setdefault("registry_name", None)
-        shard = Shard.__new__(Shard)
-        await shard.__init__(shard_id, {"backend": "numpy"}, **kw)
+        shard = ShardApp(shard_id, {"backend": "numpy"}, **kw)
+        await shard.start()
         made.append(shard)
         return shard
 
     yield make
     for shard in made:
-        await shard.__del__()
+        await shard.stop()
 
 
 async def call(shard, method, path, namespace=None, body=b"", content_type="application/json", query=b""):
     headers = [(b"content-type", content_type.encode()), (b"accept", b"application/json")]
     if namespace is not None:
         headers.append((b"segfuse-namespace", namespace.encode()))
-    status, raw_headers, data = await shard.forward(method, path.encode(), query, headers, body)
+    status, raw_headers, data = await shard.answer((method, path.encode(), query, headers, body))
     return status, data
 
 
@@ -68,7 +67,7 @@ async def test_namespaces_on_one_shard_do_not_share_buffers(make_shard):
     assert status == 200 and doc["data"] == [1, 2, 3]
     assert (await get(shard, "team-b", "x"))[1]["data"] == [7]
     assert (await get(shard, None, "x"))[0] == 404  # the default namespace is a namespace too
-    assert sorted((await shard.identity())["namespaces"]) == ["default", "team-a", "team-b"]
+    assert sorted(shard.identity()["namespaces"]) == ["default", "team-a", "team-b"]
 
 
 async def test_registrations_reach_every_namespace_also_later_ones(make_shard):
@@ -108,7 +107,7 @@ async def test_concurrent_first_requests_of_a_namespace_make_one_runtime(make_sh
     assert a[0] == b[0] == 201
     assert (await get(shard, "new", "x"))[1]["data"] == [1]
     assert (await get(shard, "new", "y"))[1]["data"] == [2]
-    assert (await shard.identity())["namespaces"] == ["default", "new"]
+    assert shard.identity()["namespaces"] == ["default", "new"]
 
 
 async def run_hist(shard, namespace, ids):
@@ -121,13 +120,13 @@ async def test_a_replacement_gets_the_registrations_back_and_says_it_restarted(m
     from segfuse.scaleout.registry import Registry
 
     registry = Registry()
-    first = await make_shard(registry_name=registry)
-    other = await make_shard("shard-1", registry_name=registry)
+    first = await make_shard(registry_handle=registry)
+    other = await make_shard("shard-1", registry_handle=registry)
     assert (await call(first, "POST", "/v2/fusions", "a", json.dumps(GRAPH).encode()))[0] == 201
     assert (await call(first, "POST", "/v2/fusions", "b", json.dumps(GRAPH).encode()))[0] == 200  # the same again
     await put(first, "a", "x", [1])
     assert first.replaced is None and (await get(first, "a", "nope"))[1].find(b"restarted") < 0
-    second = await make_shard(registry_name=registry)  # Ray replaced shard-0's replica
+    second = await make_shard(registry_handle=registry)  # shard-0 restarted
     assert second.replaced == first.incarnation and other.replaced is None
     status, data = await get(second, "a", "x")  # the buffer is gone, and the 404 says why
     assert status == 404 and b"shard shard-0 restarted at " + second.incarnation.split("/")[0].encode() in data
