@@ -119,6 +119,54 @@ def test_other_requests_reach_the_namespaces_shard(router, method, path):
     assert r.text.split()[0] == shard_for("tenant-7", ids)
 
 
+@pytest.mark.parametrize("method, path", [("POST", "/v2/fusions"), ("GET", "/metrics"), ("GET", "/v2/buffers/b")])
+def test_a_shards_own_prefix_reaches_that_shard_below_the_prefix(router, method, path):
+    """The SDK's direct mode: /shards/<id>/... goes to shard <id> whatever the namespace, without the
+    prefix, and is not broadcast (a direct client sends a registration to every shard itself)."""
+    client, ids = router
+    for sid in ids:
+        r = client.request(method, f"/shards/{sid}{path}", headers={"Segfuse-Namespace": "tenant-7"}, content=b"{}")
+        assert r.text == f"{sid} {method} {path} tenant-7"
+        assert r.headers["Segfuse-Shard"] == sid
+
+
+def test_answers_name_the_shard_that_gave_them(router):
+    client, ids = router
+    for ns in ("a", "b", "c", "d"):
+        r = client.get("/v2/buffers", headers={"Segfuse-Namespace": ns})
+        assert r.headers["Segfuse-Shard"] == r.text.split()[0] == shard_for(ns, ids)
+
+
+def test_a_shard_that_is_down_answers_503_naming_it_and_others_still_work(tmp_path):
+    ids = ["shard-0", "shard-1"]
+    live = _stand_in("shard-0")
+    gone = _free_port()  # nothing listens here
+    port = _free_port()
+    path = tmp_path / "router.cfg"
+    path.write_text(haproxy_config({"shard-0": ("127.0.0.1", live.server_address[1]), "shard-1": ("127.0.0.1", gone)},
+                                   ("127.0.0.1", port), ("127.0.0.1", live.server_address[1])))
+    proc = subprocess.Popen([HAPROXY, "-db", "-f", str(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        down = next(f"t{k}" for k in range(100) if shard_for(f"t{k}", ids) == "shard-1")
+        up = next(f"t{k}" for k in range(100) if shard_for(f"t{k}", ids) == "shard-0")
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                r = httpx.get(url + "/v2/buffers", headers={"Segfuse-Namespace": down}, timeout=5)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline and proc.poll() is None
+                time.sleep(0.05)
+        assert r.status_code == 503 and r.headers["Retry-After"] == "1"
+        assert r.json()["details"][0]["loc"] == ["shards", "shard-1"] and "shard-1 is unavailable" in r.json()["error"]
+        assert httpx.get(url + "/v2/buffers", headers={"Segfuse-Namespace": up}).text.startswith("shard-0 GET")
+    finally:
+        proc.kill()
+        proc.wait(10)
+        live.shutdown()
+
+
 def test_the_configuration_refuses_what_would_break_it():
     ok = {"shard-0": ("127.0.0.1", 9001)}
     with pytest.raises(ValueError, match="at least one shard"):
