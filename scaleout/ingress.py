@@ -37,12 +37,11 @@ import asyncio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from . import metrics
-from .asgi import Call, call_of, error, response_of, with_body
+from .asgi import Call, call_of, error, response_of
+from .control import broadcast_answer, metrics_answer, ready_answer
 from .routing import (
     NAMESPACE_HEADER,
     NamespaceError,
-    broadcast_outcome,
     is_broadcast,
     parse_namespace,
     shard_for,
@@ -114,23 +113,10 @@ class Ingress:
         return dict(zip(self.ids, await asyncio.gather(*(self._send(s, call) for s in self.ids))))
 
     async def _broadcast(self, call: Call, home: str) -> Response:
-        answers = await self._all(call)
-        outcome = broadcast_outcome({s: a[0] for s, a in answers.items()})
-        if outcome is not None:
-            return response_of(error(*outcome, ["shards"], {"Retry-After": "1"} if outcome[0] == 503 else None))
-        return response_of(answers[home], home)
+        return response_of(*broadcast_answer(await self._all(call), home))
 
     async def _ready(self, call: Call) -> Response:
-        answers = await self._all(call)
-        not_ready = [s for s, a in answers.items() if a[0] != 200]
-        if not_ready:
-            return _error(503, f"not ready: shards {', '.join(not_ready)}", ["shards"])
-        return JSONResponse({"ready": True})
+        return response_of(ready_answer(await self._all(call)))
 
     async def _metrics(self, call: Call) -> Response:
-        answers = await self._all(call)
-        refused = next((a for a in answers.values() if a[0] != 200), None)
-        if refused is not None:
-            return response_of(refused)
-        first = answers[self.ids[0]]
-        return response_of(with_body(first, metrics.merge([({}, a[2]) for a in answers.values()])))
+        return response_of(metrics_answer(await self._all(call)))
