@@ -1,19 +1,19 @@
 """Runs/s and latency of `segfuse serve-ray` on loopback (NumPy shards; CuPy with --backend cupy):
-through its ingress, and in the SDK's direct sharded mode (each client on its shard's own route,
+through its router, and in the SDK's direct sharded mode (each client on its shard's own route,
 /shards/shard-<i>), next to a direct `segfuse serve`, all in one run. The cached MoE histogram of benchmarks/load.py on a resident
 buffer, driven by wrk (benchmarks/wrk/infer_ns.lua: the namespace in a header).
 
-Each configuration is started as a user would (`segfuse serve-ray --shards N --proxy P`, its own
-local Ray cluster), gets one namespace per shard (each with the fusion and its own `bench_ids`,
+Each configuration is started as a user would (`segfuse serve-ray --shards N`, its own local Ray
+cluster), gets one namespace per shard (each with the fusion and its own `bench_ids`,
 one result checked against NumPy), then two levels: 1 connection (one namespace), and
 --connections spread over the namespaces (one wrk per namespace, at once; so with 2 shards both
-shards serve). --profile DIR records the ingress and shard-0 replicas with py-spy during the
-second level of each ingress configuration and summarises the stacks (profile_summary.py). Every
+shards serve). --profile DIR records shard-0's process with py-spy during the second level of each
+configuration through the router and summarises the stacks (profile_summary.py). Every
 second level also records the CPU time of each process (benchmarks/cpu_share.py): where a run's
 time goes when the machine's cores are the limit.
 
-    python benchmarks/load_ray.py --shards 1,2 --proxies haproxy,ray --duration 5
-    python benchmarks/load_ray.py --shards 2 --proxies haproxy --profile benchmarks/out/profile-ray
+    python benchmarks/load_ray.py --shards 1,2 --duration 5
+    python benchmarks/load_ray.py --shards 2 --profile benchmarks/out/profile-ray
 
 Prints a markdown table and writes JSON to benchmarks/out/. Exits 1 when any request failed.
 """
@@ -40,15 +40,15 @@ from segfuse.scaleout import shard_for
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def start_serve_ray(shards: int, proxy: str, backend: str = "numpy",
+def start_serve_ray(shards: int, backend: str = "numpy",
                     shard_gpus: float = 1) -> tuple[subprocess.Popen, str]:
     """`segfuse serve-ray` as a user starts it, on a free port; (process, URL) once ready."""
     port = load.free_port()
     env = dict(os.environ, SEGFUSE_LOG_LEVEL="warning")
     cmd = [sys.executable, "-c", "import sys; from segfuse.cli import main; sys.exit(main())", "serve-ray",
-           "--shards", str(shards), "--port", str(port), "--proxy", proxy, "--backend", backend,
+           "--shards", str(shards), "--port", str(port), "--backend", backend,
            "--max-queued-runs", "4096", "--shard-gpus", str(shard_gpus)]
-    log_path = ROOT / "benchmarks" / "out" / f"serve-ray-{shards}-{proxy}.log"
+    log_path = ROOT / "benchmarks" / "out" / f"serve-ray-{shards}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as log:  # (the child keeps its own descriptor)
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -65,7 +65,7 @@ def start_serve_ray(shards: int, proxy: str, backend: str = "numpy",
 
 
 def stop(proc: subprocess.Popen) -> None:
-    """SIGTERM, as `docker stop` would: the command stops Serve and its local Ray cluster."""
+    """SIGTERM, as `docker stop` would: the command stops the router, the shards and its local Ray cluster."""
     proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(120)
@@ -75,16 +75,25 @@ def stop(proc: subprocess.Popen) -> None:
 
 
 def namespaces(shards: int) -> list[str]:
-    """One namespace per shard, the i-th on shard-i (by the ingress's own hash)."""
+    """One namespace per shard, the i-th on shard-i (by the router's own hash)."""
     ids = [f"shard-{i}" for i in range(shards)]
     return [next(f"bench-{k}" for k in range(10_000) if shard_for(f"bench-{k}", ids) == s) for s in ids]
 
 
-def replica_pid(session: int, app: str, deployment: str) -> int | None:
-    """The pid of a Serve replica of the cluster in `session`, by the process title Ray gives it
-    (ray::ServeReplica:APP:DEPLOYMENT)."""
-    title = f"ray::ServeReplica:{app}:{deployment}"
-    return next((pid for pid, t, _ in cpu_share.processes({session}) if t == title), None)
+def shard_pids(session: int) -> dict[str, int]:
+    """Shard id -> pid of its process, in the cluster of `session` (Ray titles an actor's process
+    ray::ShardHost; segfuse serve-ray gives each SEGFUSE_SHARD_ID)."""
+    found = {}
+    for pid, title, _ in cpu_share.processes({session}):
+        if title.startswith("ray::ShardHost"):
+            try:
+                env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            sid = next((e.split(b"=", 1)[1].decode() for e in env if e.startswith(b"SEGFUSE_SHARD_ID=")), None)
+            if sid:
+                found[sid] = pid
+    return found
 
 
 def levels(args, targets: list[tuple[str, str, str]], session: int, profile: tuple | None = None,
@@ -124,10 +133,9 @@ def load_shards_combined(tops: list[dict], share: int) -> dict:
 
 
 def _profiled(args, profile: tuple, session: int, level_fn) -> tuple:
-    """level_fn() with py-spy on the ingress and shard-0 replicas (whichever are found)."""
+    """level_fn() with py-spy on every shard's process."""
     name, py_spy = profile
-    pids = [(who, pid) for who, pid in (("ingress", replica_pid(session, "segfuse", "ingress")),
-                                         ("shard-0", replica_pid(session, "segfuse-shard-0", "shard"))) if pid]
+    pids = sorted(shard_pids(session).items())
     seconds, summaries = max(2, round(args.duration)), []
     def wrap(inner, who, pid):  # py-spy on `pid` while `inner` runs (nested: all record at once)
         return lambda: _keep(profiled(py_spy, pid, Path(args.profile), f"{name}-{who}", seconds, args.rate, inner),
@@ -161,27 +169,26 @@ def bench(args) -> dict:
     finally:
         proc.terminate()
         proc.wait(30)
-    for proxy in args.proxies:
-        for n in args.shards:
-            proc, url = start_serve_ray(n, proxy, args.backend, args.shard_gpus)
-            try:
-                spaces = namespaces(n)
-                fids = [load.setup(url, {"Segfuse-Namespace": ns}, args)[1] for ns in spaces]
-                via = [(url, f, ns) for f, ns in zip(fids, spaces)]
-                profile = (f"{proxy}-{n}shards", py_spy) if py_spy else None
-                result["rows"].append({"target": f"serve-ray, {proxy} proxy, through the ingress", "shards": n,
-                                       "proxy": proxy, "levels": levels(args, via, proc.pid, profile)})
-                print(_line(result["rows"][-1]), flush=True)
-                urls = [f"{url}/shards/shard-{i}" for i in range(n)]
-                direct = []
-                for f, ns in zip(fids, spaces):
-                    with Client(shards=urls, namespace=ns) as c:
-                        direct.append((c.url, f, ns))
-                result["rows"].append({"target": f"serve-ray, {proxy} proxy, direct mode (/shards/shard-i)",
-                                       "shards": n, "proxy": proxy, "levels": levels(args, direct, proc.pid)})
-                print(_line(result["rows"][-1]), flush=True)
-            finally:
-                stop(proc)
+    for n in args.shards:
+        proc, url = start_serve_ray(n, args.backend, args.shard_gpus)
+        try:
+            spaces = namespaces(n)
+            fids = [load.setup(url, {"Segfuse-Namespace": ns}, args)[1] for ns in spaces]
+            via = [(url, f, ns) for f, ns in zip(fids, spaces)]
+            profile = (f"{n}shards", py_spy) if py_spy else None
+            result["rows"].append({"target": "serve-ray, through the router", "shards": n,
+                                   "levels": levels(args, via, proc.pid, profile)})
+            print(_line(result["rows"][-1]), flush=True)
+            urls = [f"{url}/shards/shard-{i}" for i in range(n)]
+            direct = []
+            for f, ns in zip(fids, spaces):
+                with Client(shards=urls, namespace=ns) as c:
+                    direct.append((c.url, f, ns))
+            result["rows"].append({"target": "serve-ray, direct mode (/shards/shard-i)", "shards": n,
+                                   "levels": levels(args, direct, proc.pid)})
+            print(_line(result["rows"][-1]), flush=True)
+        finally:
+            stop(proc)
     return result
 
 
@@ -227,7 +234,6 @@ def parse_args(argv=None):
     p.add_argument("--shard-gpus", type=float, default=1,
                    help="GPUs per CuPy shard (0.5: two shards on one GPU, as on a one-GPU machine)")
     p.add_argument("--shards", default="1,2", help="comma-separated shard counts (default 1,2)")
-    p.add_argument("--proxies", default="haproxy,ray", help="comma-separated: haproxy, ray (default both)")
     p.add_argument("--connections", type=int, default=8, help="wrk connections of the second level, in all")
     p.add_argument("--wrk-threads", type=int, default=1, help="threads of each wrk")
     p.add_argument("--wrk", help="the wrk binary (default: wrk on PATH)")
@@ -235,16 +241,13 @@ def parse_args(argv=None):
     p.add_argument("--topk", type=int, default=8)
     p.add_argument("--experts", type=int, default=256)
     p.add_argument("--duration", type=float, default=5.0, help="seconds per level (whole seconds)")
-    p.add_argument("--profile", help="folder for py-spy profiles of the ingress and shard-0 replicas")
+    p.add_argument("--profile", help="folder for py-spy profiles of the shards' processes")
     p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "out"))
     args = p.parse_args(argv)
     args.shards = sorted({int(x) for x in args.shards.split(",") if x.strip()})
-    args.proxies = [x.strip() for x in args.proxies.split(",") if x.strip()]
     if not args.shards or min(args.shards) < 1:
         p.error("--shards takes positive integers")
-    if set(args.proxies) - {"haproxy", "ray"}:
-        p.error("--proxies takes haproxy and/or ray")
     args.wrk = load_wrk.find_wrk(args.wrk)
     if not args.wrk:
         p.error("needs wrk on PATH or --wrk PATH (Debian: apt-get install wrk)")

@@ -1,14 +1,14 @@
-"""The restart window of a `segfuse serve-ray` shard: SIGKILL a shard's replica (as a crash would) and
-record, request by request, what clients of its namespace see until Ray has a new replica up: through
-the ingress and on the shard's own route (direct mode), and what the other shard's namespace sees
-meanwhile. Each poller sends one request at a time (GET of a buffer the dead replica held), with a
+"""The restart window of a `segfuse serve-ray` shard: SIGKILL a shard's process (as a crash would) and
+record, request by request, what clients of its namespace see until Ray has a new one up: through
+the router and on the shard's own route (direct mode), and what the other shard's namespace sees
+meanwhile. Each poller sends one request at a time (GET of a buffer the dead shard held), with a
 timeout of --timeout seconds; a request is stamped when sent and when answered.
 
 Reports per kill: how long until the first answer of the dead shard's namespace, which answers came
 before the documented 404 ("shard shard-1 restarted at ..."), how long until that 404, until a put
 and a run work again, the longest wait of one request, and the other shard's worst latency.
 
-    python benchmarks/restart_window.py --kills 3 --proxy haproxy
+    python benchmarks/restart_window.py --kills 3
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import load_report
 import numpy as np
-from load_ray import namespaces, replica_pid, start_serve_ray, stop
+from load_ray import namespaces, shard_pids, start_serve_ray, stop
 from segfuse.client import Buffer, Client
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,8 +75,8 @@ def one_kill(url: str, session: int, args) -> dict:
         a.register(GRAPH, replace=True)
         a.put("lost", ids)
         b.put("kept", ids)
-    pid = replica_pid(session, "segfuse-shard-1", "shard")
-    pollers = {"ingress": Poller(url, "/v2/buffers/lost", lost_ns, args.timeout),
+    pid = shard_pids(session)["shard-1"]
+    pollers = {"router": Poller(url, "/v2/buffers/lost", lost_ns, args.timeout),
                "direct": Poller(url + "/shards/shard-1", "/v2/buffers/lost", lost_ns, args.timeout),
                "other shard": Poller(url, "/v2/buffers/kept", kept_ns, args.timeout)}
     for p in pollers.values():
@@ -117,7 +117,7 @@ def one_kill(url: str, session: int, args) -> dict:
 
 
 def table(result: dict) -> str:
-    lines = [f"## Restart window of a serve-ray shard ({result['proxy']} proxy): {result['time']}",
+    lines = [f"## Restart window of a serve-ray shard: {result['time']}",
              f"{result['machine']['cpus']} CPUs ({result['machine']['cpu_model']}), commit {result['commit']}; "
              "times in seconds after the SIGKILL", "",
              "| kill | poller | first answer | documented 404 | answers before it | longest wait of one request | "
@@ -126,7 +126,7 @@ def table(result: dict) -> str:
         for name, p in k["pollers"].items():
             seen = ", ".join(f"{n}x {what}" for what, n in p["before_404"].items())
             lines.append(f"| {i} | {name} | {_s(p['first_answer_s'])} | {_s(p['documented_404_s'])} | {seen} | "
-                         f"{_s(p['longest_wait_s'])} | {_s(k['working_after_s']) if name == 'ingress' else ''} |")
+                         f"{_s(p['longest_wait_s'])} | {_s(k['working_after_s']) if name == 'router' else ''} |")
     return "\n".join(lines)
 
 
@@ -137,7 +137,6 @@ def _s(x) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--kills", type=int, default=3)
-    p.add_argument("--proxy", default="haproxy", choices=["haproxy", "ray"])
     p.add_argument("--timeout", type=float, default=30.0, help="seconds one polling request may take")
     p.add_argument("--limit", type=float, default=120.0, help="seconds to wait for a working shard")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "out"))
@@ -145,8 +144,8 @@ def main(argv=None) -> int:
     import load
 
     result = {**load.environment(), "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "proxy": args.proxy, "kills": []}
-    proc, url = start_serve_ray(2, args.proxy)
+              "kills": []}
+    proc, url = start_serve_ray(2)
     try:
         for _ in range(args.kills):
             result["kills"].append(one_kill(url, proc.pid, args))
@@ -155,7 +154,7 @@ def main(argv=None) -> int:
     finally:
         stop(proc)
     print(table(result))
-    load_report.save(result, args.out, f"restart-window-{args.proxy}")
+    load_report.save(result, args.out, "restart-window")
     return 0 if all(k["working_after_s"] is not None for k in result["kills"]) else 1
 
 

