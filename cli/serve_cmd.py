@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 
 from .common import UserError
 
@@ -19,6 +20,7 @@ examples:
   segfuse serve --log-format json     # one JSON object per log line
   segfuse serve --access-log          # plus one line per request (off by default, as in Triton)
   segfuse serve --backend cupy --processes 4 --mps   # ports 8000-8003 sharing one GPU under MPS
+  segfuse serve --backend cupy --processes 4 --mps --route   # the same shards behind one port, 8000
   SEGFUSE_TOKEN=secret segfuse serve --backend cupy --device 0 --cache-dir /var/cache/segfuse
   curl -s localhost:8000/v2/health/ready
 """
@@ -71,6 +73,13 @@ def add_parsers(sub) -> None:
     p.add_argument("--mps", action="store_true",
                    help="start NVIDIA's MPS control daemon for these processes and quit it after them, so their "
                         "kernels share the GPU instead of taking turns")
+    p.add_argument("--route", action="store_true",
+                   help="with --processes N: the processes are shards shard-0..N-1 on ports PORT+1..PORT+N, and a "
+                        "router on PORT sends each request to the shard of its Segfuse-Namespace header "
+                        "(HAProxy; docs/operations.md, \"Scaling out\")")
+    p.add_argument("--shard-id", default=os.environ.get("SEGFUSE_SHARD_ID"),
+                   help="serve as this shard of a routed group (every Segfuse-Namespace its own runtime; "
+                        "SEGFUSE_SHARD_ID)")
     p.add_argument("--log-format", choices=["text", "json"],
                    help="text (default) or json: one JSON object per line (time, level, logger, message, "
                         "request_id)")
@@ -92,16 +101,19 @@ def _size(text: str) -> int:
 def settings_from_args(args):
     from segfuse.server.settings import Settings
 
-    overrides = {k: getattr(args, k, None) for k in (
+    try:
+        return Settings.from_env(**_overrides(args))
+    except ValueError as e:
+        raise UserError(str(e)) from None
+
+
+def _overrides(args) -> dict:
+    return {k: getattr(args, k, None) for k in (
         "host", "port", "backend", "device", "cache_dir", "fusion_dir", "token", "max_body_bytes", "max_ops", "max_rank",
         "max_buffer_bytes", "max_total_bytes", "max_region_bytes", "max_regions", "max_queued_runs", "max_fusions",
         "max_fusion_bytes", "max_plan_work", "max_plan_seconds", "max_run_bytes", "run_workers", "max_batch",
         "max_header_bytes", "header_timeout", "body_timeout",
         "keep_alive_timeout", "log_level", "log_format", "access_log")}
-    try:
-        return Settings.from_env(**overrides)
-    except ValueError as e:
-        raise UserError(str(e)) from None
 
 
 def cmd_serve(args) -> int:
@@ -116,17 +128,24 @@ def cmd_serve(args) -> int:
     settings = settings_from_args(args)
     if args.processes < 1:
         raise UserError("--processes must be at least 1")
+    if args.route and args.processes < 2:
+        raise UserError("--route needs --processes 2 or more (one process needs no router)")
     if args.processes > 1 or args.mps:  # each process checks the backend itself; the group holds no GPU
         from .serve_group import serve_group
 
-        return serve_group(settings, args.processes, args.mps)
+        return serve_group(settings, args.processes, args.mps, args.route)
     missing = cupy_missing() if settings.backend == "cupy" else None
     if missing:  # a GPU deployment that forgot its GPU must not serve on the CPU unnoticed
         raise UserError(f"--backend cupy (SEGFUSE_BACKEND=cupy) needs a visible CUDA GPU: {missing}. In a container, "
                         "start it with a GPU (docker run --gpus all; on Kubernetes a nvidia.com/gpu limit); to serve on "
                         "the CPU on purpose, pass --backend numpy or set SEGFUSE_BACKEND=numpy")
-    app = create_app(settings)
-    app.state.server_state.freeze_gc = True
+    if args.shard_id:
+        from segfuse.scaleout.shard import ShardApp
+
+        app = ShardApp(args.shard_id, _overrides(args))
+    else:
+        app = create_app(settings)
+        app.state.server_state.freeze_gc = True
     uvicorn.run(app, host=settings.host, port=settings.port, log_level=settings.log_level,
                 access_log=settings.access_log, log_config=log_config(settings.log_level, settings.log_format),
                 **server_options(settings))

@@ -1,4 +1,5 @@
-"""`segfuse serve --processes N [--mps]`: N server processes on one host, on ports PORT .. PORT+N-1.
+"""`segfuse serve --processes N [--mps] [--route]`: N server processes on one host, on ports PORT ..
+PORT+N-1; with --route, shards shard-0..N-1 on PORT+1 .. PORT+N behind a router on PORT.
 
 One server process is bounded by its event loop (HTTP and Python bookkeeping), not by the GPU, so
 a GPU host runs several. Each is a shard with its own buffers and fusions; clients send a buffer's
@@ -76,9 +77,18 @@ class MpsDaemon:
         print("segfuse: MPS control daemon quit", file=sys.stderr)
 
 
-def serve_group(settings, processes: int, mps: bool) -> int:
-    if settings.port + processes - 1 > 65535:
+def serve_group(settings, processes: int, mps: bool, route: bool = False) -> int:
+    first = settings.port + (1 if route else 0)  # with a router: it on PORT, the shards after it
+    if first + processes - 1 > 65535:
         raise UserError(f"--processes {processes} from port {settings.port} runs past port 65535")
+    router = None
+    if route:
+        try:
+            from segfuse.scaleout.cluster import haproxy_binary
+
+            haproxy_binary()
+        except (ImportError, FileNotFoundError) as e:
+            raise UserError(str(e)) from None
     daemon = MpsDaemon() if mps else None
     stopping = []
 
@@ -91,10 +101,23 @@ def serve_group(settings, processes: int, mps: bool) -> int:
     try:
         base = {**os.environ, **(daemon.env if daemon else {})}
         for k in range(processes):
-            port = settings.port + k
-            children.append(subprocess.Popen([sys.executable, "-c", CHILD], env=child_env(settings, port, base)))
-        print(f"segfuse: {processes} server processes on {settings.host}:{settings.port}-{settings.port + processes - 1}"
+            env = child_env(settings, first + k, base)
+            if route:
+                from segfuse.scaleout.cluster import SHARD_KEEP_ALIVE_S
+
+                # behind the router, which closes a client's idle connection before a shard would
+                env.update(SEGFUSE_SHARD_ID=f"shard-{k}", SEGFUSE_HOST="127.0.0.1",
+                           SEGFUSE_KEEP_ALIVE_TIMEOUT=str(SHARD_KEEP_ALIVE_S))
+            children.append(subprocess.Popen([sys.executable, "-c", CHILD], env=env))
+        print(f"segfuse: {processes} server processes on {settings.host}:{first}-{first + processes - 1}"
               f"{' under MPS' if daemon else ''}", file=sys.stderr)
+        if route:
+            from segfuse.scaleout.cluster import LocalRouter
+
+            router = LocalRouter({f"shard-{k}": ("127.0.0.1", first + k) for k in range(processes)},
+                                 (settings.host, settings.port), settings.keep_alive_timeout)
+            print(f"segfuse: the router on {settings.host}:{settings.port} sends each namespace to its shard",
+                  file=sys.stderr)
         while not stopping:
             ended = [c for c in children if c.poll() is not None]
             if ended:
@@ -104,6 +127,8 @@ def serve_group(settings, processes: int, mps: bool) -> int:
                 break
             time.sleep(0.2)
     finally:
+        if router is not None:
+            router.stop()
         for c in children:
             if c.poll() is None:
                 c.send_signal(signal.SIGTERM)

@@ -97,28 +97,85 @@ def shard_resources(args: dict[str, Any]) -> dict:
             "num_gpus": gpus if args.get("backend", "numpy") == "cupy" else 0}
 
 
-class Router:
-    """HAProxy on a configuration file, moved to a shard's new address through its runtime API."""
+class LocalRouter:
+    """The router of a shard table, in this process and a child: the control endpoint (uvicorn in a
+    thread, on a free loopback port) and HAProxy on `listen`; `move` follows a shard to a new address
+    through HAProxy's runtime API (no reload: a reload would close clients' idle keep-alive
+    connections under them). `client_keep_alive_s`: how long HAProxy keeps a client's idle
+    connection; the shards must keep theirs longer."""
 
-    def __init__(self, binary: str, directory: str):
-        self.binary, self.path, self.proc = binary, os.path.join(directory, "router.cfg"), None
-        self.admin_socket = os.path.join(directory, "admin.sock")
+    def __init__(self, shards: dict[str, tuple[str, int]], listen: tuple[str, int],
+                 client_keep_alive_s: float = router.CLIENT_KEEP_ALIVE_S):
+        import uvicorn
 
-    def start(self, text: str) -> None:
-        with open(self.path, "w") as f:
-            f.write(text)
-        check = subprocess.run([self.binary, "-c", "-q", "-f", self.path], capture_output=True, text=True)
+        from .control import create_control_app
+
+        binary = haproxy_binary()
+        self.shards, self.listen, self.keep_alive = dict(shards), listen, client_keep_alive_s
+        self.url = f"http://{listen[0]}:{listen[1]}"
+        self.dir = tempfile.mkdtemp(prefix="segfuse-router-")
+        self.path, self.admin_socket = os.path.join(self.dir, "router.cfg"), os.path.join(self.dir, "admin.sock")
+        self.control_app = create_control_app(self._urls())
+        self.control = uvicorn.Server(uvicorn.Config(self.control_app, host="127.0.0.1", port=0, log_level="warning",
+                                                     lifespan="on"))
+        thread = threading.Thread(target=self.control.run, name="segfuse-control", daemon=True)
+        thread.start()
+        while not self.control.started:
+            if not thread.is_alive():
+                raise RuntimeError("the router's control endpoint did not start")
+            time.sleep(0.02)
+        self.control_address = ("127.0.0.1", bound_port(self.control))
+        self._write()
+        check = subprocess.run([binary, "-c", "-q", "-f", self.path], capture_output=True, text=True)
         if check.returncode != 0:
             raise RuntimeError(f"HAProxy refused the router's configuration: {check.stdout}{check.stderr}")
-        self.proc = subprocess.Popen([self.binary, "-db", "-f", self.path], stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen([binary, "-db", "-f", self.path], stdin=subprocess.DEVNULL)
+        self._wait()
+
+    def _urls(self) -> dict[str, str]:
+        return {sid: f"http://{h}:{p}" for sid, (h, p) in self.shards.items()}
+
+    def _write(self) -> None:
+        """The configuration file (what HAProxy reads at its start, kept current for a person to read)."""
+        text = router.haproxy_config(self.shards, self.listen, self.control_address, admin_socket=self.admin_socket,
+                                     client_keep_alive_s=self.keep_alive)
+        with open(self.path, "w") as f:
+            f.write(text)
+
+    def _wait(self, timeout_s: float = 30) -> None:
+        import httpx
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                httpx.get(f"{self.url}/v2/health/live", timeout=2)
+                return
+            except httpx.TransportError:
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    self.stop()
+                    raise RuntimeError(f"the router did not start on {self.listen[0]}:{self.listen[1]}") from None
+                time.sleep(0.05)
+
+    def move(self, sid: str, host: str, port: int) -> None:
+        from .control import set_shards
+
+        self.shards = {**self.shards, sid: (host, port)}
+        set_shards(self.control_app, self._urls())
+        router.set_address(self.admin_socket, list(self.shards), sid, host, port)
+        self._write()
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
+        if self.proc.poll() is None:
             self.proc.terminate()
             try:
                 self.proc.wait(10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+        self.control.should_exit = True
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class ShardCluster:
@@ -141,8 +198,8 @@ class ShardCluster:
         self.host, self.port, self.env = host, port, dict(env or {})
         self.url = f"http://{host}:{port}"
         self.actors: dict = {}
-        self.addresses: dict[str, tuple[str, int]] = {}
-        self._dir = self._router = self._control = self._watcher = None
+        self.router: LocalRouter | None = None
+        self._watcher = None
         self._stopping = threading.Event()
 
     def start(self, address: str | None = None, num_cpus: int | None = None) -> ShardCluster:
@@ -150,7 +207,7 @@ class ShardCluster:
         router; returns when the router answers."""
         import ray
 
-        binary = haproxy_binary()
+        haproxy_binary()  # (before anything starts)
         if not ray.is_initialized():
             ray.init(address=address, num_cpus=num_cpus, namespace=RAY_NAMESPACE, include_dashboard=False,
                      log_to_driver=False)
@@ -163,91 +220,42 @@ class ShardCluster:
                                              max_concurrency=4, runtime_env=runtime, **self.resources).remote(
                 sid, self.settings, self.max_namespaces, "127.0.0.1" if local else None)
         found = ray.get([a.address.remote() for a in self.actors.values()])
-        self.addresses = {sid: (a["host"], a["port"]) for sid, a in zip(self.ids, found)}
-        self._start_control()
-        self._dir = tempfile.mkdtemp(prefix="segfuse-router-")
-        self._router = Router(binary, self._dir)
-        self._router.start(self._config())
-        self._wait_router()
+        self.router = LocalRouter({sid: (a["host"], a["port"]) for sid, a in zip(self.ids, found)},
+                                  (self.host, self.port))
         self._watcher = threading.Thread(target=self._watch, name="segfuse-router-watch", daemon=True)
         self._watcher.start()
         return self
 
-    def _start_control(self) -> None:
-        import uvicorn
-
-        from .control import create_control_app
-
-        self._control_app = create_control_app(self._urls())
-        config = uvicorn.Config(self._control_app, host="127.0.0.1", port=0, log_level="warning", lifespan="on")
-        self._control = uvicorn.Server(config)
-        thread = threading.Thread(target=self._control.run, name="segfuse-control", daemon=True)
-        thread.start()
-        while not self._control.started:
-            if not thread.is_alive():
-                raise RuntimeError("the router's control endpoint did not start")
-            time.sleep(0.02)
-        self.control_address = ("127.0.0.1", bound_port(self._control))
-
-    def _urls(self) -> dict[str, str]:
-        return {sid: f"http://{h}:{p}" for sid, (h, p) in self.addresses.items()}
-
-    def _config(self) -> str:
-        return router.haproxy_config(self.addresses, (self.host, self.port), self.control_address,
-                                     admin_socket=self._router.admin_socket)
-
-    def _wait_router(self, timeout_s: float = 30) -> None:
-        import httpx
-
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                httpx.get(f"{self.url}/v2/health/live", timeout=2)
-                return
-            except httpx.TransportError:
-                if time.monotonic() > deadline or self._router.proc.poll() is not None:
-                    raise RuntimeError(f"the router did not start on {self.host}:{self.port}") from None
-                time.sleep(0.05)
-
     def _watch(self) -> None:
-        """Follow the shards: a restarted one serves elsewhere; the router and control follow it."""
+        """Follow the shards: a restarted one serves elsewhere; the router follows it."""
         import ray
-
-        from .control import set_shards
 
         pending = {sid: a.address.remote() for sid, a in self.actors.items()}
         while not self._stopping.wait(POLL_S):
             done, _ = ray.wait(list(pending.values()), num_returns=len(pending), timeout=POLL_S)
-            moved = []
             for sid, ref in list(pending.items()):
                 if ref not in done:
                     continue
                 try:
                     found = ray.get(ref)
-                    where = (found["host"], found["port"])
-                    if where != self.addresses[sid]:
-                        log.warning("shard %s now serves on %s:%d (incarnation %s)", sid, *where, found["incarnation"])
-                        self.addresses = {**self.addresses, sid: where}
-                        moved.append(sid)
                 except Exception:  # noqa: BLE001 - the actor is dead or restarting: ask again
-                    pass
+                    found = None
                 pending[sid] = self.actors[sid].address.remote()
-            if moved and not self._stopping.is_set():
-                set_shards(self._control_app, self._urls())
-                for sid in moved:
-                    try:
-                        router.set_address(self._router.admin_socket, self.ids, sid, *self.addresses[sid])
-                    except (OSError, RuntimeError) as e:  # asked again at the next change
-                        log.error("the router could not follow shard %s: %s", sid, e)
-                with open(self._router.path, "w") as f:  # what a restart of HAProxy would read
-                    f.write(self._config())
+                where = None if found is None else (found["host"], found["port"])
+                if where is None or where == self.router.shards[sid] or self._stopping.is_set():
+                    continue
+                log.warning("shard %s now serves on %s:%d (incarnation %s)", sid, *where, found["incarnation"])
+                try:
+                    self.router.move(sid, *where)
+                except (OSError, RuntimeError) as e:  # the router keeps the old address: 503 until asked again
+                    log.error("the router could not follow shard %s: %s", sid, e)
 
     def wait(self) -> None:
         """Block until SIGINT or SIGTERM (docker stop, kubectl) or the router exits."""
         signal.signal(signal.SIGTERM, _interrupt)
-        while self._router.proc.poll() is None:
+        while self.router.running():
             time.sleep(0.5)
-        raise RuntimeError(f"the router (HAProxy) exited with status {self._router.proc.returncode}")
+        raise RuntimeError(f"the router (HAProxy) exited with status {self.router.proc.returncode}")
 
     def stop(self) -> None:
         import ray
@@ -255,10 +263,8 @@ class ShardCluster:
         self._stopping.set()
         if self._watcher is not None:
             self._watcher.join(5)
-        if self._router is not None:
-            self._router.stop()
-        if self._control is not None:
-            self._control.should_exit = True
+        if self.router is not None:
+            self.router.stop()
         for a in self.actors.values():
             ray.kill(a, no_restart=True)
         if ray.is_initialized():
@@ -266,8 +272,6 @@ class ShardCluster:
 
             registry.remove()
             ray.shutdown()
-        if self._dir:
-            shutil.rmtree(self._dir, ignore_errors=True)
 
 
 def _interrupt(signum, frame):

@@ -45,7 +45,8 @@ def backends(ids) -> dict[str, str]:
 
 
 def haproxy_config(shards: dict[str, tuple[str, int]], listen: tuple[str, int], control: tuple[str, int],
-                   timeout_s: int = DEFAULT_TIMEOUT_S, max_connections: int = 4096, admin_socket: str | None = None) -> str:
+                   timeout_s: int = DEFAULT_TIMEOUT_S, max_connections: int = 4096, admin_socket: str | None = None,
+                   client_keep_alive_s: float | None = None) -> str:
     """An HAProxy configuration: `listen` (host, port) is the public address; `shards` maps each shard
     id to the (host, port) of its HTTP server; `control` is the (host, port) of the fan-out endpoint.
     `admin_socket`: a Unix socket path for HAProxy's runtime API, through which `set_address` moves a
@@ -77,7 +78,7 @@ def haproxy_config(shards: dict[str, tuple[str, int]], listen: tuple[str, int], 
         "    timeout http-request 30s",
         # A client's idle connection closes here first, with the shard connection it holds; the
         # shards keep theirs open longer (cluster.py), so none closes under a request on its way.
-        f"    timeout http-keep-alive {CLIENT_KEEP_ALIVE_S}s",
+        f"    timeout http-keep-alive {_ms(client_keep_alive_s or CLIENT_KEEP_ALIVE_S)}",
         "frontend segfuse",
         f"    bind {_address(listen)}",
         "    http-request disable-l7-retry unless METH_GET",
@@ -148,6 +149,12 @@ def _unavailable(what: str, loc: list) -> str:
     if "'" in body:
         raise ValueError(f"a quote in {what!r}")
     return f"    http-error status 503 content-type application/json string '{body}' hdr Retry-After 1"
+
+
+def _ms(seconds: float) -> str:
+    if not seconds > 0:
+        raise ValueError(f"a timeout must be above 0 s, not {seconds!r}")
+    return f"{max(1, round(seconds * 1000))}ms"
 
 
 def _address(hp: tuple[str, int]) -> str:

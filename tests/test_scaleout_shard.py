@@ -27,8 +27,8 @@ GRAPH = {"format": "segfuse.fusion/1", "name": "hist",
 async def make_shard():
     made = []
 
-    async def make(shard_id="shard-0", **kw):
-        shard = ShardApp(shard_id, {"backend": "numpy"}, **kw)
+    async def make(shard_id="shard-0", settings=None, **kw):
+        shard = ShardApp(shard_id, settings or {"backend": "numpy"}, **kw)
         await shard.start()
         made.append(shard)
         return shard
@@ -86,6 +86,24 @@ async def test_registrations_reach_every_namespace_also_later_ones(make_shard):
     assert status == 200
     for ns in ("early", "late", "default"):
         assert (await call(shard, "GET", "/v2/models/hist", ns))[0] == 404
+
+
+async def test_a_fusion_repository_is_kept_once_and_reaches_every_namespace_after_a_restart(make_shard, tmp_path):
+    """--fusion-dir on a shard: one file per fusion however many namespaces registered it, and a shard
+    started on the directory gives its fusions to every namespace, those made later too."""
+    first = await make_shard(settings={"backend": "numpy", "fusion_dir": str(tmp_path)})
+    await put(first, "a", "ids", [1])  # two runtimes before the registration
+    assert (await call(first, "POST", "/v2/fusions", "a", json.dumps(GRAPH).encode()))[0] == 201
+    assert len(list(tmp_path.glob("*.json"))) == 1
+    await first.stop()
+    again = await make_shard(settings={"backend": "numpy", "fusion_dir": str(tmp_path)})
+    for ns, ids in (("default", [2, 2]), ("b", [5, 0, 5])):
+        await put(again, ns, "ids", ids)
+        body = json.dumps({"inputs": [{"name": "ids", "parameters": {"buffer": "ids"}}]}).encode()
+        status, data = await call(again, "POST", "/v2/models/hist/infer", ns, body)
+        assert status == 200, data
+        assert json.loads(data)["outputs"][0]["data"] == np.bincount(ids, minlength=8).tolist()
+    assert len(list(tmp_path.glob("*.json"))) == 1
 
 
 async def test_a_shard_holds_at_most_max_namespaces(make_shard):

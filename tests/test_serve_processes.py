@@ -163,3 +163,41 @@ def test_mps_without_the_control_daemon_is_a_clear_error(tmp_path):
 def test_processes_must_be_positive(n):
     r = subprocess.run([*SEGFUSE, "serve", "--processes", n], capture_output=True, text=True, timeout=scaled(60))
     assert r.returncode == 2 and "--processes must be at least 1" in r.stderr, r.stderr
+
+
+@pytest.mark.skipif(not (os.environ.get("SEGFUSE_HAPROXY") or __import__("shutil").which("haproxy")),
+                    reason="no haproxy on PATH (.ci/run installs Debian's)")
+def test_route_puts_the_processes_behind_one_port_routed_by_namespace():
+    """--route: shards shard-0..N-1 on PORT+1.., the router on PORT: each namespace reaches the shard
+    shard_for names (and its own buffers), a registration reaches every shard, /metrics is every
+    shard's, and the group still stops as a whole (HAProxy with it)."""
+    from helpers.graphs import MOE_PROBLEM_SIZES
+    from segfuse.client import Buffer, Client
+    from segfuse.scaleout.routing import shard_for
+
+    proc, urls = start_group(3, "--route", "--processes", "2")  # 3 ports: the router's, then the 2 shards'
+    assert len(children_of(proc.pid)) == 3  # the shards and HAProxy
+    router, ids = urls[0], ["shard-0", "shard-1"]
+    try:
+        spaces = {s: next(f"t{k}" for k in range(200) if shard_for(f"t{k}", ids) == s) for s in ids}
+        with Client(router, namespace=spaces["shard-0"]) as c:
+            c.register(MOE_PROBLEM_SIZES)
+        rng = np.random.default_rng(3)
+        for sid, ns in spaces.items():
+            x = rng.integers(0, 16, (32, 4))
+            with Client(router, namespace=ns) as c:
+                c.put("x", x)
+                res = c.run("moe_problem_sizes", inputs={"topk_ids": Buffer("x")})
+                np.testing.assert_array_equal(res["counts"], np.bincount(x.ravel(), minlength=16))
+            r = httpx.get(f"{router}/v2", headers={"Segfuse-Namespace": ns})
+            assert r.headers["Segfuse-Shard"] == r.json()["shard"] == sid
+            port = urls[1 + ids.index(sid)]  # the shard's own port: its buffer is there, in its namespace
+            assert httpx.get(f"{port}/v2/buffers/x", headers={"Segfuse-Namespace": ns}).status_code == 200
+        text = httpx.get(router + "/metrics").text
+        assert all(f'shard="{s}"' in text for s in ids)
+        assert httpx.get(router + "/v2/health/ready").json() == {"ready": True}
+    finally:
+        status, err = stop(proc)
+    assert status == 0, err
+    with pytest.raises(httpx.TransportError):
+        httpx.get(router + "/v2/health/live", timeout=2)
