@@ -5,6 +5,7 @@ Reports the summed rate per N next to the same N servers' summed health ceiling 
 in-process Engine.run baseline, all in one run.
 
   python3 benchmarks/load_shards.py --backend cupy --servers 1,2,4,8 --mps both --connections 16 --duration 5
+  python3 benchmarks/load_shards.py --backend cupy --servers 1,2,4,8 --mps on --route   # + behind the router
 
 The servers are one `segfuse serve --processes N [--mps]` group, as a deployment runs them. Each is a
 separate process with its own CUDA context; without MPS the GPU time-slices between the contexts,
@@ -64,18 +65,20 @@ def combined(levels: list[dict], servers: int, connections: int) -> dict:
             "per_server_rps": [round(lv["rps"]) for lv in levels]}
 
 
-def start_group(backend: str, token: str | None, processes: int, mps: bool) -> tuple[subprocess.Popen, list[str]]:
-    """`segfuse serve --processes N [--mps]` on consecutive free loopback ports: the deployment's own
-    way to run several servers on one GPU (cli/serve_group.py), MPS daemon included."""
-    base = consecutive_ports(processes)
+def start_group(backend: str, token: str | None, processes: int, mps: bool,
+                route: bool = False) -> tuple[subprocess.Popen, list[str]]:
+    """`segfuse serve --processes N [--mps] [--route]` on consecutive free loopback ports: the
+    deployment's own way to run several servers on one GPU (cli/serve_group.py), MPS daemon included.
+    With route, the first URL is the router's, the shards' follow."""
+    base = consecutive_ports(processes + route)
     env = dict(os.environ, SEGFUSE_LOG_LEVEL="warning")
     if token:
         env["SEGFUSE_TOKEN"] = token
     cmd = [sys.executable, "-c", "import sys; from segfuse.cli import main; sys.exit(main())", "serve",
            "--host", "127.0.0.1", "--port", str(base), "--backend", backend, "--max-queued-runs", "4096",
-           "--processes", str(processes), *(["--mps"] if mps else [])]
+           "--processes", str(processes), *(["--mps"] if mps else []), *(["--route"] if route else [])]
     proc = subprocess.Popen(cmd, env=env)
-    urls = [f"http://127.0.0.1:{base + k}" for k in range(processes)]
+    urls = [f"http://127.0.0.1:{base + k}" for k in range(processes + route)]
     for url in urls:
         if not load.wait_ready(proc, url, 180, "segfuse serve --processes"):
             proc.kill()
@@ -109,6 +112,8 @@ def bench(args) -> dict:
     for mps in {"off": [False], "on": [True], "both": [False, True]}[args.mps]:
         mode, ids = _bench(args, mps)
         result["server"] = mode.pop("server")
+        if args.route:
+            mode["routed"] = _bench_routed(args, mps)
         result["modes"].append(mode)
     # After the groups stopped (and their MPS daemon quit): this process's context is nobody's client.
     result["in_process"] = load.in_process_baseline(result["server"]["backend"], ids, args.experts,
@@ -143,6 +148,35 @@ def _bench(args, mps: bool) -> tuple[dict, object]:
     return mode, ids
 
 
+def _bench_routed(args, mps: bool) -> list[dict]:
+    """The same N shards behind the router (`--route`): one wrk per shard, all on the router's port,
+    each with a namespace that lands on its shard (the Segfuse-Namespace header)."""
+    from segfuse.scaleout import shard_for
+
+    top = max(args.servers)
+    headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
+    proc, urls = start_group(args.backend, args.token, top, mps, route=True)
+    out = []
+    try:
+        router, ids = urls[0], [f"shard-{k}" for k in range(top)]
+        spaces = [next(f"bench-{k}" for k in range(10_000) if shard_for(f"bench-{k}", ids) == s) for s in ids]
+        fids = [load.setup(router, {**headers, "Segfuse-Namespace": ns}, args)[1] for ns in spaces]
+        c, t = args.connections, load_wrk.threads_for(args.connections, args.wrk_threads)
+        for n in args.servers:
+            levels = parallel([
+                (lambda f=f, ns=ns: load_wrk.run_wrk(args.wrk, f"{router}/v2/models/{f}/infer", "infer_ns.lua", c, t,
+                                                     args.duration, ("inline", "bench_ids", 2 * (c // t), ns),
+                                                     args.token))
+                for f, ns in zip(fids[:n], spaces[:n])])
+            out.append(combined(levels, n, c))
+            print(f"{'MPS' if mps else 'no MPS'}, {n} shard(s) behind the router: infer {out[-1]['rps']:.0f}/s",
+                  flush=True)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    return out
+
+
 def table(result: dict) -> str:
     base = result["in_process"]
     lines = [f"## Server processes on one host: {result['server']['backend']} on {result['server']['device']}, "
@@ -159,6 +193,18 @@ def table(result: dict) -> str:
                          f"{inf['rps']:,.0f} | {', '.join(f'{r:,}' for r in inf['per_server_rps'])} | "
                          f"{inf['p50_us_mean']:,.0f} us | {inf['p99_us_max'] / 1e3:.1f} ms | {hl['rps']:,.0f} | "
                          f"{inf['rps'] / hl['rps']:.2f} | {inf['errors'] + hl['errors']} |")
+    routed = [(m, r, i) for m in result["modes"] for r, i in zip(m.get("routed", []), m["infer"])]
+    if routed:
+        lines += ["", "Behind the router (`--route`: one port, each wrk's namespace on its shard), next to the "
+                  "independent servers above:", "",
+                  "| MPS | shards | connections each | runs/s through the router | per shard | p50 (mean) | "
+                  "p99 (worst) | / independent servers | errors |",
+                  "| --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |"]
+        for mode, r, inf in routed:
+            lines.append(f"| {'on' if mode['mps'] else 'off'} | {r['servers']} | {r['connections_per_server']} | "
+                         f"{r['rps']:,.0f} | {', '.join(f'{x:,}' for x in r['per_server_rps'])} | "
+                         f"{r['p50_us_mean']:,.0f} us | {r['p99_us_max'] / 1e3:.1f} ms | {r['rps'] / inf['rps']:.2f}x | "
+                         f"{r['errors']} |")
     return "\n".join(lines)
 
 
@@ -172,6 +218,8 @@ def parse_args(argv=None):
     p.add_argument("--wrk", help="the wrk binary (default: wrk on PATH)")
     p.add_argument("--mps", choices=["off", "on", "both"], default="off",
                    help="servers without MPS, under MPS (`segfuse serve --mps`), or both, one after the other")
+    p.add_argument("--route", action="store_true",
+                   help="also the same shards behind the router (`segfuse serve --route`), measured next to them")
     p.add_argument("--tokens", type=int, default=4096)
     p.add_argument("--topk", type=int, default=8)
     p.add_argument("--experts", type=int, default=256)
@@ -192,7 +240,7 @@ def main(argv=None) -> int:
     result = bench(args)
     print(table(result))
     load_report.save(result, args.out, f"load-shards-{result['server']['backend']}")
-    errors = sum(r["errors"] for m in result["modes"] for r in m["infer"] + m["health"])
+    errors = sum(r["errors"] for m in result["modes"] for r in m["infer"] + m["health"] + m.get("routed", []))
     return 1 if errors else 0
 
 

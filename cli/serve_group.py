@@ -77,6 +77,22 @@ class MpsDaemon:
         print("segfuse: MPS control daemon quit", file=sys.stderr)
 
 
+def _wait_live(children: list, first_port: int, stopped, timeout_s: float = 600) -> None:
+    """Until every child answers its liveness probe (a CUDA start may take a while); a child that
+    exits or a stop ends the wait."""
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    for k, child in enumerate(children):
+        while not stopped() and child.poll() is None and time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{first_port + k}/v2/health/live", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+
+
 def serve_group(settings, processes: int, mps: bool, route: bool = False) -> int:
     first = settings.port + (1 if route else 0)  # with a router: it on PORT, the shards after it
     if first + processes - 1 > 65535:
@@ -114,6 +130,7 @@ def serve_group(settings, processes: int, mps: bool, route: bool = False) -> int
         if route:
             from segfuse.scaleout.cluster import LocalRouter
 
+            _wait_live(children, first, lambda: bool(stopping))  # a shard down at HAProxy's first check stays out a second
             router = LocalRouter({f"shard-{k}": ("127.0.0.1", first + k) for k in range(processes)},
                                  (settings.host, settings.port), settings.keep_alive_timeout)
             print(f"segfuse: the router on {settings.host}:{settings.port} sends each namespace to its shard",
