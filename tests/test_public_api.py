@@ -46,7 +46,7 @@ segfuse.compiler.dtypes:DType segfuse.compiler.engine:Engine segfuse.compiler.er
 segfuse.compiler.ir:Fusion segfuse.compiler.ops:REGISTRY segfuse.compiler.ops.registry:InferCtx
 segfuse.compiler.ops.registry:TensorType segfuse.compiler.plan:Segment segfuse.compiler.plan:SegmentKind
 segfuse.compiler.schema:json_schema
-segfuse.scaleout:shard_for
+segfuse.scaleout:shard_for segfuse.scaleout.router:haproxy_config
 segfuse.torch: segfuse.torch:check segfuse.torch:fusion segfuse.compiler.errors:DeferredRunError
 segfuse.server:create_app segfuse.server.array_backends:resolve segfuse.server.logs:JsonFormatter
 segfuse.server.settings:Settings segfuse.server.settings:parse_size
