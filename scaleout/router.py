@@ -28,6 +28,9 @@ DEFAULT_TIMEOUT_S = 300  # client and server inactivity: a large upload or a lon
 CONTROL_ROUTES = [("GET", r"/metrics"), ("GET", r"/v2/health/ready")]
 SHARD_PREFIX = "/shards"  # /shards/<id>/...: that shard's own API (the SDK's direct mode)
 LIVE_PATH = "/v2/health/live"
+# The router's own liveness (HAProxy answers it): a probe of the router pods must not fail with a
+# shard, which /v2/health/live (the namespace's shard's) and /v2/health/ready (every shard's) would.
+ROUTER_LIVE_PATH = "/router/live"
 CLIENT_KEEP_ALIVE_S = 5  # `segfuse serve`'s default keep-alive timeout
 # HAProxy checks each shard's liveness this often and takes it out after CHECK_FALL failed checks:
 # its namespaces then get 503 (Retry-After: 1) at once until it answers again. A shard whose process
@@ -82,6 +85,7 @@ def haproxy_config(shards: dict[str, tuple[str, int]], listen: tuple[str, int], 
         "frontend segfuse",
         f"    bind {_address(listen)}",
         "    http-request disable-l7-retry unless METH_GET",
+        f"    monitor-uri {ROUTER_LIVE_PATH}",  # HAProxy's own answer: the router is up, whatever the shards
     ]
     # The namespace, then the rendezvous: the highest xxh32(namespace, seed(shard)), ties to the first.
     lines += [
@@ -113,13 +117,18 @@ def haproxy_config(shards: dict[str, tuple[str, int]], listen: tuple[str, int], 
     lines += ["backend control", f"    option httpchk GET {LIVE_PATH}",
               _unavailable("the control endpoint of the router", ["router", "control"]),
               f"    server control {_address(control)} check inter {CHECK_INTERVAL_S}s fall {CHECK_FALL} rise 1"]
+    dns = any(not _is_ip(h) for h, _ in shards.values())
+    if dns:  # shards named by host name (Kubernetes: a StatefulSet's pods): followed as their address changes
+        lines += ["resolvers dns", "    parse-resolv-conf", "    hold valid 2s", "    hold obsolete 5s"]
+    server_dns = " resolvers dns init-addr last,libc,none" if dns else ""
     for sid in ids:
         lines += [f"backend {backends_of[sid]}",
                   f"    option httpchk GET {LIVE_PATH}",
                   f"    http-response set-header {SHARD_HEADER} {sid}",
                   _unavailable(f"shard {sid}", ["shards", sid]),
                   f"    server {_server_name(sid)} {_address(shards[sid])} "
-                  f"check inter {CHECK_INTERVAL_S}s fall {CHECK_FALL} rise 1 {_MARK_DOWN}"]
+                  f"check inter {CHECK_INTERVAL_S}s fall {CHECK_FALL} rise 1 {_MARK_DOWN}"
+                  f"{server_dns if not _is_ip(shards[sid][0]) else ''}"]
     return "\n".join(lines) + "\n"
 
 
@@ -149,6 +158,16 @@ def _unavailable(what: str, loc: list) -> str:
     if "'" in body:
         raise ValueError(f"a quote in {what!r}")
     return f"    http-error status 503 content-type application/json string '{body}' hdr Retry-After 1"
+
+
+def _is_ip(host: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _ms(seconds: float) -> str:

@@ -130,6 +130,12 @@ def test_a_shards_own_prefix_reaches_that_shard_below_the_prefix(router, method,
         assert r.headers["Segfuse-Shard"] == sid
 
 
+def test_the_router_answers_its_own_liveness_whatever_the_shards(router):
+    client, _ = router
+    r = client.get("/router/live")
+    assert r.status_code == 200 and "Segfuse-Shard" not in r.headers  # HAProxy's, not a shard's
+
+
 def test_answers_name_the_shard_that_gave_them(router):
     client, ids = router
     for ns in ("a", "b", "c", "d"):
@@ -177,3 +183,85 @@ def test_the_configuration_refuses_what_would_break_it():
         haproxy_config({"shard 0\n": ("127.0.0.1", 9001)}, ("127.0.0.1", 9000), ("127.0.0.1", 9002))
     with pytest.raises(ValueError, match="host"):
         haproxy_config(ok, ("bad host", 9000), ("127.0.0.1", 9002))
+
+
+def test_a_host_name_is_followed_through_dns_and_the_configuration_is_valid(tmp_path):
+    """Shards named by host name (a StatefulSet's pods): HAProxy resolves them at start when it can,
+    starts without them when it cannot, and follows them through the resolvers."""
+    cfg = haproxy_config({"shard-0": ("segfuse-shard-0.segfuse-shard", 8000), "shard-1": ("127.0.0.1", 9001)},
+                         ("127.0.0.1", 9000), ("127.0.0.1", 9002))
+    assert "resolvers dns" in cfg and cfg.count("init-addr last,libc,none") == 1  # the IP needs none
+    path = tmp_path / "router.cfg"
+    path.write_text(cfg)
+    check = subprocess.run([HAPROXY, "-c", "-f", str(path)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def _serve_shard(sid: str, port: int) -> subprocess.Popen:
+    import os
+    import sys
+
+    env = {**os.environ, "SEGFUSE_LOG_LEVEL": "warning", "SEGFUSE_KEEP_ALIVE_TIMEOUT": "300"}
+    env.pop("SEGFUSE_TOKEN", None)
+    return subprocess.Popen([sys.executable, "-c", "import sys; from segfuse.cli import main; sys.exit(main())",
+                             "serve", "--backend", "numpy", "--port", str(port), "--shard-id", sid], env=env)
+
+
+def test_segfuse_route_serves_shards_that_run_elsewhere():
+    """`segfuse route SHARD=HOST:PORT ...` in front of two `segfuse serve --shard-id` processes: each
+    namespace's buffers live on the shard shard_for names, registrations reach both, SIGTERM stops it."""
+    import os
+    import signal
+    import sys
+
+    import numpy as np
+    from helpers.graphs import MOE_PROBLEM_SIZES
+    from segfuse.client import Buffer, Client
+
+    ids = ["shard-0", "shard-1"]
+    ports = {sid: _free_port() for sid in ids}
+    shards = [_serve_shard(sid, p) for sid, p in ports.items()]
+    port = _free_port()
+    route = subprocess.Popen([sys.executable, "-c", "import sys; from segfuse.cli import main; sys.exit(main())",
+                              "route", "--port", str(port), *(f"{s}=127.0.0.1:{p}" for s, p in ports.items())],
+                             env={**os.environ}, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if httpx.get(url + "/v2/health/ready", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline and route.poll() is None, "the router did not become ready"
+            time.sleep(0.2)
+        with Client(url) as c:
+            c.register(MOE_PROBLEM_SIZES)
+        for sid in ids:
+            ns = next(f"n{k}" for k in range(100) if shard_for(f"n{k}", ids) == sid)
+            x = np.arange(24).reshape(6, 4) % 16
+            with Client(url, namespace=ns) as c:
+                c.put("x", x)
+                got = c.run("moe_problem_sizes", inputs={"topk_ids": Buffer("x")})["counts"]
+            np.testing.assert_array_equal(got, np.bincount(x.ravel(), minlength=16))
+            own = httpx.get(f"http://127.0.0.1:{ports[sid]}/v2/buffers/x", headers={"Segfuse-Namespace": ns})
+            assert own.status_code == 200  # on its shard, in its namespace
+        route.send_signal(signal.SIGTERM)
+        assert route.wait(30) == 0
+        with pytest.raises(httpx.TransportError):
+            httpx.get(url + "/v2/health/live", timeout=2)
+    finally:
+        for p in [route, *shards]:
+            p.kill()
+            p.wait(30)
+
+
+@pytest.mark.parametrize("argv, message", [(["shard-0"], "SHARD=HOST:PORT"),
+                                           (["shard-0=h:1", "shard-0=h:2"], "given twice"),
+                                           (["shard-0=h:1", "shard-2=h:2"], "must be shard-0, shard-1")])
+def test_segfuse_route_refuses_a_bad_shard_list(argv, message, capsys):
+    from segfuse.cli import main
+
+    assert main(["route", *argv]) == 2
+    assert message in capsys.readouterr().err
