@@ -1,6 +1,5 @@
 """Where the CPU goes during a load level, by process: utime + stime from /proc/<pid>/stat before and
-after, grouped by what the process is (a shard by its Ray title `ray::ShardHost`, a Ray Serve replica by
-`ray::ServeReplica:APP:DEPL`,
+after, grouped by what the process is (a shard by its Ray title `ray::ShardHost`,
 Ray's daemons, HAProxy, a `segfuse serve`). On a machine whose cores are all busy this says
 which process a request's time is spent in; py-spy alone cannot (it sees Ray's C++ threads, which
 do the RPC work, as one Python frame each). Linux only.
@@ -15,9 +14,7 @@ from pathlib import Path
 
 TICK = os.sysconf("SC_CLK_TCK")
 GROUPS = [  # (group, title prefix), first match wins
-    ("shards", "ray::ShardHost"), ("ingress replica", "ray::ServeReplica:segfuse:"), ("shard replicas", "ray::ServeReplica:segfuse-shard-"),
-    ("Ray's Python proxy", "ray::ProxyActor"), ("HAProxy", "haproxy"), ("HAProxy", "ray::HAProxyManager"),
-    ("Serve controller", "ray::ServeController"), ("raylet", "raylet"), ("GCS", "gcs_server"),
+    ("shards", "ray::ShardHost"), ("HAProxy", "haproxy"), ("raylet", "raylet"), ("GCS", "gcs_server"),
     ("Ray agents", "ray::DashboardAgent"), ("Ray agents", "ray::RuntimeEnvAgent"), ("Ray agents", "ray::IDLE"),
 ]  # (wrk is not here: it has exited when the level's second snapshot is taken)
 

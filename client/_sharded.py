@@ -1,11 +1,11 @@
 """The SDK's direct sharded mode: `Client(shards=[url0, url1, ...], namespace=...)` talks to the shard
-of its namespace itself, skipping `segfuse serve-ray`'s ingress hop.
+of its namespace itself, picking it as the router would.
 
 The i-th URL is the shard `shard-i` (list them in the cluster's order; with `segfuse serve-ray` they
-are `http://HOST:PORT/shards/shard-<i>`). The namespace's shard is chosen by the ingress's own
+are `http://HOST:PORT/shards/shard-<i>`). The namespace's shard is chosen by the router's own
 rendezvous hash (segfuse.client.sharding), so both reach the same shard and the same buffers. Every
 request goes to that shard, but the ones every shard must see (fusion registration and removal, the
-repository's load/unload), which go to all of them, as the ingress sends them: the answer is the
+repository's load/unload), which go to all of them, as the router's control endpoint sends them: the answer is the
 namespace's shard's when every shard succeeded (or all failed alike), else a 503 (some shard could not
 be reached: send it again) or 502 listing each status (`sharding.broadcast_outcome`).
 

@@ -1,7 +1,7 @@
 """Which shard holds a namespace: the namespace rule, rendezvous (highest-random-weight) hashing, and
-which requests every shard must see. One copy for both sides: `segfuse serve-ray`'s ingress
+which requests every shard must see. One copy for both sides: the scale-out router (segfuse.scaleout.router)
 (segfuse.scaleout, which imports it from here) and the SDK's direct sharded mode (`Client(shards=...)`),
-so a client that skips the ingress reaches the shard the ingress would have picked.
+so a client that picks the shard itself reaches the one the router would have picked.
 
 A namespace names a set of buffers, regions and runs that live together on one shard. A request names
 its namespace in the `Segfuse-Namespace` header; without the header it is in the namespace "default".
@@ -30,7 +30,7 @@ DEFAULT_NAMESPACE = "default"
 NAMESPACE_RULE = "1-63 characters of A-Z a-z 0-9 . _ -, starting with a letter or digit"
 _NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 # Requests that change what every namespace can run: fusion registration and removal, the model
-# repository's load/unload. Sent to every shard (by the ingress, or by a direct-mode client).
+# repository's load/unload. Sent to every shard (by the router's control endpoint, or by a direct-mode client).
 _BROADCAST = [("POST", re.compile(r"/v2/fusions/?")), ("DELETE", re.compile(r"/v2/fusions/[^/]+")),
               ("POST", re.compile(r"/v2/repository/models/[^/]+/(load|unload)"))]
 

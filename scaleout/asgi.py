@@ -1,6 +1,6 @@
-"""HTTP requests as the plain values that travel between Ray Serve replicas, and back: a request is
-(method, raw path, query, raw headers, body), a response (status, raw headers, body). Used by the
-ingress and by a shard's own route (`/shards/shard-<i>`, direct sharded mode)."""
+"""HTTP requests as plain values: a request is (method, raw path, query, raw headers, body), a
+response (status, raw headers, body). The control endpoint forwards and combines them; a shard keeps
+registrations as them (to replay into new runtimes and, through the registry, a restarted shard)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,7 @@ Answer = tuple  # (status: int, headers: list[(bytes, bytes)], body: bytes)
 
 
 async def call_of(request: Request) -> Call:
-    """The request as received, below its route prefix (Ray's proxy has already read the HTTP framing).
-    Ray Serve keeps the prefix in the path and names it in root_path."""
+    """The request as received (below the app's root path, if it is mounted under one)."""
     scope = request.scope
     raw_path = scope.get("raw_path") or scope["path"].encode()
     prefix = scope.get("root_path", "").encode()
@@ -30,9 +29,7 @@ def response_of(answer: Answer, shard: str | None = None) -> Response:
     """The answer unchanged, plus Segfuse-Shard naming the shard that gave it (if one did)."""
     status, headers, body = answer
     response = Response(body, status_code=status)
-    # Ray's proxy adds the request's X-Request-Id itself (the same id the shard echoed).
-    kept = [(k, v) for k, v in headers if k.lower() != b"x-request-id"]
-    response.raw_headers = kept + ([(SHARD_HEADER.lower().encode(), shard.encode())] if shard else [])
+    response.raw_headers = list(headers) + ([(SHARD_HEADER.lower().encode(), shard.encode())] if shard else [])
     return response
 
 

@@ -32,13 +32,14 @@ import time
 from typing import Any
 
 from . import router
+from .registry import RAY_NAMESPACE
 from .routing import shard_ids
 from .shard import MAX_NAMESPACES
 from .shard_host import ShardHost, bound_port
 
 POLL_S = 0.5
 SHARD_KEEP_ALIVE_S = 300
-RAY_NAMESPACE = "segfuse"
+
 log = logging.getLogger("segfuse.scaleout")
 
 
@@ -129,7 +130,8 @@ class LocalRouter:
         check = subprocess.run([binary, "-c", "-q", "-f", self.path], capture_output=True, text=True)
         if check.returncode != 0:
             raise RuntimeError(f"HAProxy refused the router's configuration: {check.stdout}{check.stderr}")
-        self.proc = subprocess.Popen([binary, "-db", "-f", self.path], stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen([binary, "-db", "-f", self.path], stdin=subprocess.DEVNULL,
+                                     preexec_fn=_die_with_parent())
         self._wait()
 
     def _urls(self) -> dict[str, str]:
@@ -199,26 +201,35 @@ class ShardCluster:
         self.url = f"http://{host}:{port}"
         self.actors: dict = {}
         self.router: LocalRouter | None = None
+        self.local = True
         self._watcher = None
         self._stopping = threading.Event()
 
     def start(self, address: str | None = None, num_cpus: int | None = None) -> ShardCluster:
-        """Start Ray (a local cluster, or join `address`), the shards, the control endpoint and the
-        router; returns when the router answers."""
+        """Start Ray (a local cluster), or join the one at `address` (auto or HOST:PORT on one of its
+        nodes, ray://HOST:10001 from outside it, as a router Deployment does), the shards, the control
+        endpoint and the router; returns when the router answers. On a joined cluster the shards are
+        detached, named actors: a second router (or this one, restarted) finds the same shards with
+        their data, and stop() leaves them (`ray kill`, or the cluster's end, removes them)."""
         import ray
 
         haproxy_binary()  # (before anything starts)
+        self.local = address is None
         if not ray.is_initialized():
-            ray.init(address=address, num_cpus=num_cpus, namespace=RAY_NAMESPACE, include_dashboard=False,
-                     log_to_driver=False)
-        local = address is None
+            if address is not None and address.startswith("ray://"):  # Ray Client: the cluster's options are its own
+                ray.init(address=address, namespace=RAY_NAMESPACE)
+            else:
+                ray.init(address=address, num_cpus=num_cpus, namespace=RAY_NAMESPACE, include_dashboard=False,
+                         log_to_driver=False)
         actor = ray.remote(ShardHost)
+        shared = {} if self.local else {"lifetime": "detached", "get_if_exists": True}
         for sid in self.ids:
             # SEGFUSE_SHARD_ID names the shard's process to tools outside Ray (ps e, /proc/PID/environ)
             runtime = {"env_vars": {**self.env, "SEGFUSE_SHARD_ID": sid}}
-            self.actors[sid] = actor.options(name=f"segfuse-{sid}", max_restarts=-1, max_task_retries=0,
-                                             max_concurrency=4, runtime_env=runtime, **self.resources).remote(
-                sid, self.settings, self.max_namespaces, "127.0.0.1" if local else None)
+            self.actors[sid] = actor.options(name=f"segfuse-{sid}", namespace=RAY_NAMESPACE, max_restarts=-1,
+                                             max_task_retries=0, max_concurrency=4, runtime_env=runtime,
+                                             **shared, **self.resources).remote(
+                sid, self.settings, self.max_namespaces, "127.0.0.1" if self.local else None)
         found = ray.get([a.address.remote() for a in self.actors.values()])
         self.router = LocalRouter({sid: (a["host"], a["port"]) for sid, a in zip(self.ids, found)},
                                   (self.host, self.port))
@@ -265,13 +276,28 @@ class ShardCluster:
             self._watcher.join(5)
         if self.router is not None:
             self.router.stop()
-        for a in self.actors.values():
-            ray.kill(a, no_restart=True)
-        if ray.is_initialized():
+        if not ray.is_initialized():
+            return
+        if self.local:  # (a joined cluster keeps its shards and registry: start())
             from . import registry
 
+            for a in self.actors.values():
+                ray.kill(a, no_restart=True)
             registry.remove()
-            ray.shutdown()
+        ray.shutdown()
+
+
+def _die_with_parent():
+    """For Popen's preexec_fn: the child gets SIGTERM when this process dies, however it dies (Linux
+    prctl PR_SET_PDEATHSIG), so HAProxy never outlives the router that configured it. libc is loaded
+    here, in the parent: the child, forked from a process with threads, only makes the call."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:  # not glibc Linux: the router's stop() is the only way HAProxy ends
+        return None
+    return lambda: libc.prctl(1, signal.SIGTERM)
 
 
 def _interrupt(signum, frame):

@@ -10,7 +10,7 @@ exposition of every shard) and GET /v2/health/ready (ready when every shard is).
 those here. They are rare and small, so one Python hop on them costs nothing that matters, and the
 runs never take it.
 
-Semantics (those of the Ray Serve ingress this replaces):
+Semantics:
 - a malformed Segfuse-Namespace header: 400 naming the header;
 - GET /v2/health/live: this app answers itself (it is up);
 - GET /v2/health/ready: 200 when every shard answers 200 to it, else 503 naming those that do not;
@@ -115,7 +115,7 @@ async def _answer(request: Request) -> Response:
     home = shard_for(namespace, fanout.table.ids)
     if is_broadcast(method, path):
         return await fanout.broadcast(call, home)
-    return _response(await fanout.send(home, call), home)
+    return response_of(await fanout.send(home, call), home)
 
 
 @dataclass(frozen=True)
@@ -152,15 +152,15 @@ class _Fanout:
 
     async def broadcast(self, call: Call, home: str) -> Response:
         answer, shard = broadcast_answer(await self.all(call), home)
-        return _response(answer, shard)
+        return response_of(answer, shard)
 
     async def ready(self, call: Call) -> Response:
-        return _response(ready_answer(await self.all(call)))
+        return response_of(ready_answer(await self.all(call)))
 
     async def metrics(self, call: Call) -> Response:
         method, raw_path, query, headers, body = call
         plain = [(k, v) for k, v in headers if k.lower() != b"accept-encoding"]  # texts to merge, not gzip
-        return _response(metrics_answer(await self.all((method, raw_path, query, plain, body))))
+        return response_of(metrics_answer(await self.all((method, raw_path, query, plain, body))))
 
 
 def broadcast_answer(answers: dict[str, Answer], home: str) -> tuple[Answer, str | None]:
@@ -186,13 +186,3 @@ def metrics_answer(answers: dict[str, Answer]) -> Answer:
         return refused
     first = next(iter(answers.values()))
     return with_body(first, metrics.merge([({}, a[2]) for a in answers.values()]))
-
-
-def _response(answer: Answer, shard: str | None = None) -> Response:
-    """response_of, keeping the shard's X-Request-Id (response_of drops it for Ray's proxy, which adds
-    its own; nothing in front of this app does)."""
-    response = response_of(answer, shard)
-    rid = header(answer[1], b"x-request-id")
-    if rid is not None:
-        response.raw_headers.append((b"x-request-id", rid.encode("latin-1")))
-    return response

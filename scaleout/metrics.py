@@ -2,7 +2,7 @@
 it came from (`shard`, `namespace`), and each metric family's HELP and TYPE lines appear once, its
 samples from every source together (the text format wants a family's samples contiguous).
 
-A shard merges its namespaces' runtimes (labels shard and namespace); the ingress merges the shards'
+A shard merges its namespaces' runtimes (labels shard and namespace); the router's control endpoint merges the shards'
 texts (already labelled: no labels added). A label a sample carries already is not added again: a
 shard's runtime labels `segfuse_gpu_info` with its shard itself (server/metrics.py), the same value. Per-source samples, not sums: sum them in the query
 (`sum by (outcome) (segfuse_runs_total)`), and a restarted shard's counters restart from zero as

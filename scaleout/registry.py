@@ -2,7 +2,7 @@
 gone: its 404s say so) and which fusion registrations its predecessor had (replayed into the new
 replica before it takes a request). Kept per shard id by `Registry`, which on Ray is one detached,
 named actor (`segfuse-registry`) that every shard replica finds or creates itself; it outlives the
-replicas, so registrations made through the ingress and through direct-mode clients both come back.
+replicas, so registrations made through the router and by direct-mode clients both come back.
 
 If the registry actor itself is lost (its node died), Ray restarts it empty: shards started after
 that neither know they replaced another nor get registrations back (give shards a fusion directory
@@ -22,7 +22,7 @@ log = logging.getLogger("segfuse.scaleout")
 
 class Registry:
     """Per shard id: the incarnation that last started, and the registrations that succeeded on it
-    and on its predecessors, in order (requests as the ingress forwards them: plain values)."""
+    and on its predecessors, in order (requests as plain values)."""
 
     def __init__(self):
         self._incarnations: dict[str, str] = {}

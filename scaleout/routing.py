@@ -1,8 +1,8 @@
 """Which shard holds a namespace, and the namespace rule: re-exported from `segfuse.client.sharding`,
 where the SDK's direct sharded mode uses the same functions (the client sits below scaleout in the
-layer map, so the facts live there and the ingress imports them).
+layer map, so the facts live there and the router imports them).
 
-The ingress reads the `Segfuse-Namespace` header to pick the shard; the shard reads it again to pick
+The router reads the `Segfuse-Namespace` header to pick the shard; the shard reads it again to pick
 the namespace's own runtime (scaleout/shard.py), so namespaces that share a shard stay apart.
 """
 

@@ -1,6 +1,6 @@
 """One shard: segfuse runtimes (`segfuse.server.create_app`), one per namespace it holds, behind one
-ASGI app (`ShardApp`) that a shard's own HTTP server serves (scaleout/shard_host.py, behind the
-router of scaleout/router.py) or that a Ray Serve replica drives (`Shard`, the Serve path).
+ASGI app (`ShardApp`) that a shard's own HTTP server serves (`segfuse serve --shard-id`, or a Ray
+actor: scaleout/shard_host.py), behind the router of scaleout/router.py.
 
 A request goes to its namespace's app as it came (the ASGI scope, receive and send are handed on):
 nothing is re-framed or copied, so a shard's run costs what a `segfuse serve` process's does, plus
@@ -113,7 +113,7 @@ class ShardApp:
                 return
 
     async def answer(self, call: Call) -> Answer:
-        """(status, raw headers, body) of one request given as plain values (the Serve path)."""
+        """(status, raw headers, body) of one request given as plain values (tests, tools)."""
         method, raw_path, query, headers, body = call
         sent: list[Answer] = []
 
@@ -266,36 +266,3 @@ async def call_app(app, call: Call) -> Answer:
 
     await app(_scope(method, raw_path, query, headers), _receiver(body), send)
     return _answer_of(sent)
-
-
-class Shard:
-    """Ray Serve's deployment class of a shard (serve_ray.py wraps it with `serve.deployment`): a
-    `ShardApp` driven by plain values. `registry_name`: the registry actor's name (on Ray), a local
-    `registry.Registry` (tests) or None."""
-
-    async def __init__(self, shard_id: str, settings: dict, max_namespaces: int = MAX_NAMESPACES,
-                       registry_name: str | registry.Registry | None = registry.REGISTRY_NAME):
-        handle = registry.actor() if isinstance(registry_name, str) else registry_name
-        self.app = ShardApp(shard_id, settings, max_namespaces, handle)
-        self.shard_id = shard_id
-        await self.app.start()
-
-    @property
-    def replaced(self) -> str | None:
-        return self.app.replaced
-
-    async def forward(self, method: str, raw_path: bytes, query: bytes, headers: list, body: bytes) -> Answer:
-        """(status, raw headers, body) of one request (what the ingress calls through its handle)."""
-        return await self.app.answer((method, raw_path, query, headers, body))
-
-    async def __call__(self, request):
-        """The shard's own HTTP route (`/shards/shard-<i>`): the SDK's direct sharded mode."""
-        from .asgi import call_of, response_of
-
-        return response_of(await self.forward(*await call_of(request)), self.shard_id)
-
-    async def identity(self) -> dict:
-        return self.app.identity()
-
-    async def __del__(self):
-        await self.app.stop()

@@ -1,7 +1,7 @@
 """Which GPU a server runs on, as `GET /v2` (`gpu`) and the `segfuse_gpu_info` metric say: read once
 when the backend starts, through CuPy's runtime API (`getDeviceProperties`, `deviceGetPCIBusId`).
 
-Inside a Ray Serve shard Ray sets CUDA_VISIBLE_DEVICES to the replica's GPU, so its CUDA ordinal is
+Inside a shard placed by Ray, Ray sets CUDA_VISIBLE_DEVICES to the replica's GPU, so its CUDA ordinal is
 always 0: the UUID and the PCI bus id are what name the physical GPU. Each field is read on its own;
 one this CuPy or driver does not report is None (null), never an error.
 """

@@ -118,20 +118,20 @@ async def test_cupy_backend_says_which_gpu_and_pins_it_on_every_thread(asgi_serv
 @pytest.fixture
 async def gpu_shard(standin_gpus):
     """Shard shard-3 (scaleout/shard.py, without Ray) on the stand-in GPUs."""
-    from segfuse.scaleout.shard import Shard
+    from segfuse.scaleout.shard import ShardApp
 
-    shard = Shard.__new__(Shard)
-    await shard.__init__("shard-3", {"backend": "numpy"}, registry_name=None)
+    shard = ShardApp("shard-3", {"backend": "numpy"})
+    await shard.start()
     yield shard
-    await shard.__del__()
+    await shard.stop()
 
 
 @pytest.mark.anyio
 async def test_a_shard_names_itself_in_v2_and_its_gpu_metric(gpu_shard):
-    status, _, body = await gpu_shard.forward("GET", b"/v2", b"", [(b"segfuse-namespace", b"team-a")], b"")
+    status, _, body = await gpu_shard.answer(("GET", b"/v2", b"", [(b"segfuse-namespace", b"team-a")], b""))
     meta = json.loads(body)
     assert status == 200 and meta["shard"] == "shard-3" and meta["gpu"] == _expected(0, "6,7")
-    status, _, text = await gpu_shard.forward("GET", b"/metrics", b"", [], b"")
+    status, _, text = await gpu_shard.answer(("GET", b"/metrics", b"", [], b""))
     samples = _gpu_info_samples(text.decode())
     # one per namespace's runtime, the shard label once (the shard's own), the namespace added
     assert sorted(s.labels["namespace"] for s in samples) == ["default", "team-a"]

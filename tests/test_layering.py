@@ -51,7 +51,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     # and segfuse.torch (fusions as torch ops: the engine and the CUDA backend, from PyTorch programs)
     ("service", ["segfuse.server", "segfuse.server.*", "segfuse.client", "segfuse.client.*",
                  "segfuse.torch", "segfuse.torch.*"]),
-    # shards of the server behind Ray Serve (issue 18): may use the server and the client, not the reverse
+    # shards of the server behind the router: may use the server and the client, not the reverse
     ("scaleout", ["segfuse.scaleout", "segfuse.scaleout.*"]),
     ("cli", ["segfuse.cli", "segfuse.cli.*"]),
 ]

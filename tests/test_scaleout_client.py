@@ -1,5 +1,5 @@
 """The SDK's direct sharded mode without Ray (`Client(shards=[...])`, `AsyncClient` the same): it picks
-the shard the ingress's hash picks (oracle: XXH32 written out here), sends every request to that
+the shard the router's hash picks (oracle: XXH32 written out here), sends every request to that
 shard but registrations and removals, which reach every shard (502 when they disagree), and
 round-trips put/run/get against two real `segfuse serve` processes (oracle: np.bincount, and each
 server's own view of what it holds). The same against real Ray shards: tests/test_scaleout_ray.py."""
@@ -29,7 +29,7 @@ def oracle(namespace: str, n: int) -> int:
     return max(range(n), key=w)
 
 
-def test_direct_mode_picks_the_shard_the_ingress_picks():
+def test_direct_mode_picks_the_shard_the_router_picks():
     namespaces = [f"tenant-{i}" for i in range(50)] + ["default", "a", "team.b_c-d"]
     chosen = set()
     for n in (1, 2, 3):

@@ -22,7 +22,7 @@ from helpers.waiting import scaled
 from segfuse.client import Buffer, Client, ClientError
 from segfuse.scaleout.routing import shard_for
 
-pytest.importorskip("ray.serve", reason="segfuse serve-ray needs the ray extra")
+pytest.importorskip("ray", reason="segfuse serve-ray needs the ray extra")
 # A hang guard (times SCALE, tests/conftest.py): on a busy 2-core machine the cluster alone took
 # ~150 s to start (its setup counts here), and a killed shard over 60 s to come back.
 pytestmark = pytest.mark.timeout(900)
@@ -149,7 +149,7 @@ def test_responses_match_a_direct_server(router, registered):
 DIRECT_GRAPH = {**MOE_PROBLEM_SIZES, "name": "direct_hist"}
 
 
-def test_direct_mode_reaches_the_shard_and_buffers_the_ingress_does(router, registered):
+def test_direct_mode_reaches_the_shard_and_buffers_the_router_does(router, registered):
     """Client(shards=...) skips the router: for each namespace it reaches the shard the router
     names, and the very runtime: a buffer put directly is read back through the router."""
     rng = np.random.default_rng(7)
@@ -292,3 +292,90 @@ def test_a_restarted_shard_says_so_and_works(router, registered, direct_register
         for name in ("moe_problem_sizes", "direct_hist"):
             res = b.run(name, inputs={"topk_ids": Buffer("again")})
             np.testing.assert_array_equal(res["counts"], np.bincount(ids.ravel(), minlength=16))
+
+
+def _routed(argv: list[str], port: int, env: dict):
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; from segfuse.cli import main; sys.exit(main())",
+                             "serve-ray", *argv, "--port", str(port)], env=env, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + scaled(300)
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/router/live", timeout=5).status_code == 200:
+                return proc
+        except httpx.TransportError:
+            pass
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"the router did not start: {proc.stderr.read()[-3000:]}")
+        time.sleep(0.3)
+
+
+def test_routers_that_join_a_cluster_share_its_shards_which_outlive_them():
+    """docker/kuberay.yaml's design on one machine: a Ray cluster of its own (`ray start --head`), and
+    routers that join it from outside through Ray Client (ray://): the first creates the shards, a
+    second finds the same ones, with their buffers, after the first stopped (SIGTERM)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    # Its own short folder (a socket path under it may be 107 bytes at most): no ray.init() elsewhere
+    # finds this cluster, and its processes are told apart by it.
+    temp = tempfile.mkdtemp(prefix="sfray-", dir="/tmp")
+    gcs, client = free_port(), free_port()
+    env = {**os.environ, "SEGFUSE_LOG_LEVEL": "warning", "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token")}
+    env.pop("SEGFUSE_TOKEN", None)
+    started = subprocess.run(["ray", "start", "--head", "--temp-dir", str(temp), "--port", str(gcs),
+                              "--ray-client-server-port", str(client), "--num-cpus", "2", "--include-dashboard",
+                              "false", "--disable-usage-stats"], env=env, capture_output=True, text=True,
+                             timeout=scaled(300))
+    assert started.returncode == 0, started.stderr[-3000:]
+    argv = ["--address", f"ray://127.0.0.1:{client}", "--shards", "2", "--shard-cpus", "0"]
+    first = second = None
+    try:
+        first = _routed(argv, free_port(), env)
+        url = f"http://127.0.0.1:{first.args[-1]}"
+        ids = np.arange(12).reshape(3, 4) % 16
+        for ns in (NS0, NS1):  # a namespace on each shard
+            with Client(url, namespace=ns) as c:
+                c.put("kept", ids)
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(scaled(60)) == 0
+        second = _routed(argv, free_port(), env)
+        url = f"http://127.0.0.1:{second.args[-1]}"
+        for ns in (NS0, NS1):
+            with Client(url, namespace=ns) as c:
+                np.testing.assert_array_equal(c.get("kept"), ids)
+                c.register(MOE_PROBLEM_SIZES)
+                res = c.run("moe_problem_sizes", inputs={"topk_ids": Buffer("kept")})
+                np.testing.assert_array_equal(res["counts"], np.bincount(ids.ravel(), minlength=16))
+    finally:
+        for proc in (first, second):
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(scaled(60))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        # this cluster's processes only (not `ray stop`: every cluster's), Ray Client's servers by its GCS
+        for pid in _processes_with(temp, f":{gcs} "):
+            os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+def _processes_with(*markers: str) -> list[int]:
+    """The processes whose command line holds any of `markers` (arguments joined by spaces)."""
+    from pathlib import Path
+
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                line = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if any(m in line for m in markers):
+                pids.append(int(d.name))
+    return pids

@@ -1,19 +1,21 @@
-"""Validate docker/rayservice.yaml against KubeRay's RayService CRD, offline, as the API server would
-with strict field validation (`kubectl apply --validate=strict`): unknown fields are errors, not
-pruned. No Kubernetes cluster or kubeconform is needed; the CRD file comes from a KubeRay checkout
-(ray-operator/config/crd/bases/ray.io_rayservices.yaml) or its release's CRD bundle:
+"""Validate docker/kuberay.yaml offline, as the API server would with strict field validation
+(`kubectl apply --validate=strict`): unknown fields are errors, not pruned. Its RayCluster against
+KubeRay's RayCluster CRD, its Kubernetes kinds (the router's Deployment and Service) against
+Kubernetes' strict JSON schemas (docker/check_manifests.py). No cluster or kubeconform is needed;
+the CRD file comes from a KubeRay checkout (ray-operator/config/crd/bases/ray.io_rayclusters.yaml)
+or its release's CRD bundle:
 
-    python docker/check_rayservice.py --crd kuberay/ray-operator/config/crd/bases/ray.io_rayservices.yaml
+    python docker/check_kuberay.py --crd kuberay/ray-operator/config/crd/bases/ray.io_rayclusters.yaml
 
 A CRD's openAPIV3Schema is a structural OpenAPI schema, close to JSON Schema; jsonschema validates
 it once the Kubernetes extensions below are spelled as JSON Schema (no library does that step
-offline, so it is written here). serveConfigV2 is a string to the CRD; tests/test_scaleout_config.py
-checks its content against Ray Serve's own schema.
+offline, so it is written here).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -57,18 +59,29 @@ def errors(manifest: dict, crd: dict) -> list[str]:
             for e in sorted(validator.iter_errors(manifest), key=lambda e: list(map(str, e.absolute_path)))]
 
 
+def kubernetes_errors(doc: dict) -> list[str]:
+    spec = importlib.util.spec_from_file_location("check_manifests", HERE / "check_manifests.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    return check.errors(doc)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--crd", required=True, help="KubeRay's ray.io_rayservices.yaml")
-    p.add_argument("manifest", nargs="?", default=str(HERE / "rayservice.yaml"))
+    p.add_argument("--crd", required=True, help="KubeRay's ray.io_rayclusters.yaml")
+    p.add_argument("manifest", nargs="?", default=str(HERE / "kuberay.yaml"))
     args = p.parse_args(argv)
     crd = yaml.safe_load(Path(args.crd).read_text())
-    manifest = yaml.safe_load(Path(args.manifest).read_text())
-    found = errors(manifest, crd)
-    for line in found:
-        print(line)
-    print(f"{args.manifest}: {'valid' if not found else f'{len(found)} errors'} against {crd['metadata']['name']}")
-    return 1 if found else 0
+    total = 0
+    for doc in (d for d in yaml.safe_load_all(Path(args.manifest).read_text()) if d):
+        found = errors(doc, crd) if doc["apiVersion"].startswith("ray.io/") else kubernetes_errors(doc)
+        for line in found:
+            print(f"{doc['kind']} {line}")
+        against = crd["metadata"]["name"] if doc["apiVersion"].startswith("ray.io/") else "Kubernetes' schemas"
+        print(f"{args.manifest}: {doc['kind']} {doc['metadata']['name']}: "
+              f"{'valid' if not found else f'{len(found)} errors'} against {against}")
+        total += len(found)
+    return 1 if total else 0
 
 
 if __name__ == "__main__":
