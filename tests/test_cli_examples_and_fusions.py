@@ -84,7 +84,7 @@ def test_every_help_example_that_needs_no_server_works(tmp_path):
     for path in [[], *_command_paths()]:
         for line in _examples(*path):
             argv = line.split()[1:]
-            if argv[0] in ("serve", "serve-ray", "bench", "buffers", "fusions", "regions") or "--server" in argv:
+            if argv[0] in ("serve", "serve-ray", "route", "bench", "buffers", "fusions", "regions") or "--server" in argv:
                 continue  # a server, a GPU or a long-running process
             argv = [a for arg in argv for a in (sorted(glob.glob(arg, root_dir=tmp_path)) if "*" in arg else [arg])]
             r = segfuse(*argv, cwd=tmp_path, check=None)
