@@ -217,7 +217,7 @@ class ShardCluster:
         self.local = address is None
         if not ray.is_initialized():
             if address is not None and address.startswith("ray://"):  # Ray Client: the cluster's options are its own
-                ray.init(address=address, namespace=RAY_NAMESPACE)
+                _client_init(address)
             else:
                 ray.init(address=address, num_cpus=num_cpus, namespace=RAY_NAMESPACE, include_dashboard=False,
                          log_to_driver=False)
@@ -285,6 +285,22 @@ class ShardCluster:
                 ray.kill(a, no_restart=True)
             registry.remove()
         ray.shutdown()
+
+
+def _client_init(address: str, attempts: int = 3) -> None:
+    """ray.init through Ray Client, tried again: the head starts a server process per client, which
+    fails now and then on a busy head ("Starting Ray client server failed")."""
+    import ray
+
+    for attempt in range(attempts):
+        try:
+            ray.init(address=address, namespace=RAY_NAMESPACE)
+            return
+        except (ConnectionError, RuntimeError) as e:
+            if attempt == attempts - 1:
+                raise
+            log.warning("joining %s failed (%s); trying again", address, e)
+            time.sleep(2 ** attempt)
 
 
 def _die_with_parent():

@@ -325,7 +325,10 @@ def test_routers_that_join_a_cluster_share_its_shards_which_outlive_them():
     # finds this cluster, and its processes are told apart by it.
     temp = tempfile.mkdtemp(prefix="sfray-", dir="/tmp")
     gcs, client = free_port(), free_port()
-    env = {**os.environ, "SEGFUSE_LOG_LEVEL": "warning", "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token")}
+    env = {**os.environ, "SEGFUSE_LOG_LEVEL": "warning", "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token"),
+           # Ray Client's server per client must answer within this (30 s by default): a loaded 2-core
+           # machine took longer to start one
+           "RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S": str(int(scaled(300)))}
     env.pop("SEGFUSE_TOKEN", None)
     started = subprocess.run(["ray", "start", "--head", "--temp-dir", str(temp), "--port", str(gcs),
                               "--ray-client-server-port", str(client), "--num-cpus", "2", "--include-dashboard",
