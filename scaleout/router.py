@@ -37,8 +37,8 @@ CLIENT_KEEP_ALIVE_S = 5  # `segfuse serve`'s default keep-alive timeout
 # is gone refuses connections, which gives the same 503 even before the check notices.
 CHECK_INTERVAL_S = 1
 CHECK_FALL = 2
-# A connection the shard refuses takes it out at once (not at the next checks: HAProxy would retry
-# the request meanwhile, a second apart), as does a connection it drops.
+# A connection the shard refuses takes it out at once, not at the next checks, as does a connection
+# it drops: its namespaces get the 503 from the first failure on.
 _MARK_DOWN = "observe layer4 error-limit 1 on-error mark-down"
 
 
@@ -67,13 +67,13 @@ def haproxy_config(shards: dict[str, tuple[str, int]], listen: tuple[str, int], 
         "defaults",
         "    mode http",
         "    option http-keep-alive",
-        "    retries 3",
-        # A request sent on a kept-alive server connection that the shard closed (it exited, or timed
-        # out the idle connection) gets no answer; HAProxy then closes the client's connection without
-        # one. GET and HEAD are sent again (to the shard or, if it is down, to the 503 below); other
-        # methods are not (a run may have started): their client sees the connection close, as it
-        # would from a crashed `segfuse serve`.
-        "    retry-on conn-failure empty-response",
+        # No retries: HAProxy waits a turnaround (up to a second) before it tries the same shard
+        # again, and a shard that refuses connections is down (taken out at once, below), so its
+        # requests get the 503 now. A request sent on a kept-alive connection the shard dropped (it
+        # died) gets the connection closed, as from a crashed `segfuse serve`: the SDK sends a GET,
+        # PUT or DELETE again. (Shards keep idle connections longer than HAProxy does, so they never
+        # drop one under a request otherwise.)
+        "    retries 0",
         "    timeout connect 5s",
         "    timeout check 10s",
         f"    timeout client {timeout_s}s",
@@ -84,7 +84,6 @@ def haproxy_config(shards: dict[str, tuple[str, int]], listen: tuple[str, int], 
         f"    timeout http-keep-alive {_ms(client_keep_alive_s or CLIENT_KEEP_ALIVE_S)}",
         "frontend segfuse",
         f"    bind {_address(listen)}",
-        "    http-request disable-l7-retry unless METH_GET",
         f"    monitor-uri {ROUTER_LIVE_PATH}",  # HAProxy's own answer: the router is up, whatever the shards
     ]
     # The namespace, then the rendezvous: the highest xxh32(namespace, seed(shard)), ties to the first.
