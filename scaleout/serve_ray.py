@@ -18,16 +18,14 @@ def check_installed() -> None:
 
 
 def start(shards: int = 2, backend: str = "numpy", host: str = "127.0.0.1", port: int = 8000,
-          address: str | None = None, num_cpus: int | None = None, blocking: bool = False, **args):
+          address: str | None = None, num_cpus: int | None = None, **args):
     """Ray (a local cluster, or join `address`: auto, HOST:PORT, or ray://HOST:10001 from outside the
-    cluster), `shards` shard actors and the router on host:port. Returns the ShardCluster; `blocking`
-    waits until interrupted. Stop with `stop()` (the shards of a joined cluster stay: see cluster.py)."""
+    cluster), `shards` shard actors and the router on host:port. Returns the ShardCluster (its `wait()`
+    blocks until interrupted). Stop with `stop()` (the shards of a joined cluster stay: see cluster.py)."""
     from .cluster import ShardCluster
 
     cluster = _running["cluster"] = ShardCluster(shards, backend, host, port, **args)
     cluster.start(address=address, num_cpus=num_cpus)
-    if blocking:
-        cluster.wait()
     return cluster
 
 

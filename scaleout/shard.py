@@ -114,14 +114,7 @@ class ShardApp:
 
     async def answer(self, call: Call) -> Answer:
         """(status, raw headers, body) of one request given as plain values (tests, tools)."""
-        method, raw_path, query, headers, body = call
-        sent: list[Answer] = []
-
-        async def send(message):
-            sent.append(message)
-
-        await self._http(_scope(method, raw_path, query, headers), _receiver(body), send)
-        return _answer_of(sent)
+        return await call_app(self, call)
 
     async def _space(self, namespace: str):
         """The namespace's app, made (and given the registrations) on first use; None when the shard
