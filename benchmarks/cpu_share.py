@@ -1,5 +1,5 @@
 """Where the CPU goes during a load level, by process: utime + stime from /proc/<pid>/stat before and
-after, grouped by what the process is (a shard by its Ray title `ray::ShardHost`,
+after, grouped by what the process is (a shard by its Ray title `ray::ShardHost` or its SEGFUSE_SHARD_ID,
 Ray's daemons, HAProxy, a `segfuse serve`). On a machine whose cores are all busy this says
 which process a request's time is spent in; py-spy alone cannot (it sees Ray's C++ threads, which
 do the RPC work, as one Python frame each). Linux only.
@@ -26,6 +26,11 @@ def _group(title: str, servers: set[int], pid: int) -> str | None:
     for group, prefix in GROUPS:
         if title.startswith(prefix) or name.startswith(prefix):
             return group
+    try:  # a shard of `segfuse serve --processes N --route` (cli/serve_group.py names it in its environment)
+        if b"\0SEGFUSE_SHARD_ID=" in b"\0" + Path(f"/proc/{pid}/environ").read_bytes():
+            return "shards"
+    except OSError:
+        pass
     return None
 
 

@@ -1,10 +1,12 @@
-"""Runs/s and latency of `segfuse serve-ray` on loopback (NumPy shards; CuPy with --backend cupy):
-through its router, and in the SDK's direct sharded mode (each client on its shard's own route,
-/shards/shard-<i>), next to a direct `segfuse serve`, all in one run. The cached MoE histogram of benchmarks/load.py on a resident
+"""Runs/s and latency of the router on loopback (NumPy shards; CuPy with --backend cupy): `segfuse
+serve --processes N --route` (plain processes) and `segfuse serve-ray` (Ray actors) through it, the
+latter also in the SDK's direct sharded mode (each client on its shard's own route,
+/shards/shard-<i>), each with and without the router's busy polling, next to a direct `segfuse
+serve`, all in one run. The cached MoE histogram of benchmarks/load.py on a resident
 buffer, driven by wrk (benchmarks/wrk/infer_ns.lua: the namespace in a header).
 
-Each configuration is started as a user would (`segfuse serve-ray --shards N`, its own local Ray
-cluster), gets one namespace per shard (each with the fusion and its own `bench_ids`,
+Each configuration is started as a user would (`segfuse serve --processes N --route`, for N of 2
+and more; `segfuse serve-ray --shards N`, its own local Ray cluster), gets one namespace per shard (each with the fusion and its own `bench_ids`,
 one result checked against NumPy), then two levels: 1 connection (one namespace), and
 --connections spread over the namespaces (one wrk per namespace, at once; so with 2 shards both
 shards serve). --profile DIR records shard-0's process with py-spy during the second level of each
@@ -12,8 +14,9 @@ configuration through the router and summarises the stacks (profile_summary.py).
 second level also records the CPU time of each process (benchmarks/cpu_share.py): where a run's
 time goes when the machine's cores are the limit.
 
-    python benchmarks/load_ray.py --shards 1,2 --duration 5
+    python benchmarks/load_ray.py --shards 1,2 --duration 5     # the router with and without busy polling
     python benchmarks/load_ray.py --shards 2 --profile benchmarks/out/profile-ray
+    python benchmarks/load_ray.py --shards 2,8 --backend cupy --no-ray   # a GPU host without Ray (its shards under MPS)
 
 Prints a markdown table and writes JSON to benchmarks/out/. Exits 1 when any request failed.
 """
@@ -33,21 +36,21 @@ import load
 import load_report
 import load_wrk
 from load_profile import find_py_spy, profiled
-from load_shards import parallel
+from load_shards import parallel, start_group
 from segfuse.client import Client
 from segfuse.scaleout import shard_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def start_serve_ray(shards: int, backend: str = "numpy",
-                    shard_gpus: float = 1) -> tuple[subprocess.Popen, str]:
+def start_serve_ray(shards: int, backend: str = "numpy", shard_gpus: float = 1,
+                    busy_poll: bool = False) -> tuple[subprocess.Popen, str]:
     """`segfuse serve-ray` as a user starts it, on a free port; (process, URL) once ready."""
     port = load.free_port()
     env = dict(os.environ, SEGFUSE_LOG_LEVEL="warning")
     cmd = [sys.executable, "-c", "import sys; from segfuse.cli import main; sys.exit(main())", "serve-ray",
            "--shards", str(shards), "--port", str(port), "--backend", backend,
-           "--max-queued-runs", "4096", "--shard-gpus", str(shard_gpus)]
+           "--max-queued-runs", "4096", "--shard-gpus", str(shard_gpus)] + (["--router-busy-poll"] if busy_poll else [])
     log_path = ROOT / "benchmarks" / "out" / f"serve-ray-{shards}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as log:  # (the child keeps its own descriptor)
@@ -169,14 +172,29 @@ def bench(args) -> dict:
     finally:
         proc.terminate()
         proc.wait(30)
-    for n in args.shards:
-        proc, url = start_serve_ray(n, args.backend, args.shard_gpus)
+    for n, busy in [(n, b) for n in args.shards if n >= 2 for b in args.busy_poll]:
+        extra = ("--router-busy-poll",) if busy else ()
+        proc, urls = start_group(args.backend, None, n, args.backend == "cupy", route=True, extra=extra)
+        try:
+            spaces = namespaces(n)
+            fids = [load.setup(urls[0], {"Segfuse-Namespace": ns}, args)[1] for ns in spaces]
+            result["rows"].append({"target": f"serve --processes {n}{' --mps' if args.backend == 'cupy' else ''} --route"
+                                             f"{' --router-busy-poll' if busy else ''}",
+                                   "shards": n, "levels": levels(args, [(urls[0], f, ns) for f, ns in zip(fids, spaces)],
+                                                                 proc.pid)})
+            print(_line(result["rows"][-1]), flush=True)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+    for n, busy in [(n, b) for n in args.shards if args.ray for b in args.busy_poll]:
+        proc, url = start_serve_ray(n, args.backend, args.shard_gpus, busy)
+        polling = ", busy-polling" if busy else ""
         try:
             spaces = namespaces(n)
             fids = [load.setup(url, {"Segfuse-Namespace": ns}, args)[1] for ns in spaces]
             via = [(url, f, ns) for f, ns in zip(fids, spaces)]
-            profile = (f"{n}shards", py_spy) if py_spy else None
-            result["rows"].append({"target": "serve-ray, through the router", "shards": n,
+            profile = (f"{n}shards{'-busy' if busy else ''}", py_spy) if py_spy else None
+            result["rows"].append({"target": f"serve-ray, through the router{polling}", "shards": n,
                                    "levels": levels(args, via, proc.pid, profile)})
             print(_line(result["rows"][-1]), flush=True)
             urls = [f"{url}/shards/shard-{i}" for i in range(n)]
@@ -184,7 +202,7 @@ def bench(args) -> dict:
             for f, ns in zip(fids, spaces):
                 with Client(shards=urls, namespace=ns) as c:
                     direct.append((c.url, f, ns))
-            result["rows"].append({"target": "serve-ray, direct mode (/shards/shard-i)", "shards": n,
+            result["rows"].append({"target": f"serve-ray, direct mode (/shards/shard-i){polling}", "shards": n,
                                    "levels": levels(args, direct, proc.pid)})
             print(_line(result["rows"][-1]), flush=True)
         finally:
@@ -208,10 +226,12 @@ def table(result: dict) -> str:
              f"| target | shards | 1 connection: runs/s, p50, p99 | {result['connections']} connections over the "
              "shards' namespaces: runs/s (per namespace), p50, p99 | errors |",
              "| --- | ---: | --- | --- | ---: |"]
+    base = result["rows"][0]["levels"][0]  # `segfuse serve` at 1 connection: the ratios' denominator
     for row in result["rows"]:
         a, b = row["levels"]
-        lines.append(f"| {row['target']} | {row['shards']} | {a['rps']:,.0f}, {a['p50_us'] / 1e3:.1f} ms, "
-                     f"{a['p99_us'] / 1e3:.1f} ms | {b['rps']:,.0f} ({', '.join(map(str, b['per_namespace_rps']))}), "
+        ratio = f" ({a['rps'] / base['rps']:.2f}x, p50 {a['p50_us'] / base['p50_us']:.2f}x)" if a is not base else ""
+        lines.append(f"| {row['target']} | {row['shards']} | {a['rps']:,.0f}, {a['p50_us'] / 1e3:.2f} ms, "
+                     f"{a['p99_us'] / 1e3:.1f} ms{ratio} | {b['rps']:,.0f} ({', '.join(map(str, b['per_namespace_rps']))}), "
                      f"{b['p50_us'] / 1e3:.1f} ms, {b['p99_us'] / 1e3:.1f} ms | {a['errors'] + b['errors']} |")
     groups = list(dict.fromkeys(g for row in result["rows"] for g in row["levels"][1]["cpu"]))
     lines += ["", f"CPU time per run at {result['connections']} connections, by process (us; cores busy in "
@@ -235,6 +255,10 @@ def parse_args(argv=None):
                    help="GPUs per CuPy shard (0.5: two shards on one GPU, as on a one-GPU machine)")
     p.add_argument("--shards", default="1,2", help="comma-separated shard counts (default 1,2)")
     p.add_argument("--connections", type=int, default=8, help="wrk connections of the second level, in all")
+    p.add_argument("--ray", action=argparse.BooleanOptionalAction, default=True,
+                   help="the serve-ray rows (--no-ray: `segfuse serve --processes N --route` only, no Ray needed)")
+    p.add_argument("--router-busy-poll", dest="busy_poll", choices=["off", "on", "both"], default="both",
+                   help="the router's busy polling (serve-ray --router-busy-poll); both: each, one after the other")
     p.add_argument("--wrk-threads", type=int, default=1, help="threads of each wrk")
     p.add_argument("--wrk", help="the wrk binary (default: wrk on PATH)")
     p.add_argument("--tokens", type=int, default=4096)
@@ -248,6 +272,7 @@ def parse_args(argv=None):
     args.shards = sorted({int(x) for x in args.shards.split(",") if x.strip()})
     if not args.shards or min(args.shards) < 1:
         p.error("--shards takes positive integers")
+    args.busy_poll = {"off": [False], "on": [True], "both": [False, True]}[args.busy_poll]
     args.wrk = load_wrk.find_wrk(args.wrk)
     if not args.wrk:
         p.error("needs wrk on PATH or --wrk PATH (Debian: apt-get install wrk)")

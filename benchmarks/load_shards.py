@@ -65,19 +65,19 @@ def combined(levels: list[dict], servers: int, connections: int) -> dict:
             "per_server_rps": [round(lv["rps"]) for lv in levels]}
 
 
-def start_group(backend: str, token: str | None, processes: int, mps: bool,
-                route: bool = False) -> tuple[subprocess.Popen, list[str]]:
+def start_group(backend: str, token: str | None, processes: int, mps: bool, route: bool = False,
+                extra: tuple = ()) -> tuple[subprocess.Popen, list[str]]:
     """`segfuse serve --processes N [--mps] [--route]` on consecutive free loopback ports: the
     deployment's own way to run several servers on one GPU (cli/serve_group.py), MPS daemon included.
-    With route, the first URL is the router's, the shards' follow."""
+    With route, the first URL is the router's, the shards' follow. `extra`: more of serve's options."""
     base = consecutive_ports(processes + route)
     env = dict(os.environ, SEGFUSE_LOG_LEVEL="warning")
     if token:
         env["SEGFUSE_TOKEN"] = token
     cmd = [sys.executable, "-c", "import sys; from segfuse.cli import main; sys.exit(main())", "serve",
            "--host", "127.0.0.1", "--port", str(base), "--backend", backend, "--max-queued-runs", "4096",
-           "--processes", str(processes), *(["--mps"] if mps else []), *(["--route"] if route else [])]
-    proc = subprocess.Popen(cmd, env=env)
+           "--processes", str(processes), *(["--mps"] if mps else []), *(["--route"] if route else []), *extra]
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True)  # (its session: cpu_share finds its processes)
     urls = [f"http://127.0.0.1:{base + k}" for k in range(processes + route)]
     for url in urls:
         if not load.wait_ready(proc, url, 180, "segfuse serve --processes"):

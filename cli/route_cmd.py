@@ -30,6 +30,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     p.add_argument("--keep-alive-timeout", type=float, default=5.0,
                    help="seconds a client's idle connection stays open (default 5; keep the shards' longer)")
+    p.add_argument("--busy-poll", action="store_true",
+                   help="the router's one thread polls without sleeping: a core held whole for lower latency per request (docs/operations.md)")
     p.set_defaults(func=cmd_route)
 
 
@@ -58,7 +60,7 @@ def cmd_route(args) -> int:
     try:
         from segfuse.scaleout.cluster import LocalRouter
 
-        router = LocalRouter(shards, (args.host, args.port), args.keep_alive_timeout)
+        router = LocalRouter(shards, (args.host, args.port), args.keep_alive_timeout, args.busy_poll)
     except (ImportError, FileNotFoundError, ValueError, RuntimeError) as e:
         raise UserError(str(e)) from None
     print(f"segfuse: the router on {router.url} for {len(shards)} shard(s) (Ctrl-C stops it)", file=sys.stderr,

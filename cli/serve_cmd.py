@@ -77,6 +77,9 @@ def add_parsers(sub) -> None:
                    help="with --processes N: the processes are shards shard-0..N-1 on ports PORT+1..PORT+N, and a "
                         "router on PORT sends each request to the shard of its Segfuse-Namespace header "
                         "(HAProxy; docs/operations.md, \"Scaling out\")")
+    p.add_argument("--router-busy-poll", action="store_true",
+                   help="with --route: the router's one thread polls without sleeping: a core held whole for lower "
+                        "latency per request (docs/operations.md)")
     p.add_argument("--shard-id", default=os.environ.get("SEGFUSE_SHARD_ID"),
                    help="serve as this shard of a routed group (every Segfuse-Namespace its own runtime; "
                         "SEGFUSE_SHARD_ID)")
@@ -130,10 +133,12 @@ def cmd_serve(args) -> int:
         raise UserError("--processes must be at least 1")
     if args.route and args.processes < 2:
         raise UserError("--route needs --processes 2 or more (one process needs no router)")
+    if args.router_busy_poll and not args.route:
+        raise UserError("--router-busy-poll is an option of the router: give --route")
     if args.processes > 1 or args.mps:  # each process checks the backend itself; the group holds no GPU
         from .serve_group import serve_group
 
-        return serve_group(settings, args.processes, args.mps, args.route)
+        return serve_group(settings, args.processes, args.mps, args.route, args.router_busy_poll)
     missing = cupy_missing() if settings.backend == "cupy" else None
     if missing:  # a GPU deployment that forgot its GPU must not serve on the CPU unnoticed
         raise UserError(f"--backend cupy (SEGFUSE_BACKEND=cupy) needs a visible CUDA GPU: {missing}. In a container, "

@@ -93,7 +93,7 @@ def _wait_live(children: list, first_port: int, stopped, timeout_s: float = 600)
             time.sleep(0.1)
 
 
-def serve_group(settings, processes: int, mps: bool, route: bool = False) -> int:
+def serve_group(settings, processes: int, mps: bool, route: bool = False, router_busy_polling: bool = False) -> int:
     first = settings.port + (1 if route else 0)  # with a router: it on PORT, the shards after it
     if first + processes - 1 > 65535:
         raise UserError(f"--processes {processes} from port {settings.port} runs past port 65535")
@@ -132,7 +132,8 @@ def serve_group(settings, processes: int, mps: bool, route: bool = False) -> int
 
             _wait_live(children, first, lambda: bool(stopping))  # a shard down at HAProxy's first check stays out a second
             router = LocalRouter({f"shard-{k}": ("127.0.0.1", first + k) for k in range(processes)},
-                                 (settings.host, settings.port), settings.keep_alive_timeout)
+                                 (settings.host, settings.port), settings.keep_alive_timeout,
+                                 router_busy_polling)
             print(f"segfuse: the router on {settings.host}:{settings.port} sends each namespace to its shard",
                   file=sys.stderr)
         while not stopping:

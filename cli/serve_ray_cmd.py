@@ -48,6 +48,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--mps", action="store_true",
                    help="start NVIDIA's MPS control daemon for the shards and quit it after them, so CuPy shards "
                         "sharing a GPU (--shard-gpus 0.5 and less) run their kernels together")
+    p.add_argument("--router-busy-poll", action="store_true",
+                   help="the router's one thread polls without sleeping: a core held whole for lower latency per request (docs/operations.md)")
     p.set_defaults(func=cmd_serve_ray)
 
 
@@ -65,7 +67,8 @@ def cmd_serve_ray(args) -> int:
     if "token" not in settings and os.environ.get("SEGFUSE_TOKEN"):  # the shards may run on other hosts
         settings["token"] = os.environ["SEGFUSE_TOKEN"]
     options = dict(shards=args.shards, backend=args.backend, host=args.host, port=args.port,
-                   shard_cpus=args.shard_cpus, shard_gpus=args.shard_gpus, max_namespaces=args.max_namespaces, settings=settings)
+                   shard_cpus=args.shard_cpus, shard_gpus=args.shard_gpus, max_namespaces=args.max_namespaces, settings=settings,
+                   router_busy_polling=args.router_busy_poll)
     try:  # the arguments are checked before anything starts
         ShardCluster(**options)
     except ValueError as e:

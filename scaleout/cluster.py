@@ -103,16 +103,18 @@ class LocalRouter:
     thread, on a free loopback port) and HAProxy on `listen`; `move` follows a shard to a new address
     through HAProxy's runtime API (no reload: a reload would close clients' idle keep-alive
     connections under them). `client_keep_alive_s`: how long HAProxy keeps a client's idle
-    connection; the shards must keep theirs longer."""
+    connection; the shards must keep theirs longer. `busy_polling`: HAProxy holds a core to answer
+    sooner (router.haproxy_config)."""
 
     def __init__(self, shards: dict[str, tuple[str, int]], listen: tuple[str, int],
-                 client_keep_alive_s: float = router.CLIENT_KEEP_ALIVE_S):
+                 client_keep_alive_s: float = router.CLIENT_KEEP_ALIVE_S, busy_polling: bool = False):
         import uvicorn
 
         from .control import create_control_app
 
         binary = haproxy_binary()
         self.shards, self.listen, self.keep_alive = dict(shards), listen, client_keep_alive_s
+        self.busy_polling = busy_polling
         self.url = f"http://{listen[0]}:{listen[1]}"
         self.dir = tempfile.mkdtemp(prefix="segfuse-router-")
         self.path, self.admin_socket = os.path.join(self.dir, "router.cfg"), os.path.join(self.dir, "admin.sock")
@@ -140,7 +142,7 @@ class LocalRouter:
     def _write(self) -> None:
         """The configuration file (what HAProxy reads at its start, kept current for a person to read)."""
         text = router.haproxy_config(self.shards, self.listen, self.control_address, admin_socket=self.admin_socket,
-                                     client_keep_alive_s=self.keep_alive)
+                                     client_keep_alive_s=self.keep_alive, busy_polling=self.busy_polling)
         with open(self.path, "w") as f:
             f.write(text)
 
@@ -183,11 +185,11 @@ class LocalRouter:
 class ShardCluster:
     """`shards` shards of `backend` ("numpy", or "cupy": shard_gpus GPUs each, default 1, a fraction
     shares one) behind the router on host:port. `settings`: Settings overrides of every runtime;
-    `env`: variables of the shards' processes."""
+    `env`: variables of the shards' processes; `router_busy_polling`: see LocalRouter."""
 
     def __init__(self, shards: int = 2, backend: str = "numpy", host: str = "127.0.0.1", port: int = 8000,
                  shard_cpus: float = 1, shard_gpus: float = 1, settings: dict | None = None,
-                 max_namespaces: int = MAX_NAMESPACES, env: dict | None = None):
+                 max_namespaces: int = MAX_NAMESPACES, env: dict | None = None, router_busy_polling: bool = False):
         self.ids = shard_ids(_count({"shards": shards}, "shards", 2, 1))
         self.resources = shard_resources({"backend": backend, "shard_cpus": shard_cpus, "shard_gpus": shard_gpus})
         if backend not in ("numpy", "cupy"):
@@ -198,6 +200,7 @@ class ShardCluster:
         self.max_namespaces = _count({"max_namespaces": max_namespaces}, "max_namespaces", MAX_NAMESPACES, 1)
         router._address((host, port))
         self.host, self.port, self.env = host, port, dict(env or {})
+        self.router_busy_polling = router_busy_polling
         self.url = f"http://{host}:{port}"
         self.actors: dict = {}
         self.router: LocalRouter | None = None
@@ -232,7 +235,7 @@ class ShardCluster:
                 sid, self.settings, self.max_namespaces, "127.0.0.1" if self.local else None)
         found = ray.get([a.address.remote() for a in self.actors.values()])
         self.router = LocalRouter({sid: (a["host"], a["port"]) for sid, a in zip(self.ids, found)},
-                                  (self.host, self.port))
+                                  (self.host, self.port), busy_polling=self.router_busy_polling)
         self._watcher = threading.Thread(target=self._watch, name="segfuse-router-watch", daemon=True)
         self._watcher.start()
         return self

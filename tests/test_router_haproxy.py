@@ -197,6 +197,61 @@ def test_a_host_name_is_followed_through_dns_and_the_configuration_is_valid(tmp_
     assert check.returncode == 0, check.stdout + check.stderr
 
 
+def test_busy_polling_runs_one_haproxy_thread_that_still_routes_by_namespace(tmp_path):
+    """--busy-poll: one thread (a spinning thread per core would take every core from the shards),
+    and the requests reach the same shards as without it."""
+    ids = ["shard-0", "shard-1"]
+    servers = {sid: _stand_in(sid) for sid in ids}
+    port, admin = _free_port(), str(tmp_path / "admin.sock")
+    cfg = haproxy_config({sid: ("127.0.0.1", s.server_address[1]) for sid, s in servers.items()},
+                         ("127.0.0.1", port), ("127.0.0.1", servers["shard-0"].server_address[1]),
+                         admin_socket=admin, busy_polling=True)
+    assert "    busy-polling\n" in cfg and "    nbthread 1\n" in cfg
+    assert "busy-polling" not in haproxy_config({"shard-0": ("127.0.0.1", 9001)}, ("127.0.0.1", 9000),
+                                                ("127.0.0.1", 9002))
+    path = tmp_path / "router.cfg"
+    path.write_text(cfg)
+    proc = subprocess.Popen([HAPROXY, "-db", "-f", str(path)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/router/live", timeout=2)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline and proc.poll() is None, "haproxy did not start"
+                time.sleep(0.05)
+        for ns in ("a", "b", "c", "d"):
+            r = httpx.get(f"http://127.0.0.1:{port}/v2/buffers", headers={"Segfuse-Namespace": ns})
+            assert r.text.split()[0] == shard_for(ns, ids)
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(admin)
+            s.sendall(b"show info\n")
+            info = b"".join(iter(lambda: s.recv(65536), b"")).decode()
+        assert "\nNbthread: 1\n" in info
+    finally:
+        proc.kill()
+        proc.wait(10)
+        for s in servers.values():
+            s.shutdown()
+
+
+def test_segfuse_route_passes_busy_polling_to_the_router(monkeypatch, capsys):
+    from segfuse.cli import main
+    from segfuse.scaleout import cluster
+
+    seen = []
+
+    def refuse(*args):
+        seen.append(args)
+        raise RuntimeError("stopped here by the test")
+
+    monkeypatch.setattr(cluster, "LocalRouter", refuse)
+    assert main(["route", "--busy-poll", "shard-0=127.0.0.1:9001"]) == 2
+    assert main(["route", "shard-0=127.0.0.1:9001"]) == 2
+    assert [a[-1] for a in seen] == [True, False] and "stopped here by the test" in capsys.readouterr().err
+
+
 def _serve_shard(sid: str, port: int) -> subprocess.Popen:
     import os
     import sys

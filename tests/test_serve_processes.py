@@ -165,6 +165,14 @@ def test_processes_must_be_positive(n):
     assert r.returncode == 2 and "--processes must be at least 1" in r.stderr, r.stderr
 
 
+@pytest.mark.parametrize("argv, message", [(["--route"], "--route needs --processes 2 or more"),
+                                           (["--processes", "2", "--router-busy-poll"], "give --route")])
+def test_router_options_without_a_router_are_refused(argv, message):
+    r = subprocess.run([*SEGFUSE, "serve", "--backend", "numpy", *argv], capture_output=True, text=True,
+                       timeout=scaled(60))
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+
+
 @pytest.mark.skipif(not (os.environ.get("SEGFUSE_HAPROXY") or __import__("shutil").which("haproxy")),
                     reason="no haproxy on PATH (.ci/run installs Debian's)")
 def test_route_puts_the_processes_behind_one_port_routed_by_namespace():
