@@ -7,7 +7,8 @@ import os
 
 from .common import UserError
 
-EPILOG = """environment variables (defaults for the flags): SEGFUSE_HOST, SEGFUSE_PORT, SEGFUSE_BACKEND,
+EPILOG = """environment variables (defaults for the flags): SEGFUSE_HOST, SEGFUSE_PORT, SEGFUSE_GRPC_PORT,
+SEGFUSE_METRICS_PORT, SEGFUSE_BACKEND,
 SEGFUSE_DEVICE, SEGFUSE_CACHE_DIR, SEGFUSE_FUSION_DIR, SEGFUSE_TOKEN, SEGFUSE_MAX_BODY_BYTES, SEGFUSE_MAX_OPS,
 SEGFUSE_MAX_RANK, SEGFUSE_MAX_BUFFER_BYTES, SEGFUSE_MAX_TOTAL_BYTES, SEGFUSE_MAX_REGION_BYTES, SEGFUSE_MAX_REGIONS, SEGFUSE_MAX_QUEUED_RUNS,
 SEGFUSE_MAX_FUSIONS, SEGFUSE_MAX_FUSION_BYTES, SEGFUSE_MAX_PLAN_WORK, SEGFUSE_MAX_PLAN_SECONDS,
@@ -18,6 +19,8 @@ SEGFUSE_LOG_LEVEL, SEGFUSE_LOG_FORMAT, SEGFUSE_ACCESS_LOG (1/0, true/false). Siz
 examples:
   segfuse serve --port 8000
   segfuse serve --log-format json     # one JSON object per log line
+  segfuse serve --grpc-port 8001      # KServe v2 gRPC beside HTTP (pip install 'segfuse[grpc]')
+  segfuse serve --metrics-port 8002   # /metrics also on a port of its own, as Triton's (no token there)
   segfuse serve --access-log          # plus one line per request (off by default, as in Triton)
   segfuse serve --backend cupy --processes 4 --mps   # ports 8000-8003 sharing one GPU under MPS
   segfuse serve --backend cupy --processes 4 --mps --route   # the same shards behind one port, 8000
@@ -31,6 +34,12 @@ def add_parsers(sub) -> None:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--host", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, help="port (default 8000)")
+    p.add_argument("--grpc-port", type=int, help="also serve the KServe v2 gRPC protocol (Triton's "
+                                                 "inference.GRPCInferenceService) on this port, e.g. 8001 as Triton; "
+                                                 "off by default (needs the grpc extra)")
+    p.add_argument("--metrics-port", type=int, help="also serve GET /metrics on this port, e.g. 8002 as Triton, "
+                                                    "without the bearer token (the HTTP port's /metrics stays and "
+                                                    "keeps it); off by default")
     p.add_argument("--backend", choices=["auto", "cupy", "numpy"],
                    help="auto (default): CuPy when it imports and a GPU is visible, else NumPy")
     p.add_argument("--device", type=int, help="GPU index (default 0)")
@@ -112,7 +121,7 @@ def settings_from_args(args):
 
 def _overrides(args) -> dict:
     return {k: getattr(args, k, None) for k in (
-        "host", "port", "backend", "device", "cache_dir", "fusion_dir", "token", "max_body_bytes", "max_ops", "max_rank",
+        "host", "port", "grpc_port", "metrics_port", "backend", "device", "cache_dir", "fusion_dir", "token", "max_body_bytes", "max_ops", "max_rank",
         "max_buffer_bytes", "max_total_bytes", "max_region_bytes", "max_regions", "max_queued_runs", "max_fusions",
         "max_fusion_bytes", "max_plan_work", "max_plan_seconds", "max_run_bytes", "run_workers", "max_batch",
         "max_header_bytes", "header_timeout", "body_timeout",
@@ -135,6 +144,11 @@ def cmd_serve(args) -> int:
         raise UserError("--route needs --processes 2 or more (one process needs no router)")
     if args.router_busy_poll and not args.route:
         raise UserError("--router-busy-poll is an option of the router: give --route")
+    if settings.grpc_port is not None and (args.processes > 1 or args.mps or args.shard_id):
+        raise UserError("--grpc-port (SEGFUSE_GRPC_PORT) serves one process: not with --processes, --mps or a shard")
+    if settings.metrics_port is not None and (args.processes > 1 or args.mps or args.shard_id):
+        raise UserError("--metrics-port (SEGFUSE_METRICS_PORT) serves one process: not with --processes, --mps or "
+                        "a shard (scrape each process's /metrics on its HTTP port)")
     if args.processes > 1 or args.mps:  # each process checks the backend itself; the group holds no GPU
         from .serve_group import serve_group
 

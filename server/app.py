@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Response
 from fastapi.openapi.utils import get_openapi
 from segfuse.compiler.schema import GraphSpec
 
-from . import docs_pages, errors
+from . import docs_pages, errors, gpu_info
 from .compression import CompressionMiddleware
 from .fastlane import FastLane
 from .launch import launch_batch
+from .metrics_port import MetricsListener, MetricsPortError
 from .middleware import OPEN_PATHS, GuardMiddleware
 from .models import BufferJson, BufferJsonOut, ErrorBody, ExecuteRequest, InferRequest
 from .routers import PROTOCOL_ROUTERS, buffers, fusions, health, infer, shm
@@ -20,6 +22,8 @@ from .runs import commit_batch
 from .settings import Settings
 from .state import ServerState
 from .version import __version__
+
+log = logging.getLogger("segfuse.server")
 
 DESCRIPTION = """Segmented fusion executor. Register tensor fusion graphs, keep named buffers on the
 device, and run fusions on them through KServe v2 style inference requests (with the binary tensor
@@ -43,17 +47,40 @@ def create_app(settings: Settings | None = None) -> SegfuseApp:
     settings = settings or Settings.from_env()
     settings.check()
     server_state = ServerState(settings)
+    server_metrics = server_state.metrics
+    server_metrics.watch(server_state.stats.counts,
+                         lambda: [gpu_info.usage(server_state.gpu)] if server_state.gpu else [])
+
+    def exposition() -> bytes:
+        """/metrics on either port: the gauges read now, then every family."""
+        if server_state.executor is not None:
+            server_metrics.runs_admitted.set(server_state.executor.admitted)
+        server_metrics.fusion_bytes.set(server_state.fusions.bytes)
+        return server_metrics.render()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
+        metrics_port = start_metrics_port(settings, exposition)  # first: a port in use stops the start here
+        app.state.metrics_port = metrics_port.port if metrics_port else None  # (the bound one: 0 picks)
+        try:
+            grpc_server = await start_grpc(server_state) if settings.grpc_port is not None else None
+        except BaseException:  # (a port in use): the metrics listener must not outlive the failed start
+            if metrics_port is not None:
+                await asyncio.to_thread(metrics_port.stop)
+            raise
+        app.state.grpc_port = grpc_server.port if grpc_server else None  # (the bound one: --grpc-port 0 picks)
         # Initialise in the background: /v2/health/live answers at once, /ready says 503 until done.
         starting = asyncio.create_task(server_state.start(launch_batch, commit_batch))
         app.state.starting = starting
         try:
             yield
         finally:
+            if grpc_server is not None:
+                await grpc_server.stop()
             await starting
             await server_state.stop()
+            if metrics_port is not None:
+                await asyncio.to_thread(metrics_port.stop)
 
     app = SegfuseApp(title="segfuse", version=__version__, description=DESCRIPTION, lifespan=lifespan,
                      **docs_pages.offline_docs_kwargs())
@@ -75,10 +102,7 @@ def create_app(settings: Settings | None = None) -> SegfuseApp:
     async def metrics() -> Response:
         from prometheus_client import CONTENT_TYPE_LATEST
 
-        if server_state.executor is not None:
-            server_state.metrics.runs_admitted.set(server_state.executor.admitted)
-        server_state.metrics.fusion_bytes.set(server_state.fusions.bytes)
-        return Response(server_state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        return Response(exposition(), media_type=CONTENT_TYPE_LATEST)
 
     def openapi() -> dict:
         if app.openapi_schema:
@@ -129,6 +153,30 @@ def document_errors(schema: dict, token: bool) -> None:
     for name in ("HTTPValidationError", "ValidationError"):
         if name in comps and f"/{name}'" not in uses:
             del comps[name]
+
+
+async def start_grpc(server_state: ServerState):
+    """The KServe v2 gRPC server of --grpc-port, on this event loop (server/grpc; the grpc extra)."""
+    try:
+        from .grpc.server import GrpcServer
+    except ImportError as e:
+        raise RuntimeError(f"--grpc-port needs the grpc extra: pip install 'segfuse[grpc]' ({e})") from None
+    return await GrpcServer.start(server_state)
+
+
+def start_metrics_port(settings: Settings, exposition) -> MetricsListener | None:
+    """The --metrics-port listener, serving (server/metrics_port.py); None when it is off."""
+    if settings.metrics_port is None:
+        return None
+    listener = MetricsListener(settings.host, settings.metrics_port, exposition)
+    try:
+        port = listener.start()
+    except MetricsPortError as e:
+        log.error("%s", e)  # one line before uvicorn's traceback of the failed start
+        raise
+    log.info("metrics on http://%s:%d/metrics%s", settings.host, port,
+             " (without the bearer token, as Triton's metrics port)" if settings.token else "")
+    return listener
 
 
 async def wait_ready(app: FastAPI) -> None:

@@ -24,9 +24,10 @@ ReadyState = Annotated[ServerState, Depends(ready_state)]  # 503 until the backe
 
 ERROR_RESPONSES = {
     status: {"model": "ErrorBody", "description": text} for status, text in {
-        400: "malformed request", 401: "missing or bad bearer token",
+        400: "invalid request: malformed, or wrong for the graph or the data (invalid graph, inputs, a failed run)",
+        401: "missing or bad bearer token",
         403: "needs a server with a token (turning warning or error logging off)", 404: "unknown buffer or fusion",
-        409: "name conflict", 413: "over a size limit", 422: "semantic error (graph, inputs, run)",
+        409: "name conflict", 413: "over a size limit",
         429: "run queue full (retry after Retry-After seconds)",
         501: "not supported by this server (CUDA shared memory without a GPU)", 503: "not ready"}.items()
 }

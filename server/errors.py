@@ -1,7 +1,9 @@
 """One error body for every failure: {"error": "<message>", "details": [{"loc": [...], "msg": "..."}]}.
 
-Compiler errors map to 422 (the request is well formed but disagrees with the graph or the data);
-`ApiError` carries any other status. A 500 means a bug in segfuse, never bad input.
+Every invalid request is a 400, as Triton answers: a malformed one (bad JSON, a field of the wrong
+type) and one that is well formed but disagrees with the graph or the data (compiler errors); the
+message and `loc` say which. `ApiError` carries any other status. A 500 means a bug in segfuse,
+never bad input.
 """
 
 from __future__ import annotations
@@ -30,10 +32,6 @@ class ApiError(Exception):
 
 def bad_request(msg: str, loc: tuple | list = ()) -> ApiError:
     return ApiError(400, msg, [{"loc": list(loc), "msg": msg}])
-
-
-def unprocessable(msg: str, loc: tuple | list = ()) -> ApiError:
-    return ApiError(422, msg, [{"loc": list(loc), "msg": msg}])
 
 
 def not_found(what: str, name: str, loc: tuple | list = ()) -> ApiError:
@@ -72,12 +70,11 @@ def error_parts(e: BaseException, where: str = "") -> tuple[int, dict, dict | No
     FastAPI exception handlers and the fast lane (server/fastlane.py) answer with."""
     if isinstance(e, ApiError):
         return e.status, error_body(e.message, e.details), e.headers
-    if isinstance(e, SegfuseError):
-        return 422, error_body(segfuse_message(e), e.details()), None
+    if isinstance(e, SegfuseError):  # the graph, the inputs or the data refused: an invalid request
+        return 400, error_body(segfuse_message(e), e.details()), None
     if isinstance(e, RequestValidationError):
         # The request does not have the documented structure (bad JSON, a field of the wrong type,
-        # a malformed path or query parameter): malformed, 400. 422 is kept for requests that are
-        # well formed but disagree with the graph or the data.
+        # a malformed path or query parameter).
         details = [{"loc": list(err.get("loc", ())), "msg": err.get("msg", "")} for err in e.errors()]
         first = details[0] if details else {"loc": [], "msg": "invalid request"}
         loc = ".".join(str(p) for p in first["loc"])

@@ -75,7 +75,7 @@ class FusionRegistry:
         self._turn = asyncio.Lock()  # routes wait for the mutex here, not in threads
 
     def parse(self, graph: dict) -> Fusion:
-        """Validate a graph (GraphError -> 422); 413 when it is over the op or rank limit."""
+        """Validate a graph (GraphError -> 400); 413 when it is over the op or rank limit."""
         ops = graph.get("ops") if isinstance(graph, dict) else None
         if isinstance(ops, list) and len(ops) > self.limits.max_ops:
             raise too_large(f"{len(ops)} ops exceed the limit of {self.limits.max_ops}", ["graph", "ops"])
@@ -157,10 +157,10 @@ class FusionRegistry:
 
     # ---- the steps of a change (the mutex held) ---------------------------------------------
     def _plan_register(self, fusion: Fusion, replace: bool) -> _Change | None:
-        """Check a registration (409, 413, 422); None when the graph is registered already."""
+        """Check a registration (400, 409, 413); None when the graph is registered already."""
         if fusion.id in self._by_id:
             return None
-        check_name(fusion.name)  # 422 for names that routes under /v2/models/ use
+        check_name(fusion.name)  # 400 for names that routes under /v2/models/ use
         old = self._by_name.get(fusion.name)
         if old is not None and not replace:
             raise conflict(f"the name '{fusion.name}' is taken by fusion {old}, a different graph; "

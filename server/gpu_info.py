@@ -8,6 +8,7 @@ one this CuPy or driver does not report is None (null), never an error.
 
 from __future__ import annotations
 
+import functools
 import os
 
 FIELDS = ("index", "visible_devices", "uuid", "pci_bus_id", "name", "total_memory_bytes")
@@ -60,3 +61,50 @@ def describe(cp, index: int, environ=None) -> dict:
     return {"index": index, "visible_devices": env.get("CUDA_VISIBLE_DEVICES"),
             "uuid": format_uuid(props.get("uuid")), "pci_bus_id": _pci_bus_id(runtime, index, props),
             "name": _text(props.get("name")), "total_memory_bytes": _int(props.get("totalGlobalMem"))}
+
+
+def usage(gpu: dict) -> dict:
+    """What Triton's GPU metrics report of the GPU `gpu` (`describe`'s), read now: `total_bytes` and
+    `used_bytes` through NVML when nvidia-ml-py is installed, else CuPy's cudaMemGetInfo on that
+    device (used = total - free, every process's allocations); `utilization` (0.0-1.0) only through
+    NVML. A value that cannot be read is None (its sample is left out), never an error: a scrape
+    must not fail because the driver refused one query."""
+    out = {"uuid": gpu.get("uuid") or "", "utilization": None, "total_bytes": None, "used_bytes": None}
+    nvml = _nvml_device(gpu.get("uuid"))
+    if nvml is not None:
+        lib, handle = nvml
+        try:
+            out["utilization"] = lib.nvmlDeviceGetUtilizationRates(handle).gpu / 100.0
+            mem = lib.nvmlDeviceGetMemoryInfo(handle)
+            out["total_bytes"], out["used_bytes"] = int(mem.total), int(mem.used)
+        except Exception:  # noqa: BLE001 - a query this driver does not answer
+            pass
+    if out["total_bytes"] is None:
+        try:
+            import cupy
+
+            cupy.cuda.Device(gpu["index"]).use()  # (the scraping thread may be any thread)
+            free, total = cupy.cuda.runtime.memGetInfo()
+            out["total_bytes"], out["used_bytes"] = int(total), int(total) - int(free)
+        except Exception:  # noqa: BLE001 - no CuPy, or the driver refused
+            pass
+    return out
+
+
+def _nvml_device(uuid: str | None):
+    """(pynvml, handle) of the GPU with this UUID, or None without nvidia-ml-py or NVML."""
+    if not uuid:
+        return None
+    try:
+        import pynvml
+
+        _nvml_init(pynvml)
+        return pynvml, pynvml.nvmlDeviceGetHandleByUUID(uuid)
+    except Exception:  # noqa: BLE001 - not installed, no driver, unknown UUID
+        return None
+
+
+@functools.cache
+def _nvml_init(pynvml) -> None:
+    """nvmlInit once per process (NVML counts its initialisations; one that raised is tried again)."""
+    pynvml.nvmlInit()

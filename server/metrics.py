@@ -20,6 +20,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
+from . import triton_metrics
+from .protocol import MODEL_VERSION
+
 # The request counter's `method` label: these, or "other" (a label from the raw method would let
 # any client add series without bound).
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"})
@@ -90,6 +93,8 @@ class Metrics:
         self.cache_hits = PlainCounter("segfuse_kernel_cache_hits",
                                        "Engine cache hits (plans and kernels of a shape class)")
         self.cache_misses = PlainCounter("segfuse_kernel_cache_misses", "Engine cache misses")
+        self.priority_requests = PlainCounter("segfuse_infer_priority_requests", "Infer requests that carried "
+                                              "parameters.priority (no effect: runs wait in one queue)")
         self.buffer_count, self.buffer_bytes = 0, 0  # set on each change of the buffer store
         self.runs_admitted = Gauge("segfuse_runs_admitted", "Runs queued or running", registry=None)
         self.run_batch_size = PlainHistogram("segfuse_run_batch_size", "Runs a worker launched together (one wait)",
@@ -106,8 +111,16 @@ class Metrics:
         # started on a GPU, none on NumPy). `shard` is "" outside a segfuse.scaleout shard.
         self.gpu_info = Gauge("segfuse_gpu_info", "The GPU this runtime runs on (value 1)",
                               ["shard", "gpu_uuid", "pci_bus_id", "name", "visible_devices"], registry=None)
+        # Read when scraped (`watch`): each fusion's counts (server/stats.py) and the GPU's usage.
+        self.read_models, self.read_gpus = (lambda: []), (lambda: [])
         self.registry.register(_Exposition(self))
         self.registry.register(_CompileFallbacks())
+
+    def watch(self, read_models, read_gpus) -> None:
+        """Where scrapes read the per-fusion counts (`StatsRecorder.counts`: Triton's inference
+        families and segfuse_infer_rejected) and the GPU's usage (server/gpu_info.py `usage` of each
+        GPU, [] without one) from: functions that may be called on any thread."""
+        self.read_models, self.read_gpus = read_models, read_gpus
 
     def request_done(self, endpoint: str, method: str, status: int) -> None:
         """Count a request (on the event loop's thread)."""
@@ -144,7 +157,9 @@ class Metrics:
             self.compile_seconds.value += compile_us / 1e6
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        """segfuse's families (prometheus_client's exposition), then Triton's (server/triton_metrics.py)."""
+        return generate_latest(self.registry) + \
+            triton_metrics.exposition(self.read_models(), MODEL_VERSION, self.read_gpus())
 
 
 class _Exposition:
@@ -176,6 +191,14 @@ class _Exposition:
         yield m.run_queue_seconds.family(created)
         for g in (m.fusion_bytes, m.fusions, m.region_bytes, m.regions, m.gpu_info):
             yield from g.collect()
+        yield m.priority_requests.family(created)
+        rejected = CounterMetricFamily("segfuse_infer_rejected", "Infer requests refused before their fusion ran, "
+                                       "by fusion and reason (not runs: no statistics)", labels=["model", "reason"])
+        for counts in m.read_models():
+            for reason, n in counts.rejected.items():
+                if n:
+                    rejected.add_metric([counts.name, reason], n)
+        yield rejected
 
 
 class _CompileFallbacks:

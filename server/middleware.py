@@ -51,6 +51,15 @@ def request_id(given: bytes | None) -> str:
     return f"{_PREFIX}-{next(_COUNTER):x}"
 
 
+def bearer_problem(given: str, token: str) -> str | None:
+    """Why `given` (an Authorization value) does not carry the bearer `token`, or None when it does;
+    GuardMiddleware and the gRPC front door (server/grpc) check with it."""
+    scheme, _, value = given.partition(" ")
+    if scheme.lower() == "bearer" and hmac.compare_digest(value.strip().encode(), token.encode()):
+        return None
+    return "missing bearer token" if not given else "invalid bearer token"
+
+
 class GuardMiddleware:
     def __init__(self, app, runtime):
         self.app = app
@@ -79,10 +88,8 @@ class GuardMiddleware:
         try:
             if settings.token and scope["path"] not in OPEN_PATHS:
                 given = headers.get(b"authorization", b"").decode("latin-1")
-                scheme, _, token = given.partition(" ")
-                if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(),
-                                                                         settings.token.encode()):
-                    msg = "missing bearer token" if not given else "invalid bearer token"
+                msg = bearer_problem(given, settings.token)
+                if msg is not None:
                     return await _send_json(send_counted, 401, error_body(msg, [{"loc": ["headers", "Authorization"],
                                                                                "msg": msg}]),
                                             [(b"www-authenticate", b"Bearer")])

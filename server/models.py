@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 
 from .names import KEY_PATTERN
 
@@ -177,19 +178,42 @@ class InferRequestedOutput(BaseModel):
     parameters: OutputParameters | None = None
 
 
+UINT64_MAX = 2 ** 64 - 1  # Triton's priority, timeout and numeric sequence_id are uint64
+
+
 class RequestParameters(BaseModel):
-    model_config = ConfigDict(strict=True, extra="allow")  # unknown ones are refused with 400 (server/protocol.py)
+    # Parameters segfuse does not read are custom ones, which Triton passes on to its backends:
+    # accepted and ignored when their value is a string, a number or a boolean (server/protocol.py).
+    model_config = ConfigDict(strict=True, extra="allow")
     binary_data_output: bool | None = Field(None, description="binary data for every returned output")
     timeout: int | None = Field(None, ge=0, description="Triton: microseconds; the run fails with 429 "
                                 "unless it starts within it (0: no timeout)")
-    priority: int | None = Field(None, ge=0, description="Triton: only 0 (the default) is accepted")
-    sequence_id: int | str | None = Field(None, description="Triton sequences: not supported (400 unless 0)")
-    sequence_start: bool | None = Field(None, description="Triton sequences: not supported (400 if true)")
-    sequence_end: bool | None = Field(None, description="Triton sequences: not supported (400 if true)")
+    priority: int | None = Field(None, ge=0, le=UINT64_MAX, description="Triton's priority level: accepted, "
+                                 "with no effect while runs wait in one queue in arrival order (requests that "
+                                 "carry one are counted in segfuse_infer_priority_requests_total)")
+    sequence_id: int | str | None = Field(None, description="Triton sequences (an unsigned 64-bit integer or a "
+                                          "string): accepted and ignored, as Triton does for a model without a "
+                                          "sequence batcher (a fusion keeps no state between runs)")
+    sequence_start: bool | None = Field(None, description="Triton sequences: accepted and ignored")
+    sequence_end: bool | None = Field(None, description="Triton sequences: accepted and ignored")
+
+    @field_validator("sequence_id", mode="wrap")
+    @classmethod
+    def _sequence_id(cls, value, handler):
+        """One error located at the field (a union's would name each member), as Triton's rule says it."""
+        try:
+            v = handler(value)
+        except ValidationError:
+            v = -1
+        if isinstance(v, int) and not 0 <= v <= UINT64_MAX:
+            raise PydanticCustomError("sequence_id", "a sequence id is an unsigned 64-bit integer or a string")
+        return v
 
 
 class InferRequest(BaseModel):
-    model_config = STRICT
+    # Fields KServe v2 does not define are ignored, as Triton does (a client may send its own);
+    # inside inputs and outputs, and in /v2/execute's body (segfuse's own), they are refused.
+    model_config = ConfigDict(strict=True, extra="ignore")
     id: str | None = None
     model_name: str | None = Field(None, description="KServe: if given, the fusion's name (or id) of the URL")
     model_version: str | None = Field(None, description="KServe: if given, \"1\" (a fusion's only version)")
@@ -200,6 +224,7 @@ class InferRequest(BaseModel):
 
 
 class ExecuteRequest(InferRequest):
+    model_config = STRICT
     graph: dict[str, Any] = Field(description="a segfuse.fusion/1 graph, registered and run in one call")
     replace: bool = False
 

@@ -1,16 +1,18 @@
 """KServe v2 / Triton protocol rules that are not about tensors: the one model version, names that
 routes reserve, the KServe fields of an infer body and Triton's request parameters.
 
-Decisions (docs/http-api.md, "Protocol parity"):
+Decisions (docs/http-api.md, "Request parameters"), where Triton 2.51 is the reference:
 - every fusion has exactly one version, "1"; any other version in a URL or body is 404 / 400;
 - `parameters.timeout` (Triton: microseconds) is honoured: a run that has not started on a worker
   within it fails with 429 and Retry-After, like a full run queue (Triton answers 503 "Request
   timeout expired"; here 503 means "not ready");
-- `priority` (other than 0) and `sequence_id`/`sequence_start`/`sequence_end` (other than their
-  defaults) are refused with 400: runs are served in arrival order and segfuse keeps no sequence
-  state;
-- request parameters segfuse does not know are refused with 400: no backend here reads custom
-  parameters, so one can only be a typo or a feature segfuse lacks.
+- `parameters.priority` is accepted and has no effect: runs wait in one queue in arrival order
+  (requests that carry one are counted, `segfuse_infer_priority_requests_total`);
+- `sequence_id`/`sequence_start`/`sequence_end` are accepted and ignored, as Triton does for a
+  model without a sequence batcher: a fusion keeps no state between runs;
+- other request parameters are custom ones, which Triton passes on to its backend: accepted and
+  ignored when their value is a string, a number or a boolean, 400 otherwise (as Triton);
+- fields of the body that KServe v2 does not define are ignored (server/models.py InferRequest).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import time
 from segfuse.compiler import Fusion
 
 from .errors import ApiError, bad_request
-from .models import InferRequest, RequestParameters
+from .models import UINT64_MAX, InferRequest
 
 MODEL_VERSION = "1"
 
@@ -29,10 +31,7 @@ MODEL_VERSION = "1"
 # check that this covers every route of the app.
 RESERVED_MODEL_NAMES = frozenset({"stats", "ready", "infer", "config", "versions", "trace", "setting"})
 
-# Request-level parameters with a meaning here (the model's fields: binary_data_output, timeout,
-# priority, sequence_*). Anything else is refused.
-KNOWN_REQUEST_PARAMETERS = frozenset(RequestParameters.model_fields)
-MAX_TIMEOUT_US = 2 ** 64 - 1  # parameters.timeout: Triton's is a uint64 of microseconds
+MAX_TIMEOUT_US = UINT64_MAX  # parameters.timeout: Triton's is a uint64 of microseconds
 
 
 def versions_of(fusion: Fusion) -> list[str]:
@@ -48,11 +47,11 @@ def check_version(fusion: Fusion, version: str, loc: tuple = ("path", "version")
 
 
 def check_name(name: str) -> None:
-    """422 for a fusion name that a fixed route under /v2/models/ uses."""
+    """400 for a fusion name that a fixed route under /v2/models/ uses."""
     if name in RESERVED_MODEL_NAMES:
         msg = (f"graph.name '{name}' is reserved: /v2/models/{name} is a route of the server "
                f"(reserved names: {', '.join(sorted(RESERVED_MODEL_NAMES))}); choose another name")
-        raise ApiError(422, msg, [{"loc": ["graph", "name"], "msg": msg}])
+        raise bad_request(msg, ["graph", "name"])
 
 
 def check_request(fusion: Fusion, req: InferRequest) -> float | None:
@@ -73,22 +72,27 @@ def check_request(fusion: Fusion, req: InferRequest) -> float | None:
     p = req.parameters
     if p is None:
         return None
-    unknown = sorted(p.model_extra or {})
-    if unknown:
-        raise bad_request(f"unknown request parameter(s) {', '.join(unknown)}; segfuse knows "
-                          f"{', '.join(sorted(KNOWN_REQUEST_PARAMETERS))}", ["parameters", unknown[0]])
-    if p.priority:
-        raise bad_request(f"parameters.priority {p.priority}: priority levels are not supported, runs "
-                          "are served in arrival order (omit it or send 0)", ["parameters", "priority"])
-    if p.sequence_id not in (None, 0, "") or p.sequence_start or p.sequence_end:
-        raise bad_request("parameters.sequence_id/sequence_start/sequence_end: sequences (stateful "
-                          "models) are not supported; every run is independent", ["parameters", "sequence_id"])
+    for name, value in (p.model_extra or {}).items():
+        if value is None or not isinstance(value, (str, int, float)):  # (bool is an int)
+            raise bad_request(f"parameters.{name}: a request parameter is a string, a number or a boolean, not "
+                              f"{_json_kind(value)}", ["parameters", name])
     if p.timeout:
         if p.timeout > MAX_TIMEOUT_US:
             msg = f"parameters.timeout is over the largest timeout, {MAX_TIMEOUT_US} us (Triton's uint64)"
             raise bad_request(msg, ["parameters", "timeout"])
         return time.perf_counter() + p.timeout / 1e6
     return None
+
+
+def _json_kind(value) -> str:
+    return "null" if value is None else "an array" if isinstance(value, list) else "an object"
+
+
+def count_priority(metrics, req: InferRequest) -> None:
+    """parameters.priority has no effect (one run queue): count the requests that carry one, so an
+    operator sees whether clients rely on it."""
+    if req.parameters is not None and req.parameters.priority is not None:
+        metrics.priority_requests.inc()
 
 
 def check_started_in_time(deadline: float | None) -> None:

@@ -11,7 +11,7 @@ from segfuse.compiler import Fusion
 
 from . import region_io
 from .binary import BinaryReader
-from .errors import bad_request, unprocessable
+from .errors import bad_request
 from .jsonio import json_array
 from .models import InferRequest
 from .names import check_name
@@ -90,7 +90,7 @@ def _alias_buffers(fusion: Fusion, inputs: list[RunInput]):
         if src is None:
             continue  # bind reports the missing input
         if src.buffer is None:
-            raise unprocessable(f"input '{o.alias_of}' is updated in place by output '{o.name}' (alias_of), "
+            raise bad_request(f"input '{o.alias_of}' is updated in place by output '{o.name}' (alias_of), "
                                 "so it must be given as a buffer (parameters.buffer), not inline data",
                                 src.loc)
         if aliases is None:
@@ -111,7 +111,7 @@ def _outputs(state: ServerState, fusion: Fusion, req: InferRequest) -> list[RunO
                                      alias_of=fusion.outputs[k].alias_of))
             continue
         if out.name not in by_name:
-            raise unprocessable(f"'{out.name}' is not an output of fusion '{fusion.name}' (its outputs: "
+            raise bad_request(f"'{out.name}' is not an output of fusion '{fusion.name}' (its outputs: "
                                 f"{', '.join(by_name)})", (*loc, "name"))
         if out.name in seen:
             raise bad_request(f"output '{out.name}' is listed twice (also outputs[{seen[out.name]}])",

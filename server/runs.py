@@ -18,8 +18,9 @@ from typing import TYPE_CHECKING
 from segfuse.compiler import Fusion
 
 from . import run_limits
-from .errors import ApiError, conflict, not_found, too_large, unprocessable
+from .errors import ApiError, bad_request, conflict, not_found, too_large
 from .run_records import AdmittedRun, BatchTimes, Launched, ParsedRun, RunOutcome, make
+from .stats import failure_reason
 from .tensors import kserve_name, nbytes_of
 
 if TYPE_CHECKING:
@@ -34,8 +35,9 @@ async def run(state: ServerState, parsed: ParsedRun) -> RunOutcome:
     executor, store = state.executor, state.store
     try:
         executor.admit()  # 429 when the queue is full
-    except ApiError:
-        state.metrics.runs_error.inc()  # a refused run is a failed run (docs/operations.md)
+    except ApiError as e:
+        state.metrics.runs_error.inc()  # a refused run is a failed run (docs/operations.md)...
+        state.stats.record_rejected(parsed.fusion, e)  # ...but no run of the fusion (server/stats.py)
         raise
     pins, reserved = None, 0
     try:
@@ -43,10 +45,10 @@ async def run(state: ServerState, parsed: ParsedRun) -> RunOutcome:
         bound, sizes, device_inputs, reserved = await _prepare(state, parsed)
         plan, plan_us, plan_missed = await run_limits.ensure_plan(state, parsed.fusion, bound)
         run_limits.check_memory(state, parsed, bound, plan)
-    except BaseException:
+    except BaseException as e:
         _give_back(state, pins, reserved)
         state.metrics.runs_error.inc()
-        state.stats.record_fail(parsed.fusion, t_admit)
+        state.stats.record_rejected(parsed.fusion, e, t_admit)  # refused before it ran, or cancelled
         raise
     admitted = make(AdmittedRun, (parsed, asyncio.get_running_loop().create_future(), pins, reserved, bound,
                                   sizes, device_inputs, t_admit, time.perf_counter(), plan_us, plan_missed))
@@ -84,7 +86,7 @@ def _runs_inline(state: ServerState, run: AdmittedRun) -> bool:
 
 
 async def _prepare(state: ServerState, parsed: ParsedRun):
-    """With the pins held: check the buffers, bind shapes (BindError -> 422 before any work),
+    """With the pins held: check the buffers, bind shapes (BindError -> 400 before any work),
     check sizes, reserve the stored outputs' bytes (last: nothing after it fails). Returns
     (bound, stored output's buffer -> bytes, stored inputs' arrays, bytes reserved)."""
     store = state.store
@@ -117,10 +119,10 @@ def _check_pinned(state: ServerState, parsed: ParsedRun) -> tuple[dict, dict]:
             if b is None:
                 raise not_found("buffer", i.buffer, (*i.loc, "parameters", "buffer"))
             if i.dtype is not None and i.dtype is not b.dtype:
-                raise unprocessable(f"input '{i.name}' declares {kserve_name(i.dtype)} but buffer "
+                raise bad_request(f"input '{i.name}' declares {kserve_name(i.dtype)} but buffer "
                                     f"'{i.buffer}' holds {kserve_name(b.dtype)}", (*i.loc, "datatype"))
             if i.shape is not None and tuple(i.shape) != b.shape:
-                raise unprocessable(f"input '{i.name}' declares shape {list(i.shape)} but buffer "
+                raise bad_request(f"input '{i.name}' declares shape {list(i.shape)} but buffer "
                                     f"'{i.buffer}' has shape {list(b.shape)}", (*i.loc, "shape"))
             shapes[i.name], dtypes[i.name] = b.shape, b.dtype
         else:
@@ -136,7 +138,7 @@ BIND_HERE_OPS = 256  # a graph of more ops binds new sizes on the planning threa
 
 
 def _bind(state: ServerState, fusion: Fusion, shapes: dict, dtypes: dict):
-    """fusion.bind (remembered per input signature by the fusion; BindError -> 422 before any
+    """fusion.bind (remembered per input signature by the fusion; BindError -> 400 before any
     work); None for new sizes of a large graph (tens of milliseconds of inference:
     `_bind_elsewhere`)."""
     if len(fusion.nodes) <= BIND_HERE_OPS:
@@ -196,15 +198,17 @@ def commit_batch(state: ServerState, runs: list[AdmittedRun], done) -> None:
             _give_back(state, run.pins, run.reserved)
         if times is not None:
             metrics.run_queue_seconds.observe(times.start - run.t_queued)
+        if error is None:  # counted as it ran, answered or not (its client may have gone away)
+            state.stats.record_ok(run.parsed.fusion, outcome)
+        else:
+            metrics.runs_error.inc()
+            state.stats.record_fail(run.parsed.fusion, run.t_admit, failure_reason(error))
         fut = run.future
         if fut.cancelled():
             continue
         if error is None:
-            state.stats.record_ok(run.parsed.fusion, outcome)
             fut.set_result(outcome)
         else:
-            metrics.runs_error.inc()
-            state.stats.record_fail(run.parsed.fusion, run.t_admit)
             fut.set_exception(error)
 
 

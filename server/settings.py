@@ -14,6 +14,10 @@ GiB = 1 << 30
 class Settings:
     host: str = "127.0.0.1"
     port: int = 8000
+    # GET /metrics also on this port (Triton's --metrics-port, 8002 there), without the token; None: off
+    metrics_port: int | None = None
+    # KServe v2 gRPC (server/grpc; the grpc extra) on this port beside HTTP, same host; None: off (Triton's is 8001)
+    grpc_port: int | None = None
     backend: str = "auto"  # auto | cupy | numpy
     device: int = 0
     cache_dir: str | None = None  # kernel cache: segfuse's cubins in kernels/, CuPy's in cupy/
@@ -68,6 +72,19 @@ class Settings:
     def check(self) -> None:
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be 0-65535, not {self.port}")
+        if self.metrics_port is not None:
+            if not 0 <= self.metrics_port <= 65535:
+                raise ValueError(f"metrics_port must be 0-65535, not {self.metrics_port}")
+            if self.metrics_port == self.port != 0:
+                raise ValueError(f"metrics_port must differ from port ({self.port}): /metrics is served on "
+                                 "the HTTP port already")
+            if self.metrics_port == self.grpc_port != 0:
+                raise ValueError(f"metrics_port must differ from grpc_port ({self.metrics_port})")
+        if self.grpc_port is not None:
+            if not 0 <= self.grpc_port <= 65535:
+                raise ValueError(f"grpc_port must be 0-65535, not {self.grpc_port}")
+            if self.grpc_port == self.port != 0:
+                raise ValueError(f"grpc_port must differ from port ({self.port}): HTTP listens there")
         if self.log_format not in ("text", "json"):
             raise ValueError(f"log_format must be text or json, not '{self.log_format}'")
         if self.backend not in ("auto", "cupy", "numpy"):

@@ -100,7 +100,7 @@ class ServerState:
                  f" ({g['name']}, {g['uuid']}, PCI {g['pci_bus_id']})" if g else "")
 
     async def validate(self, graph: dict):
-        """A graph validated as a Fusion (GraphError -> 422), on the validation threads under the
+        """A graph validated as a Fusion (GraphError -> 400), on the validation threads under the
         budget (413 past it)."""
         return await self.validation.call(self.fusions.parse, graph)
 

@@ -9,7 +9,7 @@ import math
 import numpy as np
 from segfuse.compiler.dtypes import FROM_KSERVE, KSERVE_NAMES, DType, from_numpy
 
-from .errors import bad_request, unprocessable
+from .errors import bad_request
 from .jsonio import SPECIAL_FLOATS, json_array
 
 
@@ -105,7 +105,7 @@ def _out_of_range(v: int, dt: DType, loc: tuple):
     if not dt.is_float:
         info = np.iinfo(dt.np)
         what += f" ({int(info.min)} to {int(info.max)})"
-    return unprocessable(f"data value {_shown(v)} is out of range for {what}", loc)
+    return bad_request(f"data value {_shown(v)} is out of range for {what}", loc)
 
 
 class Decoded:
@@ -121,7 +121,7 @@ class Decoded:
 
 def from_json_data(data, dt: DType, shape: tuple[int, ...], loc: tuple) -> np.ndarray:
     """A KServe JSON `data` (flat or nested, row-major) as an array of `shape`. An integer that
-    `dt` cannot hold is a 422 naming it, never a wrapped value."""
+    `dt` cannot hold is a 400 naming it, never a wrapped value."""
     if isinstance(data, Decoded):
         if data.error is not None:
             raise data.error
@@ -165,7 +165,7 @@ def from_json_data(data, dt: DType, shape: tuple[int, ...], loc: tuple) -> np.nd
         with np.errstate(over="raise", invalid="raise"):
             out = flat.astype(dt.np, copy=False) if flat.size else np.zeros(n, dt.np)
     except (OverflowError, FloatingPointError, ValueError) as e:
-        raise unprocessable(f"data does not fit {kserve_name(dt)}: {e}", loc) from None
+        raise bad_request(f"data does not fit {kserve_name(dt)}: {e}", loc) from None
     return out.reshape(shape)
 
 
@@ -230,7 +230,7 @@ def from_npy(raw: bytes, loc: tuple) -> np.ndarray:
     except ValueError as e:
         hint = ("; bfloat16 has no .npy description: send raw bytes with ?dtype=bfloat16"
                 if a.dtype.kind == "V" and a.dtype.itemsize == 2 else "")
-        raise unprocessable(f"{e}{hint}", loc) from None
+        raise bad_request(f"{e}{hint}", loc) from None
     return a
 
 

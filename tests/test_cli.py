@@ -71,7 +71,7 @@ def test_run_user_errors_exit_2(server, tmp_path):
     assert "[404]" in r.stderr and "nope" in r.stderr
     np.save(tmp_path / "f.npy", np.zeros((2, 2), np.float32))
     r = segfuse("run", MOE, "-i", f"topk_ids={tmp_path / 'f.npy'}", "--server", server, check=2)
-    assert "[422]" in r.stderr and "inputs.topk_ids" in r.stderr
+    assert "[400]" in r.stderr and "inputs.topk_ids" in r.stderr
     r = segfuse("run", "missing.json", "--server", server, check=2)
     assert "missing.json" in r.stderr
     r = segfuse("buffers", "ls", "--server", f"127.0.0.1:{free_port()}", check=2)

@@ -154,7 +154,7 @@ def test_run_arrays_buffers_and_names(client):
 def test_run_errors_carry_status_and_details(client):
     with pytest.raises(ClientError) as e:
         client.run(MOE, inputs={"topk_ids": np.zeros((2, 2), np.float32)})
-    assert e.value.status == 422 and e.value.details[0]["loc"] == ["inputs", "topk_ids"]
+    assert e.value.status == 400 and e.value.details[0]["loc"] == ["inputs", "topk_ids"]
     with pytest.raises(ClientError) as e:
         client.run("no_such_fusion", inputs={})
     assert e.value.status == 404
@@ -177,7 +177,7 @@ def test_plan_answers_or_says_why(client):
         assert plan["symbols"] == {"T": 4096, "K": 8} and plan["shapes"] == {"topk_ids": [4096, 8]}
     with pytest.raises(ClientError) as e:
         client.plan(MOE, "T=4")  # K missing
-    assert e.value.status == 422
+    assert e.value.status == 400
 
 
 def test_bearer_token():

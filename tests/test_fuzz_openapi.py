@@ -43,7 +43,7 @@ OPEN = ("/v2/health/live", "/v2/health/ready")
 # Not included: positive_data_acceptance, which expects every schema-valid request to be accepted,
 # where some rules are beyond JSON Schema: raw bytes to an infer route need a JSON header of
 # Inference-Header-Content-Length bytes first, a raw PUT needs ?dtype and ?shape, a graph must be
-# consistent (422), a plan needs the sizes of the graph's symbols.
+# consistent (400 otherwise), a plan needs the sizes of the graph's symbols.
 CHECKS = [st_checks.status_code_conformance, st_checks.content_type_conformance,
           st_checks.response_schema_conformance, st_checks.response_headers_conformance,
           st_checks.allow_header_conformance, st_checks.unsupported_method, st_checks.negative_data_rejection,

@@ -95,20 +95,20 @@ OUT_OF_RANGE = [("INT64", [2**63], 2**63), ("INT64", [2**64 - 1], 2**64 - 1), ("
 
 
 @pytest.mark.parametrize("datatype,data,shown", OUT_OF_RANGE)
-async def test_out_of_range_json_integers_are_422_in_buffers(asgi_server, datatype, data, shown):
+async def test_out_of_range_json_integers_are_400_in_buffers(asgi_server, datatype, data, shown):
     async with asgi_server() as c:
         shape = list(np.asarray(data, dtype=object).shape)
         r = await c.put("/v2/buffers/b", json={"dtype": datatype, "shape": shape, "data": data})
-        assert_error(r, 422, f"data value {shown} is out of range for {datatype}", '"body", "data"')
+        assert_error(r, 400, f"data value {shown} is out of range for {datatype}", '"body", "data"')
         assert await buffer_names(c) == []
 
 
-async def test_out_of_range_integers_are_422_in_inline_run_data(asgi_server, moe_graph):
+async def test_out_of_range_integers_are_400_in_inline_run_data(asgi_server, moe_graph):
     async with asgi_server() as c:
         await c.post("/v2/fusions", json=moe_graph)
         for v in (2**63, 2**64, 2**100):
             r = await c.post(INFER, json={"inputs": [ids_input([1, v])]})
-            assert_error(r, 422, f"data value {v} is out of range for INT64", '"inputs", 0, "data"')
+            assert_error(r, 400, f"data value {v} is out of range for INT64", '"inputs", 0, "data"')
 
 
 async def test_out_of_range_integer_in_a_large_json_buffer(asgi_server):
@@ -116,7 +116,7 @@ async def test_out_of_range_integer_in_a_large_json_buffer(asgi_server):
     async with asgi_server() as c:
         data = [1] * 300_000 + [2**63]
         r = await c.put("/v2/buffers/big", json={"dtype": "int64", "shape": [len(data)], "data": data})
-        assert_error(r, 422, f"data value {2**63} is out of range for INT64", '"body", "data"')
+        assert_error(r, 400, f"data value {2**63} is out of range for INT64", '"body", "data"')
         assert await buffer_names(c) == []
 
 
@@ -159,7 +159,7 @@ def malformed_requests(moe_graph) -> list[tuple[str, str, dict, bytes, int, str]
         ("PUT", "/v2/buffers/b", js, b'\xff\xfe{"dtype": "int64"}', 400, "not UTF-8"),
         ("PUT", "/v2/buffers/b", js, '{"dtype":"int64","shape":[1],"data":[1],"x":"\udcff"}'.encode("utf-8", "surrogatepass"),
          400, "not UTF-8"),
-        ("POST", "/v2/fusions", js, _graph_with_size("+".join(["T*K"] + ["0"] * 2999), moe_graph), 422,
+        ("POST", "/v2/fusions", js, _graph_with_size("+".join(["T*K"] + ["0"] * 2999), moe_graph), 400,
          "over the limit of 256"),
     ]
 

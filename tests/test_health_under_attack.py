@@ -151,7 +151,7 @@ def gzip_past_the_body_limit(url: str) -> list[int]:
 
 
 ATTACKS = {
-    "nested_floor_sizes": Attack(nested_floor_sizes, {422}, info="sizes too complex to simplify"),
+    "nested_floor_sizes": Attack(nested_floor_sizes, {400}, info="sizes too complex to simplify"),
     "slow_to_validate": Attack(slow_to_validate, {413}, info="past max_plan_seconds or max_plan_work"),
     "scatter_chain_cold_runs": Attack(scatter_chain_cold_runs, {413}, prepare=register_scatter_chain,
                                       info="planning past max_plan_work or max_plan_seconds"),

@@ -51,6 +51,10 @@ CASES = {
     "extra-field": (MOE, {"inputs": [{**topk([1, 2, 3, 4]), "colour": "red"}]}),
     "unknown-output": (MOE, {"inputs": [topk([1, 2, 3, 4])], "outputs": [{"name": "nope"}]}),
     "not-an-object": (MOE, [1, 2, 3]),
+    "triton-parameters": (MOE, {"inputs": [topk([1, 2, 3, 3])], "parameters": {
+        "priority": 5, "sequence_id": "s-1", "sequence_start": True, "my_custom": 0.5}}),
+    "unknown-top-level-field": (MOE, {"inputs": [topk([1, 2, 3, 3])], "client_note": {"a": [1]}}),
+    "custom-parameter-object": (MOE, {"inputs": [topk([1, 2, 3, 3])], "parameters": {"my_custom": {"a": 1}}}),
 }
 
 
@@ -93,7 +97,7 @@ async def test_a_large_body_is_answered_as_the_same_small_one(asgi_server, moe_g
         r_large = await c.post(path, content=small + PAD)
         assert calls == ["request"]  # parsed by the codec process
         assert comparable(r_large) == comparable(r_small)
-        if case == "valid":  # and the oracle: np.bincount of the ids
+        if case in ("valid", "triton-parameters", "unknown-top-level-field"):  # and the oracle: np.bincount
             assert r_large.json()["outputs"][0]["data"] == np.bincount([1, 2, 3, 3], minlength=16).tolist()
         assert r_small.status_code < 500
 

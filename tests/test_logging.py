@@ -37,11 +37,11 @@ async def test_a_failed_request_is_logged_with_its_id(asgi_server, caplog, moe_g
         await c.post("/v2/fusions", json=moe_graph)
         r = await c.post("/v2/models/moe_problem_sizes/infer", headers={"x-request-id": "req-7"}, json={
             "inputs": [{"name": "topk_ids", "shape": [1, 1], "datatype": "INT64", "data": [99]}]})
-        assert r.status_code == 422
+        assert r.status_code == 400
         r2 = await c.get("/v2/buffers/nope", headers={"x-request-id": "req-8"})
         assert r2.status_code == 404
     lines = [rec.getMessage() for rec in caplog.records if rec.name == "segfuse.server"]
-    assert any("[req-7]" in m and "422" in m and "out of bounds" in m for m in lines), lines
+    assert any("[req-7]" in m and "400" in m and "out of bounds" in m for m in lines), lines
     assert any("[req-8]" in m and "404" in m and "not found" in m for m in lines), lines
 
 

@@ -44,9 +44,31 @@ FAMILIES = [
     ("segfuse_region_bytes", "gauge", "Bytes of registered shared-memory regions"),
     ("segfuse_regions", "gauge", "Registered shared-memory regions"),
     ("segfuse_gpu_info", "gauge", "The GPU this runtime runs on (value 1)"),
+    ("segfuse_infer_priority_requests", "counter",
+     "Infer requests that carried parameters.priority (no effect: runs wait in one queue)"),
+    ("segfuse_infer_rejected", "counter",
+     "Infer requests refused before their fusion ran, by fusion and reason (not runs: no statistics)"),
     ("segfuse_compile_fallbacks", "counter", "Generated kernels that did not compile, by the lowering that ran instead"),
+    # Triton's families, as Triton 2.51 names and documents them (tests/test_triton_metrics.py: their labels)
+    ("nv_inference_request_success", "counter", "Number of successful inference requests, all batch sizes"),
+    ("nv_inference_request_failure", "counter", "Number of failed inference requests, all batch sizes"),
+    ("nv_inference_count", "counter", "Number of inferences performed (does not include cached requests)"),
+    ("nv_inference_exec_count", "counter", "Number of model executions performed (does not include cached requests)"),
+    ("nv_inference_request_duration_us", "counter",
+     "Cumulative inference request duration in microseconds (includes cached requests)"),
+    ("nv_inference_queue_duration_us", "counter",
+     "Cumulative inference queuing duration in microseconds (includes cached requests)"),
+    ("nv_inference_compute_input_duration_us", "counter",
+     "Cumulative compute input duration in microseconds (does not include cached requests)"),
+    ("nv_inference_compute_infer_duration_us", "counter",
+     "Cumulative compute inference duration in microseconds (does not include cached requests)"),
+    ("nv_inference_compute_output_duration_us", "counter",
+     "Cumulative inference compute output duration in microseconds (does not include cached requests)"),
 ]
-COUNTED = [name for name, kind, _ in FAMILIES if kind in ("counter", "histogram") and name != "segfuse_compile_fallbacks"]
+# counted per fusion (tests/test_triton_metrics.py), or read from the compiler: not in `reference`
+PER_FUSION = ("segfuse_compile_fallbacks", "segfuse_infer_rejected")
+COUNTED = [name for name, kind, _ in FAMILIES if kind in ("counter", "histogram") and name not in PER_FUSION
+           and not name.startswith("nv_")]
 
 
 def families(text: str) -> dict:
@@ -111,7 +133,7 @@ async def test_metrics_count_the_requests_runs_and_batches(asgi_server, server_b
         # a run that fails (an index out of range): admitted, launched alone, counted as an error
         r = await call("POST", INFER, "/v2/models/{model}/infer",
                        json={"inputs": [{"name": "topk_ids", "shape": [1, 1], "datatype": "INT64", "data": [99]}]})
-        assert r.status_code == 422, r.text
+        assert r.status_code == 400, r.text
         failed_runs = 1
         # an unknown model: no run at all
         r = await call("POST", "/v2/models/no_such_model/infer", "/v2/models/{model}/infer",
@@ -184,7 +206,8 @@ def reference(observations: dict) -> bytes:
     runs = Counter("segfuse_runs", help_of["segfuse_runs"], ["outcome"], registry=r)
     runs_ok, runs_error = runs.labels("ok"), runs.labels("error")
     plain = {name: Counter(name, help_of[name], registry=r) for name in
-             ("segfuse_compiles", "segfuse_compile_seconds", "segfuse_kernel_cache_hits", "segfuse_kernel_cache_misses")}
+             ("segfuse_compiles", "segfuse_compile_seconds", "segfuse_kernel_cache_hits", "segfuse_kernel_cache_misses",
+              "segfuse_infer_priority_requests")}
     batch = Histogram("segfuse_run_batch_size", help_of["segfuse_run_batch_size"], buckets=BATCH_BUCKETS, registry=r)
     queue = Histogram("segfuse_run_queue_seconds", help_of["segfuse_run_queue_seconds"], buckets=LATENCY_BUCKETS,
                       registry=r)
@@ -218,7 +241,7 @@ def test_exposition_matches_prometheus_clients_own_counting_at_the_bucket_edges(
     edges = [b * f for b in LATENCY_BUCKETS for f in (1.0, 1 + 1e-12, 1 - 1e-12)] + [0.0, 11.0, 1e9]
     obs = {
         "requests": [("/v2/health/live", "GET", 200)] * 3 + [("/v2/models/{model}/infer", "POST", 200)] * 2
-        + [("/v2/models/{model}/infer", "POST", 422), ("unmatched", "BREW", 404), ("/v2/buffers/{name}", "DELETE", 404)]
+        + [("/v2/models/{model}/infer", "POST", 400), ("unmatched", "BREW", 404), ("/v2/buffers/{name}", "DELETE", 404)]
         + [("/v2/health/live", "GET", 200)],
         "runs": [(s, k % 3, k % 2, int(k % 4 == 0), 1500.0 * (k % 5 == 0)) for k, s in enumerate(edges)],
         "errors": 4,

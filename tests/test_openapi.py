@@ -43,6 +43,17 @@ def test_documented_statuses_are_the_ones_sent():
                     assert "401" in op["responses"], (method, path)
 
 
+def test_no_route_documents_422():
+    """Every invalid request is a 400, as in Triton, including one that is well formed but wrong for
+    the graph or the data; the document lists no 422 anywhere."""
+    spec = _schema()
+    listed = [(method, path) for path, item in spec["paths"].items() for method, op in item.items()
+              if isinstance(op, dict) and "422" in op.get("responses", {})]
+    assert not listed
+    infer = spec["paths"]["/v2/models/{model}/infer"]["post"]["responses"]
+    assert "graph" in infer["400"]["description"]
+
+
 @pytest.mark.anyio
 async def test_failures_answer_a_documented_status(asgi_server):
     spec = _schema()

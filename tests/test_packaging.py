@@ -92,6 +92,7 @@ def test_the_built_archive_installs_alone_and_serves(kind, archives, tmp_path):
 EXTRA_IMPORTS = {
     "server": "segfuse.server.app", "client": "segfuse.client", "ray": "segfuse.scaleout.serve_ray",
     "torch": "segfuse.torch", "cuda13": "cupy", "nvrtc": "cuda.bindings.nvrtc", "bench": "matplotlib",
+    "grpc": "segfuse.server.grpc.server",
 }
 
 

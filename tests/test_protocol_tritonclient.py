@@ -1,7 +1,8 @@
 """The KServe v2 / Triton HTTP protocol checked with the real tritonclient[http], unchanged, against a
 live uvicorn server: health, metadata, versions, infer (JSON and binary, sync, async_infer and the aio
 client), model config, repository index, load/unload, statistics, trace and log settings,
-compression, reserved names, timeout/priority/sequence parameters. Oracle: NumPy."""
+compression, reserved names, timeout/priority/sequence/custom parameters, unknown fields and the 400
+for invalid requests. Oracle: NumPy."""
 
 from __future__ import annotations
 
@@ -202,7 +203,7 @@ def test_load_with_config_registers_the_graph(triton, live_server):
            (json.dumps({"name": name, "backend": "onnxruntime", "max_batch_size": 8}), "400",
             "Triton model configuration"),
            ("{not json", "400", "not valid JSON"),
-           (json.dumps({**g, "ops": [{"op": "nope", "out": "x", "inputs": []}]}), "422", "invalid graph")]
+           (json.dumps({**g, "ops": [{"op": "nope", "out": "x", "inputs": []}]}), "400", "invalid graph")]
     for config, status, text in bad:
         msg = refused(status, triton.load_model, name, config=config)
         assert text in msg, msg
@@ -225,7 +226,7 @@ def test_statistics_count_runs_and_failures(triton, moe):
     rng = np.random.default_rng(4)
     for _ in range(3):
         triton.infer(moe, [ids_input(rng.integers(0, 16, (16, 4), dtype=np.int64))], model_version="1")
-    refused("422", triton.infer, moe, [ids_input(np.full((1, 2), 16, np.int64))])  # index 16: a failed run
+    refused("400", triton.infer, moe, [ids_input(np.full((1, 2), 16, np.int64))])  # index 16: a failed run
     s = stats("1")
     assert s == stats()
     assert s["inference_count"] == 3 and s["execution_count"] == 3
@@ -377,11 +378,11 @@ def test_stats_as_a_fusion_name_is_refused(triton, live_server):
     g = copy.deepcopy(MOE_PROBLEM_SIZES)
     g["name"] = "stats"
     r = httpx.post(live_server.url + "/v2/fusions", json=g)
-    assert r.status_code == 422 and "graph.name 'stats'" in r.json()["error"]
+    assert r.status_code == 400 and "graph.name 'stats'" in r.json()["error"]
     assert r.json()["details"][0]["loc"] == ["graph", "name"]
     r = httpx.post(live_server.url + "/v2/execute", json={"graph": {**g, "name": "config"}, "inputs": []})
-    assert r.status_code == 422 and "graph.name 'config'" in r.json()["error"]
-    refused("422", triton.load_model, "stats", config=json.dumps(g))
+    assert r.status_code == 400 and "graph.name 'config'" in r.json()["error"]
+    refused("400", triton.load_model, "stats", config=json.dumps(g))
     assert "model_stats" in triton.get_inference_statistics()  # the route still answers
 
 
@@ -396,21 +397,93 @@ def test_kserve_fields_in_the_body(live_server, moe):
     assert r.status_code == 400 and "body.model_version '2'" in r.json()["error"]
 
 
-def test_priority_sequence_and_unknown_parameters_refused(triton, moe, live_server):
-    ids = np.zeros((2, 2), np.int64)
-    for kwargs, text in (({"priority": 2}, "priority"), ({"sequence_id": 7}, "sequence"),
-                         ({"sequence_id": 7, "sequence_start": True}, "sequence"),
-                         ({"parameters": {"my_custom": 1}}, "my_custom")):
-        assert text in refused("400", triton.infer, moe, [ids_input(ids)], **kwargs)
+def priority_requests(server) -> float:
+    """segfuse_infer_priority_requests_total, as /metrics reports it."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(server.url + "/metrics").text
+    (fam,) = [f for f in text_string_to_metric_families(text) if f.name == "segfuse_infer_priority_requests"]
+    return next(s.value for s in fam.samples if s.name.endswith("_total"))
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_priority_sequence_and_custom_parameters_are_accepted(triton, moe, live_server, binary):
+    """As Triton 2.51 answers them for a model without a sequence batcher: accepted, the run's result
+    unchanged; priority has no effect and is counted."""
+    rng = np.random.default_rng(11)
+    before = priority_requests(live_server)
+    calls = [{"priority": 2}, {"priority": 2 ** 64 - 1}, {"sequence_id": 7}, {"sequence_id": "conversation-1"},
+             {"sequence_id": 7, "sequence_start": True, "sequence_end": True},
+             {"parameters": {"my_custom": 1, "flag": True, "name": "x", "ratio": 0.5}},
+             {"priority": 3, "sequence_id": 9, "parameters": {"my_custom": "on"}}]
+    for kwargs in calls:
+        ids = rng.integers(0, 16, (5, 3), dtype=np.int64)
+        r = triton.infer(moe, [ids_input(ids, binary)], **kwargs)
+        np.testing.assert_array_equal(r.as_numpy("counts"), counts_of(ids), err_msg=str(kwargs))
+    assert priority_requests(live_server) == before + sum("priority" in k for k in calls)
+
+
+def test_request_parameters_segfuse_reads_are_still_checked(live_server, moe):
+    """Known parameters of the wrong type or range, and custom ones that are not a string, a number
+    or a boolean, are 400 located at the parameter (Triton: 500 and 400)."""
     url = f"{live_server.url}/v2/models/{moe}/infer"
     inp = {"name": "topk_ids", "shape": [1, 1], "datatype": "INT64", "data": [1]}
-    for params in ({"timeout": -1}, {"timeout": "soon"}, {"priority": -1}):
-        assert httpx.post(url, json={"inputs": [inp], "parameters": params}).status_code == 400, params
+    for params, key in (({"timeout": -1}, "timeout"), ({"timeout": "soon"}, "timeout"), ({"priority": -1}, "priority"),
+                        ({"priority": "high"}, "priority"), ({"priority": 2 ** 64}, "priority"),
+                        ({"sequence_id": -1}, "sequence_id"), ({"sequence_id": 1.5}, "sequence_id"),
+                        ({"sequence_start": "yes"}, "sequence_start"),
+                        ({"binary_data_output": "yes"}, "binary_data_output"),
+                        ({"my_custom": {"a": 1}}, "my_custom"), ({"my_custom": [1]}, "my_custom"),
+                        ({"my_custom": None}, "my_custom")):
+        r = httpx.post(url, json={"inputs": [inp], "parameters": params})
+        assert r.status_code == 400, (params, r.text)
+        assert r.json()["details"][0]["loc"][-2:] == ["parameters", key], (params, r.text)
     ok = httpx.post(url, json={"inputs": [inp], "parameters": {"priority": 0, "sequence_id": 0, "timeout": 0,
                                                                "binary_data_output": False}})
-    assert ok.status_code == 200, ok.text
+    assert ok.status_code == 200 and ok.json()["outputs"][0]["data"] == counts_of(np.array([1])).tolist(), ok.text
     r = httpx.post(url, json={"inputs": [inp], "outputs": [{"name": "counts", "parameters": {"class_count": 3}}]})
     assert r.status_code == 400 and "class_count" in r.json()["error"]
+
+
+def test_unknown_top_level_fields_are_ignored(live_server, moe):
+    """As in Triton, JSON and binary; inside an input, and in /v2/execute's body, still 400."""
+    url = f"{live_server.url}/v2/models/{moe}/infer"
+    ids = np.array([[3, 3], [0, 15]], np.int64)
+    inp = {"name": "topk_ids", "shape": [2, 2], "datatype": "INT64", "data": ids.ravel().tolist()}
+    r = httpx.post(url, json={"inputs": [inp], "client_note": {"any": ["thing"]}, "request_tag": 7})
+    assert r.status_code == 200 and r.json()["outputs"][0]["data"] == counts_of(ids).tolist(), r.text
+    header = json.dumps({"inputs": [{**inp, "data": None, "parameters": {"binary_data_size": ids.nbytes}}],
+                         "outputs": [{"name": "counts"}], "extra": True}).encode()
+    r = httpx.post(url, content=header + ids.tobytes(), headers={"Inference-Header-Content-Length": str(len(header))})
+    assert r.status_code == 200 and r.json()["outputs"][0]["data"] == counts_of(ids).tolist(), r.text
+    r = httpx.post(url, json={"inputs": [{**inp, "note": 1}]})
+    assert r.status_code == 400 and r.json()["details"][0]["loc"] == ["body", "inputs", 0, "note"], r.text
+    g = {**MOE_PROBLEM_SIZES, "name": unique("executed")}
+    r = httpx.post(live_server.url + "/v2/execute", json={"graph": g, "inputs": [inp], "note": 1})
+    assert r.status_code == 400 and r.json()["details"][0]["loc"] == ["body", "note"], r.text
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_invalid_requests_are_400_with_their_location(triton, moe, live_server, binary):
+    """Wrong datatype, wrong shape, a missing or unknown input, an unknown output, data out of range:
+    400 (Triton's status), with segfuse's message; a valid request after them still runs."""
+    ids = np.array([[1, 2], [2, 15]], np.int64)
+
+    def infer_input(name, shape, datatype, data):
+        i = httpclient.InferInput(name, shape, datatype)
+        i.set_data_from_numpy(data, binary_data=binary)
+        return i
+
+    cases = [([infer_input("topk_ids", [2, 2], "INT32", ids.astype(np.int32))], None, "int32"),
+             ([infer_input("topk_ids", [4], "INT64", ids.ravel())], None, "rank 1"),
+             ([], None, "missing input"),
+             ([ids_input(ids, binary), infer_input("other", [2, 2], "INT64", ids)], None, "unknown input"),
+             ([ids_input(ids, binary)], [httpclient.InferRequestedOutput("nope", binary_data=binary)], "not an output"),
+             ([ids_input(np.array([[16, 0]], np.int64), binary)], None, "out of bounds")]
+    for inputs, outputs, text in cases:
+        assert text in refused("400", triton.infer, moe, inputs, outputs=outputs), text
+    r = triton.infer(moe, [ids_input(ids, binary)])
+    np.testing.assert_array_equal(r.as_numpy("counts"), counts_of(ids))
 
 
 _Gate = GatedEngine  # holds the server's run worker until the test opens it

@@ -157,7 +157,7 @@ def test_code_blocks_run(doc, server, scratch):
     if doc.name == "README.md":
         joined = "\n".join(outputs)
         assert "200" in outputs[0]  # the readiness check
-        assert "422 inputs disagree with the graph" in joined  # the ClientError in the client session
+        assert "400 inputs disagree with the graph" in joined  # the ClientError in the client session
         assert "[256, 256, 256, 256, 256, 256, 256, 256]" in joined  # the async session
         assert np.load(cwd / "counts.npy").shape == (16,)
 

@@ -126,11 +126,11 @@ async def test_buffer_errors(asgi_server):
         r = await c.put("/v2/buffers/x", json={"dtype": "int64", "shape": "2", "data": [1, 2]})
         assert_error(r, 400, "shape")
         r = await c.put("/v2/buffers/x", json={"dtype": "int8", "shape": [1], "data": [300]})
-        assert_error(r, 422, "INT8")
+        assert_error(r, 400, "INT8")
         r = await c.put("/v2/buffers/x", json={"dtype": "int64", "shape": [1], "data": [1.5]})
         assert_error(r, 400, "non-integer")
         assert_error(await c.put("/v2/buffers/x", content=npy_bytes(np.array(["a"])),
-                                 headers={"content-type": NPY}), 422, "unsupported dtype")
+                                 headers={"content-type": NPY}), 400, "unsupported dtype")
         assert (await c.get("/v2/buffers")).json()["buffers"] == []
 
 
@@ -174,9 +174,9 @@ async def test_fusion_invalid_graph_errors(asgi_server, moe_graph):
         bad = json.loads(json.dumps(moe_graph))
         bad["ops"] = bad["ops"][:3]
         bad["ops"][0]["inputs"] = ["nope"]
-        body = assert_error(await c.post("/v2/fusions", json=bad), 422, "unknown tensor 'nope'")
+        body = assert_error(await c.post("/v2/fusions", json=bad), 400, "unknown tensor 'nope'")
         assert body["details"][0]["loc"] == ["ops", 0, "inputs", 0]
-        assert_error(await c.post("/v2/fusions", json={"ops": []}), 422, "outputs")
+        assert_error(await c.post("/v2/fusions", json={"ops": []}), 400, "outputs")
         assert_error(await c.post("/v2/fusions", json=moe_graph), 413, "4 ops exceed the limit of 3")
         deep = {"name": "deep", "inputs": [{"name": "x", "dtype": "int64", "shape": [1, 1, 1]}],
                 "ops": [], "outputs": ["x"]}
@@ -193,8 +193,8 @@ async def test_plan_endpoint(asgi_server, moe_graph):
         fid = (await c.post("/v2/fusions", json=moe_graph)).json()["id"]
         assert_error(await c.get("/v2/fusions/nope/plan", params={"shape": "T=4,K=2"}), 404)
         assert_error(await c.get(f"/v2/fusions/{fid}/plan", params={"shape": "T"}), 400, "T=4096")
-        assert_error(await c.get(f"/v2/fusions/{fid}/plan", params={"shape": "T=4"}), 422, "K")
-        assert_error(await c.get(f"/v2/fusions/{fid}/plan", params={"shape": "T=4,K=2,Q=1"}), 422, "Q")
+        assert_error(await c.get(f"/v2/fusions/{fid}/plan", params={"shape": "T=4"}), 400, "K")
+        assert_error(await c.get(f"/v2/fusions/{fid}/plan", params={"shape": "T=4,K=2,Q=1"}), 400, "Q")
         r = await c.get(f"/v2/fusions/{fid}/plan", params={"shape": "T=4096,K=8"})
         if hasattr(Engine, "plan"):
             assert r.status_code == 200, r.text
@@ -253,7 +253,7 @@ async def test_infer_inline_buffers_and_both(asgi_server, server_backend, moe_gr
         # declared shape/datatype of a buffer input must agree with the buffer
         r = await c.post("/v2/models/moe_problem_sizes/infer", json={
             "inputs": [{"name": "topk_ids", "datatype": "INT32", "parameters": {"buffer": "ids_0"}}]})
-        assert_error(r, 422, "INT32", "ids_0")
+        assert_error(r, 400, "INT32", "ids_0")
 
         meta = (await c.get("/v2/models/moe_problem_sizes")).json()
         assert meta["inputs"] == [{"name": "topk_ids", "datatype": "INT64", "shape": [-1, -1]}]
@@ -274,31 +274,35 @@ async def test_infer_errors(asgi_server, server_backend, moe_graph):
             return {"inputs": [t]}
 
         assert_error(await c.post("/v2/models/nope/infer", json=inline()), 404, "nope")
-        body = assert_error(await c.post(url, json=inline(data=[1, 2, 3, 99])), 422, "index 99", "out of bounds")
+        body = assert_error(await c.post(url, json=inline(data=[1, 2, 3, 99])), 400, "index 99", "out of bounds")
         assert body["details"][0]["loc"][:2] == ["ops", 3]
-        assert_error(await c.post(url, json=inline(datatype="INT32")), 422, "int32", "int64")
-        assert_error(await c.post(url, json=inline(shape=[4], data=[1, 2, 3, 4])), 422, "rank 1")
+        assert_error(await c.post(url, json=inline(datatype="INT32")), 400, "int32", "int64")
+        assert_error(await c.post(url, json=inline(shape=[4], data=[1, 2, 3, 4])), 400, "rank 1")
         assert_error(await c.post(url, json=inline(shape=[1, 1, 1, 4])), 413, "rank 4")
         assert_error(await c.post(url, json=inline(data=[1, 2, 3])), 400, "3 elements")
         assert_error(await c.post(url, json=inline(datatype="STRING")), 400, "unknown datatype")
         assert_error(await c.post(url, json=inline(datatype=None)), 400, "datatype")
-        assert_error(await c.post(url, json={"inputs": []}), 422, "missing input")
+        assert_error(await c.post(url, json={"inputs": []}), 400, "missing input")
         two = inline()
         two["inputs"].append(dict(two["inputs"][0]))
         assert_error(await c.post(url, json=two), 400, "twice")
-        assert_error(await c.post(url, json=inline(name="other")), 422, "unknown input")
+        assert_error(await c.post(url, json=inline(name="other")), 400, "unknown input")
         assert_error(await c.post(url, json=inline(parameters={"buffer": "ids"})), 400, "buffer")
         assert_error(await c.post(url, json={"inputs": [{"name": "topk_ids", "parameters": {"buffer": "nope"}}]}),
                      404, "buffer 'nope'")
         assert_error(await c.post(url, json={"inputs": [{"name": "topk_ids", "parameters": {"buffer": "a b"}}]}),
                      400)
         r = await c.post(url, json={**inline(), "outputs": [{"name": "nope"}]})
-        assert_error(r, 422, "not an output")
+        assert_error(r, 400, "not an output")
         r = await c.post(url, json={**inline(), "outputs": [{"name": "counts"}, {"name": "counts"}]})
         assert_error(r, 400, "twice")
         assert_error(await c.post(url, content=b"{oops", headers={"content-type": "application/json"}), 400, "JSON")
         assert_error(await c.post(url, json={"inputs": 3}), 400, "inputs")
-        assert_error(await c.post(url, json={"inputs": [], "bogus": 1}), 400, "bogus")
+        # an unknown top-level field is ignored (as Triton does); inside an input it is refused
+        r = await c.post(url, json={**inline(), "bogus": 1})
+        assert r.status_code == 200 and r.json()["outputs"][0]["data"] == counts_of([1, 2, 3, 4]).tolist(), r.text
+        body = assert_error(await c.post(url, json=inline(bogus=1)), 400, "bogus")
+        assert body["details"][0]["loc"] == ["body", "inputs", 0, "bogus"]
         assert_error(await c.post(url, json=[1]), 400)
 
 
@@ -328,7 +332,7 @@ async def test_inplace_alias_updates_the_buffer(asgi_server, server_backend, sca
         # in-place input given inline: refused, the graph's in-place update needs a buffer
         r = await c.post("/v2/models/scatter_add/infer", json={
             "inputs": [{"name": "dst", "shape": [8], "datatype": "FP32", "data": dst.tolist()}, *tensors]})
-        assert_error(r, 422, "alias_of", "buffer")
+        assert_error(r, 400, "alias_of", "buffer")
         # an aliased output stored under another name is a copy, not the same memory
         r = await c.post("/v2/models/scatter_add/infer", json={
             "inputs": [{"name": "dst", "parameters": {"buffer": "dst"}}, *tensors],
@@ -379,7 +383,7 @@ async def test_execute_registers_and_runs(asgi_server, server_backend, chain_gra
         np.testing.assert_allclose(r.json()["outputs"][0]["data"], expect, rtol=1e-6)
         assert [f["name"] for f in (await c.get("/v2/fusions")).json()["fusions"]] == ["elementwise_chain"]
         bad = dict(chain_graph, ops=[{"op": "nope", "out": "x", "inputs": []}])
-        body = assert_error(await c.post("/v2/execute", json={"graph": bad, "inputs": tensors}), 422, "unknown op")
+        body = assert_error(await c.post("/v2/execute", json={"graph": bad, "inputs": tensors}), 400, "unknown op")
         assert body["details"][0]["loc"] == ["graph", "ops", 0, "op"]
         assert_error(await c.post("/v2/execute", json={"inputs": tensors}), 400, "graph")
 
@@ -514,7 +518,7 @@ async def test_metrics(asgi_server, server_backend, moe_graph):
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
         text = r.text
         assert 'segfuse_requests_total{endpoint="/v2/models/{model}/infer",method="POST",status="200"} 3.0' in text
-        assert 'segfuse_requests_total{endpoint="/v2/models/{model}/infer",method="POST",status="422"} 1.0' in text
+        assert 'segfuse_requests_total{endpoint="/v2/models/{model}/infer",method="POST",status="400"} 1.0' in text
         assert "segfuse_run_seconds_count 3.0" in text
         assert 'segfuse_runs_total{outcome="error"} 1.0' in text
         for name in ("segfuse_kernel_cache_hits_total", "segfuse_kernel_cache_misses_total",
@@ -586,7 +590,7 @@ async def test_openapi_is_complete(asgi_server):
             assert model in comps, model
         infer = paths["/v2/models/{model}/infer"]["post"]
         assert infer["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/InferRequest")
-        assert infer["responses"]["422"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
+        assert infer["responses"]["400"]["content"]["application/json"]["schema"]["$ref"].endswith("/ErrorBody")
         assert paths["/v2/fusions"]["post"]["requestBody"]["content"]["application/json"]["schema"][
             "$ref"].endswith("/GraphSpec")
         text = json.dumps(schema)

@@ -97,7 +97,7 @@ async def test_a_failing_run_fails_alone_inside_a_batch(gated, moe_graph):
         for k, (idx, w, task) in enumerate(cases):
             r = await task
             if k in (3, 8):
-                assert r.status_code == 422, r.text
+                assert r.status_code == 400, r.text
                 assert f"index {4 + k} is out of bounds" in r.json()["error"]
                 continue
             assert r.status_code == 200, r.text
@@ -166,7 +166,7 @@ async def test_each_run_commits_all_its_outputs_or_none(gated):
         await _queued(server, 6)
         gate.release.set()
         assert (await hold).status_code == 200
-        assert (await bad).status_code == 422
+        assert (await bad).status_code == 400
         for k, (x, t) in enumerate(good):
             assert (await t).status_code == 200
             d = (await c.get(f"/v2/buffers/a_d{k}", headers={"accept": RAW})).content

@@ -60,7 +60,7 @@ async def test_0d_result_in_a_buffer_reads_back_0d(asgi_server, server_backend):
         assert r.json()["outputs"][0]["shape"] == []
         back = await _get_npy(c, "t_out")
         assert back.shape == () and float(back) == float(x.sum()) + 0.5
-        # the stored buffer as an input again: still 0-d (a rank mismatch would be a 422)
+        # the stored buffer as an input again: still 0-d (a rank mismatch would be a 400)
         r = await c.post("/v2/models/total/infer", json={
             "inputs": [{"name": "x", "parameters": {"buffer": "x"}}, {"name": "s0", "parameters": {"buffer": "t_out"}}]})
         assert r.status_code == 200, r.text

@@ -240,7 +240,7 @@ async def test_failed_run_changes_no_region_byte(moe_regions):
     c, ids, out_obj = moe_regions
     ids[3, 1] = 16  # out of range for 16 bins
     body = {"inputs": [shm_input("topk_ids", "ids", (8, 4), offset=64)], "outputs": [shm_output("counts", "counts", 256)]}
-    assert_error(await c.post(MOE_INFER, json=body), 422, "index 16 is out of bounds")
+    assert_error(await c.post(MOE_INFER, json=body), 400, "index 16 is out of bounds")
     assert bytes(out_obj.buf) == b"\x5a" * 256
     assert [x["ref_count"] for x in await status(c)] == [0, 0]
 

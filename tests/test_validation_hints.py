@@ -1,7 +1,7 @@
 """Bad input stays a clear error (issue 15, item 5): an unknown op, attribute, field or attribute
 value gets a "did you mean" when one is close (difflib) or when it is PyTorch's name for a segfuse
 value ("sum" for a scatter's "add"), in the issue that names the field; nothing is suggested when
-nothing is close. Also over HTTP: a 422 with the hint in the detail."""
+nothing is close. Also over HTTP: a 400 with the hint in the detail."""
 
 from __future__ import annotations
 
@@ -78,11 +78,11 @@ def test_unknown_graph_fields_name_the_close_one():
 
 
 @pytest.mark.anyio
-async def test_hint_in_the_422_detail(asgi_server):
+async def test_hint_in_the_400_detail(asgi_server):
     g = {"format": "segfuse.fusion/1", "inputs": X, "ops": _scatter(reduce="sum"), "outputs": ["o"]}
     async with asgi_server() as c:
         r = await c.post("/v2/fusions", json=g)
-        assert r.status_code == 422, r.text
+        assert r.status_code == 400, r.text
         (d,) = r.json()["details"]
         assert d["loc"] == ["ops", 0, "reduce"] and d["msg"].endswith("did you mean 'add'?")
 

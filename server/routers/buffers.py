@@ -11,7 +11,7 @@ from fastapi.responses import StreamingResponse
 from ..binary import fill_body
 from ..codec import LARGE, release
 from ..deps import ReadyState, errors
-from ..errors import bad_request, not_found, unprocessable
+from ..errors import bad_request, not_found
 from ..jsonio import validate_json
 from ..models import BufferInfo, BufferJson, BufferJsonOut, BufferList, BufferPut, Deleted
 from ..names import path_name
@@ -73,7 +73,7 @@ STORED = {"GetBuffer": link("/v2/buffers/{name}", "get", "read it back", name="$
 
 @router.put("/{name}", response_model=BufferPut, summary="Create or replace a buffer", openapi_extra=PUT_BODY,
             responses={200: {"links": STORED}, 201: {"model": BufferPut, "description": "created", "links": STORED},
-                       **errors(400, 401, 413, 422, 503)})
+                       **errors(400, 401, 413, 503)})
 async def put_buffer(rt: ReadyState, request: Request, response: Response, name: str = BufferName,
                      dtype: str | None = Query(None, description="with application/octet-stream: int64 or INT64"),
                      shape: str | None = Query(None, description="with application/octet-stream: e.g. 4096,8"),
@@ -113,7 +113,7 @@ async def _store(rt: ServerState, response: Response, name: str, host) -> Buffer
     try:
         dt = dtype_of(host)
     except ValueError as e:
-        raise unprocessable(str(e), ["body"]) from None
+        raise bad_request(str(e), ["body"]) from None
     nbytes = nbytes_of(tuple(host.shape), dt)
     store = rt.store
     async with store.pin(writes=[name]):  # waits for runs and readers of the old contents

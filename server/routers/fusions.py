@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request, Response
 from segfuse.compiler import Fusion
 
 from ..deps import AnyState, ReadyState, errors
-from ..errors import ApiError, bad_request, unprocessable
+from ..errors import ApiError, bad_request
 from ..fusions import fusion_info
 from ..jsonio import loads
 from ..models import (
@@ -64,7 +64,7 @@ async def register(rt: ServerState, graph: Any, replace: bool) -> tuple[Fusion, 
 @router.post("", response_model=FusionRegistered, summary="Register a fusion graph", openapi_extra=GRAPH_BODY_DOC,
              responses={200: {"links": fusion_links()},
                         201: {"model": FusionRegistered, "description": "registered", "links": fusion_links()},
-                        **errors(400, 401, 409, 413, 422), **STORAGE_ERROR})
+                        **errors(400, 401, 409, 413), **STORAGE_ERROR})
 async def register_fusion(rt: AnyState, request: Request, response: Response,
                           replace: bool = Query(False, description="replace a different graph with the same name"),
                           ) -> FusionRegistered:
@@ -107,11 +107,11 @@ def parse_symbols(text: str | None, fusion: Fusion) -> dict[str, int]:
         env[m.group(1)] = size_from_digits(m.group(2), f"shape binding {m.group(1)}=", ["query", "shape"])
     unknown = sorted(set(env) - set(fusion.symbols))
     if unknown:
-        raise unprocessable(f"unknown symbol(s) {', '.join(unknown)}; fusion '{fusion.name}' has "
+        raise bad_request(f"unknown symbol(s) {', '.join(unknown)}; fusion '{fusion.name}' has "
                             f"{', '.join(sorted(fusion.symbols)) or 'none'}", ["query", "shape"])
     missing = sorted(set(fusion.symbols) - set(env))
     if missing:
-        raise unprocessable(f"give a size for {', '.join(missing)}, e.g. ?shape="
+        raise bad_request(f"give a size for {', '.join(missing)}, e.g. ?shape="
                             + ",".join(f"{s}=1024" for s in sorted(fusion.symbols)), ["query", "shape"])
     return env
 
@@ -154,7 +154,7 @@ def kernel_sources(engine, fusion: Fusion, shapes: dict, plan, plan_dict: dict) 
 
 
 @router.get("/{key}/plan", response_model=PlanResponse, summary="Segments, reasons and kernel sources",
-            responses={**errors(400, 401, 404, 422, 503), 501: {"description": "the engine has no planner"}})
+            responses={**errors(400, 401, 404, 503), 501: {"description": "the engine has no planner"}})
 async def get_plan(rt: ReadyState, key: str,
                    shape: str | None = Query(None, description="symbol sizes, e.g. T=4096,K=8"),
                    source: bool = Query(True, description="include the generated CUDA source of each kernel"),
@@ -162,7 +162,7 @@ async def get_plan(rt: ReadyState, key: str,
     fusion = rt.fusions.resolve(key)
     env = parse_symbols(shape, fusion)
     shapes = fusion.input_shapes(env)
-    fusion.bind(shapes)  # BindError (422) for sizes the graph cannot take
+    fusion.bind(shapes)  # BindError (400) for sizes the graph cannot take
     engine = rt.engine
     if not hasattr(engine, "plan"):
         raise ApiError(501, f"the {rt.backend_name} engine of this build has no planner (Engine.plan); "

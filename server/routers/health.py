@@ -16,10 +16,13 @@ router = APIRouter(tags=["health"])
 # document's global security requirement.
 OPEN = {"security": []}
 
-# Triton's extension names for what exists here, then segfuse's own.
-EXTENSIONS = ["binary_tensor_data", "parameters", "model_repository", "model_repository(unload_dependents)",
-              "model_configuration", "statistics", "trace", "logging", "system_shared_memory", "cuda_shared_memory",
-              "segfuse_buffers", "segfuse_fusions", "segfuse_plan", "segfuse_execute"]
+# Triton's extension names for what exists here, in Triton 2.51's order, then segfuse's own. Not
+# listed: `classification` (class_count is refused, 400) and `sequence` (no sequence batcher: sequence_id
+# is accepted and ignored, as Triton does for a model without one). `schedule_policy` is its request
+# parameters: `timeout` is honoured, `priority` accepted with one priority level (one run queue).
+EXTENSIONS = ["model_repository", "model_repository(unload_dependents)", "schedule_policy", "model_configuration",
+              "system_shared_memory", "cuda_shared_memory", "binary_tensor_data", "parameters", "statistics",
+              "trace", "logging", "segfuse_buffers", "segfuse_fusions", "segfuse_plan", "segfuse_execute"]
 
 
 def live_status() -> tuple[int, dict]:

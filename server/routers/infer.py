@@ -11,7 +11,7 @@ from ..fusions import tensor_meta
 from ..jsonio import dumps
 from ..models import ExecuteRequest, InferRequest, InferResponse, ModelMetadata, ModelReady
 from ..parsed_requests import ParsedRequests
-from ..protocol import MODEL_VERSION, check_request, check_version
+from ..protocol import MODEL_VERSION, check_request, check_version, count_priority
 from ..request_bodies import LargeBody, decode, read_body
 from ..run_records import ParsedRun
 from ..run_request import parse_request, response
@@ -42,7 +42,7 @@ def _body_doc(schema: str) -> dict:
 
 INFER_RESPONSES = {200: {"content": {CONTENT_TYPE: {"schema": {"type": "string", "format": "binary"}}},
                          "description": "JSON, or with binary outputs the JSON header then raw bytes"},
-                   **errors(400, 401, 404, 409, 413, 422, 429, 503)}
+                   **errors(400, 401, 404, 409, 413, 429, 503)}
 
 
 async def run_infer(rt: ServerState, fusion, req, tail, model_name: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
@@ -52,14 +52,48 @@ async def run_infer(rt: ServerState, fusion, req, tail, model_name: str) -> tupl
 
 
 def _parsed(rt: ServerState, fusion, req, tail) -> ParsedRun:
-    deadline = check_request(fusion, req)  # KServe fields, Triton parameters (server/protocol.py)
-    return parse_request(rt, fusion, req, tail, deadline)
+    try:
+        deadline = check_request(fusion, req)  # KServe fields, Triton parameters (server/protocol.py)
+        return parse_request(rt, fusion, req, tail, deadline)
+    except Exception as e:
+        rt.stats.record_rejected(fusion, e)  # refused before the run: not a failed run (server/stats.py)
+        raise
 
 
-async def _run_parsed(rt: ServerState, req, parsed: ParsedRun, model_name: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+def _decoded(rt: ServerState, fusion, body: bytes, header_length: str | None):
+    """The infer body decoded; a malformed one is counted as refused (server/stats.py)."""
+    try:
+        return decode_request(InferRequest, body, header_length)
+    except Exception as e:
+        rt.stats.record_rejected(fusion, e)
+        raise
+
+
+async def _decoded_large(rt: ServerState, fusion, body: LargeBody, header_length: str | None):
+    """A large infer body decoded off the event loop; a malformed one is counted as refused."""
+    try:
+        return await decode(rt, InferRequest, body, header_length)
+    except Exception as e:
+        rt.stats.record_rejected(fusion, e)
+        raise
+
+
+async def infer_parts(rt: ServerState, fusion, req, tail) -> tuple[dict, list[bytes]]:
+    """One inference as (the response body, the binary outputs' bytes): the gRPC front door
+    (server/grpc) answers through it."""
+    return await _run_result(rt, req, _parsed(rt, fusion, req, tail), fusion.name)
+
+
+async def _run_result(rt: ServerState, req, parsed: ParsedRun, model_name: str) -> tuple[dict, list[bytes]]:
+    count_priority(rt.metrics, req)  # (here: a parsed run reused from a cache skips check_request)
     outcome = await run(rt, parsed)
     body, chunks = response(model_name, req.id, parsed, outcome)
     body["model_version"] = MODEL_VERSION
+    return body, chunks
+
+
+async def _run_parsed(rt: ServerState, req, parsed: ParsedRun, model_name: str) -> tuple[bytes, list[tuple[bytes, bytes]]]:
+    body, chunks = await _run_result(rt, req, parsed, model_name)
     if not chunks:
         return dumps(body), [(b"content-type", b"application/json")]
     raw, n = join_body(body, chunks)
@@ -82,14 +116,14 @@ async def infer_body(rt: ServerState, fusion, model: str, body: bytes | LargeBod
     A small body seen before for the same fusion reuses its parsed run (server/parsed_requests.py);
     a large one is decoded off the event loop."""
     if isinstance(body, LargeBody):
-        req, tail = await decode(rt, InferRequest, body, header_length)
+        req, tail = await _decoded_large(rt, fusion, body, header_length)
         return await _run_parsed(rt, req, _parsed(rt, fusion, req, tail), fusion.name)
     key = ParsedRequests.key(model, version, body, header_length)
     hit = rt.parsed_requests.get(key, fusion, body) if key is not None else None
     if hit is not None:
         req, parsed = hit
     else:
-        req, tail = decode_request(InferRequest, body, header_length)
+        req, tail = _decoded(rt, fusion, body, header_length)
         parsed = _parsed(rt, fusion, req, tail)
         if key is not None:
             rt.parsed_requests.put(key, fusion, req, parsed)

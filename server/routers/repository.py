@@ -29,6 +29,7 @@ from ..errors import ApiError, bad_request
 from ..fusions import dims, fusion_info
 from ..jsonio import loads
 from ..protocol import MODEL_VERSION, check_version
+from ..state import ServerState
 from ..tensors import kserve_name
 from .fusions import STORAGE_ERROR, json_body, register
 from .links import fusion_links, link
@@ -38,7 +39,7 @@ router = APIRouter(tags=["model repository"])
 TRITON_CONFIG_KEYS = {"backend", "platform", "input", "output", "max_batch_size", "instance_group"}
 
 
-def _params(body: bytes, allowed: set[str]) -> dict:
+def _params(body: bytes) -> dict:
     """The `parameters` object of an optional JSON body {"parameters": {...}}; 400 on anything else."""
     doc = json_body(body) if body.strip() else {}
     if not isinstance(doc, dict):
@@ -50,6 +51,11 @@ def _params(body: bytes, allowed: set[str]) -> dict:
     params = doc.get("parameters") or {}
     if not isinstance(params, dict):
         raise bad_request("parameters must be an object", ["body", "parameters"])
+    return params
+
+
+def checked_params(params: dict, allowed: set[str]) -> dict:
+    """`params` (a load or unload request's parameters), 400 for a key other than `allowed`."""
     for key in sorted(params):
         if key.startswith("file:"):
             raise bad_request(f"'{key}': a fusion has no model files; send the graph as parameters.config",
@@ -71,7 +77,11 @@ async def repository_index(rt: AnyState, request: Request) -> list[dict]:
     doc = json_body(body) if body.strip() else {}
     if not isinstance(doc, dict) or set(doc) - {"ready"} or not isinstance(doc.get("ready", False), bool):
         raise bad_request('the body is empty or {"ready": true|false}', ["body"])
-    ready_only = doc.get("ready", False)
+    return repository_entries(rt, doc.get("ready", False))
+
+
+def repository_entries(rt: ServerState, ready_only: bool) -> list[dict]:
+    """The index's entries (only READY ones with `ready_only`); the gRPC front door answers with them too."""
     why = "" if rt.ready else (rt.init_error or "the backend is starting")
     out = [_entry(f.name, "READY" if rt.ready else "UNAVAILABLE", why) for f in rt.fusions.all()]
     if not ready_only:
@@ -96,9 +106,14 @@ def _graph_of(config: Any, model: str) -> dict:
 
 
 @router.post("/v2/repository/models/{model}/load", summary="Load (register) a fusion",
-             responses={200: {"links": fusion_links()}, **errors(400, 401, 404, 413, 422), **STORAGE_ERROR})
+             responses={200: {"links": fusion_links()}, **errors(400, 401, 404, 413), **STORAGE_ERROR})
 async def load_model(rt: AnyState, model: str, request: Request) -> dict:
-    params = _params(await request.body(), {"config"})
+    return await load(rt, model, _params(await request.body()))
+
+
+async def load(rt: ServerState, model: str, params: dict) -> dict:
+    """Load `model` with the request's `parameters` (HTTP's and gRPC's RepositoryModelLoad)."""
+    checked_params(params, {"config"})
     if "config" in params:
         graph = _graph_of(params["config"], model)
         try:
@@ -121,7 +136,12 @@ async def load_model(rt: AnyState, model: str, request: Request) -> dict:
                                                      model="$response.body#/name")}},
                         **errors(400, 401, 404)})
 async def unload_model(rt: AnyState, model: str, request: Request) -> dict:
-    params = _params(await request.body(), {"unload_dependents"})
+    return await unload(rt, model, _params(await request.body()))
+
+
+async def unload(rt: ServerState, model: str, params: dict) -> dict:
+    """Unload `model` with the request's `parameters` (HTTP's and gRPC's RepositoryModelUnload)."""
+    checked_params(params, {"unload_dependents"})
     if not isinstance(params.get("unload_dependents", False), bool):
         raise bad_request("unload_dependents must be true or false", ["body", "parameters", "unload_dependents"])
     f = await rt.fusions.unload_async(model)

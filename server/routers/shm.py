@@ -83,6 +83,31 @@ async def _close(rt: ServerState, regions: list[Region]) -> None:
             RegionStore.close(r)
 
 
+def region_statuses(rt: ServerState, kind: str, name: str | None = None) -> list[dict]:
+    """The status of every region of `kind`, or of the one named (404 if none); HTTP and gRPC answer with it."""
+    if name is None:
+        return [r.status() for r in rt.regions.all(kind)]
+    return [rt.regions.find(name, kind, ["path", "name"]).status()]
+
+
+async def unregister_regions(rt: ServerState, kind: str, name: str | None = None) -> list[str]:
+    """Unregister the region named (404 if none; 400 while a run uses it), or every idle region of
+    `kind` (400 naming those in use, which stay); the names unregistered. HTTP and gRPC call it."""
+    if name is not None:
+        region = rt.regions.unregister(name, kind)
+        await _close(rt, [region])
+        return [name]
+    idle, busy = rt.regions.unregister_all(kind)
+    await _close(rt, idle)
+    if busy:
+        names = ", ".join(f"'{r.name}'" for r in busy)
+        done = ", ".join(f"'{r.name}'" for r in idle) or "none"
+        raise ApiError(400, f"Failed to unregister the following {TITLE[kind]} regions, currently in use by runs: "
+                            f"{names} (unregistered: {done}); retry when the runs have finished",
+                       [{"loc": ["regions", r.name], "msg": f"in use by {r.pins} run(s)"} for r in busy])
+    return [r.name for r in idle]
+
+
 def _add_routes(kind: str, prefix: str, status_model) -> None:
     """Status and unregister, the same for both kinds."""
     title = TITLE[kind]
@@ -90,34 +115,24 @@ def _add_routes(kind: str, prefix: str, status_model) -> None:
     @router.get(f"{prefix}/status", response_model=list[status_model], summary=f"Status of every {title} region",
                 responses=errors(401, 503))
     async def status_all(rt: ReadyState) -> list[dict]:
-        return [r.status() for r in rt.regions.all(kind)]
+        return region_statuses(rt, kind)
 
     @router.get(f"{prefix}/region/{{name}}/status", response_model=list[status_model],
                 summary=f"Status of one {title} region", responses=errors(401, 404, 503))
     async def status_one(rt: ReadyState, name: str = RegionName) -> list[dict]:
-        return [rt.regions.find(name, kind, ["path", "name"]).status()]
+        return region_statuses(rt, kind, name)
 
     @router.post(f"{prefix}/region/{{name}}/unregister", response_model=RegionsUnregistered,
                  summary=f"Unregister one {title} region (refused while a run uses it)",
                  responses=errors(400, 401, 404, 503))
     async def unregister_one(rt: ReadyState, name: str = RegionName) -> RegionsUnregistered:
-        region = rt.regions.unregister(name, kind)
-        await _close(rt, [region])
-        return RegionsUnregistered(unregistered=[name])
+        return RegionsUnregistered(unregistered=await unregister_regions(rt, kind, name))
 
     @router.post(f"{prefix}/unregister", response_model=RegionsUnregistered,
                  summary=f"Unregister every idle {title} region (those in use stay, and are named in a 400)",
                  responses=errors(400, 401, 503))
     async def unregister_all(rt: ReadyState) -> RegionsUnregistered:
-        idle, busy = rt.regions.unregister_all(kind)
-        await _close(rt, idle)
-        if busy:
-            names = ", ".join(f"'{r.name}'" for r in busy)
-            done = ", ".join(f"'{r.name}'" for r in idle) or "none"
-            raise ApiError(400, f"Failed to unregister the following {title} regions, currently in use by runs: "
-                                f"{names} (unregistered: {done}); retry when the runs have finished",
-                           [{"loc": ["regions", r.name], "msg": f"in use by {r.pins} run(s)"} for r in busy])
-        return RegionsUnregistered(unregistered=[r.name for r in idle])
+        return RegionsUnregistered(unregistered=await unregister_regions(rt, kind))
 
 
 _add_routes(SYSTEM, SYSTEM_PREFIX, SystemRegionStatus)

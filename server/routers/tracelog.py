@@ -43,7 +43,8 @@ async def _object(request: Request) -> dict:
     return doc
 
 
-def _apply_trace(doc: dict) -> dict:
+def apply_trace(doc: dict) -> dict:
+    """The trace settings after `doc` (a setting -> its value, None to clear); HTTP and gRPC call it."""
     for key, value in doc.items():
         loc = ["body", key]
         if key not in TRACE_SETTINGS:
@@ -69,7 +70,7 @@ async def get_trace() -> dict:
 @router.post("/v2/trace/setting", summary="Update trace settings (only keeping tracing off)",
              responses=errors(400, 401))
 async def post_trace(request: Request) -> dict:
-    return _apply_trace(await _object(request))
+    return apply_trace(await _object(request))
 
 
 @router.get("/v2/models/{model}/trace/setting", summary="Trace settings of a fusion", responses=errors(401, 404))
@@ -82,7 +83,7 @@ async def get_model_trace(rt: AnyState, model: str) -> dict:
              responses=errors(400, 401, 404))
 async def post_model_trace(rt: AnyState, model: str, request: Request) -> dict:
     rt.fusions.resolve(model)
-    return _apply_trace(await _object(request))
+    return apply_trace(await _object(request))
 
 
 def log_settings() -> dict:
@@ -131,7 +132,11 @@ def _refuse_silencing(level: int, token: str | None) -> None:
 @router.post("/v2/logging", summary="Update log settings (turning warnings or errors off needs a token)",
              responses=errors(400, 401, 403))
 async def post_logging(rt: AnyState, request: Request) -> dict:
-    doc = await _object(request)
+    return update_log_settings(rt, await _object(request))
+
+
+def update_log_settings(rt, doc: dict) -> dict:
+    """Apply `doc` (a log setting -> its value) and answer the settings; HTTP and gRPC call it."""
     current: dict[str, Any] = log_settings()
     for key, value in doc.items():
         loc = ["body", key]
