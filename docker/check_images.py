@@ -1,7 +1,7 @@
 """Checks of the built images (docker/images.sh builds them first):
 
 - segfuse:cpu runs the README's curl session (its block, unchanged but for the port) with the
-  right answer, runs as uid 10001, turns `healthy` by its own HEALTHCHECK, and stops cleanly on
+  right answer, serves gRPC to tritonclient.grpc with --grpc-port, runs as uid 10001, turns `healthy` by its own HEALTHCHECK, and stops cleanly on
   `docker stop` (exit 0, uvicorn's shutdown in the log);
 - segfuse:cuda13 compiles a graph's kernels with its NVRTC for sm_90 without a GPU, refuses to
   start without a GPU (exit 2, saying how to ask for NumPy), and serves with SEGFUSE_BACKEND=numpy;
@@ -116,6 +116,15 @@ def check_cpu_image(image: str, started: list) -> None:
                 "    except OSError: time.sleep(0.2)'; kill $pid; wait $pid", check=False)
     check(routed.stdout.strip() == "shard-0", "segfuse route serves from the image (its HAProxy in front of it)",
           routed.stdout[-500:] + routed.stderr[-1500:])
+    # gRPC (the grpc extra is in the image): a second server in the container with --grpc-port, asked
+    # by tritonclient.grpc (which that extra brings) as a Triton user would.
+    grpc = sh("docker", "exec", name, "sh", "-c",
+              "segfuse serve --backend numpy --port 8100 --grpc-port 8101 2>/dev/null & pid=$!; "
+              "python3 -c 'import time, tritonclient.grpc as g\nc = g.InferenceServerClient(\"127.0.0.1:8101\")\n"
+              "for _ in range(100):\n    try:\n        print(c.is_server_live(), c.get_server_metadata().name); break\n"
+              "    except Exception: time.sleep(0.2)'; kill $pid; wait $pid", check=False)
+    check(grpc.stdout.strip() == "True segfuse", "the image serves KServe v2 gRPC (--grpc-port; tritonclient.grpc)",
+          grpc.stdout[-500:] + grpc.stderr[-1500:])
     deadline = time.monotonic() + 120  # the image's interval is 30 s: the first check runs then
     while inspect(name, "{{.State.Health.Status}}") != "healthy" and time.monotonic() < deadline:
         time.sleep(1)

@@ -93,8 +93,9 @@ def test_images_agree_with_each_other_and_the_conventions():
     assert one(gpu, "FROM") == "${CUDA_IMAGE}" and one(cpu, "FROM") == "${BASE_IMAGE}"
     assert re.search(r"^ARG CUDA_IMAGE=nvidia/cuda:13\.\d+\.\d+-runtime-ubuntu", gpu.read_text(), re.M)
     assert re.search(r"^ARG BASE_IMAGE=python:3\.12-slim", cpu.read_text(), re.M)
-    # the GPU image carries NVRTC from the CUDA wheels (the nvrtc extra), whatever its base has
-    assert '".[server,cuda13,nvrtc]"' in gpu.read_text() and '".[server]"' in cpu.read_text()
+    # the GPU image carries NVRTC from the CUDA wheels (the nvrtc extra), whatever its base has; both
+    # serve gRPC with --grpc-port (the grpc extra)
+    assert '".[server,grpc,cuda13,nvrtc]"' in gpu.read_text() and '".[server,grpc]"' in cpu.read_text()
     for path in DOCKERFILES:
         env = env_of(path)
         user = one(path, "USER")
@@ -102,7 +103,7 @@ def test_images_agree_with_each_other_and_the_conventions():
         assert exec_form(one(path, "VOLUME")) == [env["SEGFUSE_CACHE_DIR"]]
         assert env["HOME"].startswith("/home/")
         assert f"chmod -R g=u {env['HOME']} {env['SEGFUSE_CACHE_DIR']}" in path.read_text()
-        assert one(path, "EXPOSE") == "8000"
+        assert one(path, "EXPOSE") == "8000 8001 8002"  # HTTP, and gRPC and metrics where asked for
         ignore = (path.parent / (path.name + ".dockerignore")).read_text()
         for src in re.findall(r"^COPY (\S+)", path.read_text(), re.M):
             assert f"!{src.rstrip('/')}" in ignore.replace("/\n", "\n"), f"{src} is not in the build context"
