@@ -2,6 +2,7 @@
 # Prepare a real Triton Inference Server for benchmarks/triton_side_by_side.py, from PyPI only:
 #   bash benchmarks/triton_setup.sh            # into benchmarks/out/triton (ignored by git)
 #   DEST=/some/dir PYTHON=python3.12 bash benchmarks/triton_setup.sh
+# (tests/test_triton_conformance.py runs it into ~/.cache/segfuse/triton-2.51.0 through tests/helpers/triton_install.py)
 # Lays out, under $DEST:
 #   venv/    its own virtual environment: nvidia-pytriton 0.7.0 (bundles tritonserver 2.51.0 and the Python
 #            backend), tritonclient 2.51.0 (whose manylinux wheel carries the perf_analyzer binary) and numpy<2

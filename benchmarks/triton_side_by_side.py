@@ -24,9 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -38,10 +36,9 @@ import load
 import load_wrk
 import numpy as np
 import triton_report
+from triton_server import EXPERTS, MODEL, MODELS, TOPK, start_triton, stop, triton_env
 
 HERE = Path(__file__).resolve().parent
-MODEL = "moe_problem_sizes"
-EXPERTS, TOPK = 256, 8  # the Triton model's config.pbtxt says the same
 BINARY = "application/octet-stream"
 
 
@@ -95,18 +92,9 @@ def check_bodies(urls: dict, bodies: dict, expected: dict) -> None:
                     raise SystemExit(f"{server}: wrong counts for {cell}")
 
 
-def triton_env(triton_dir: Path) -> dict:
-    """The environment of triton_setup.sh's env.sh (PATH, LD_LIBRARY_PATH, TRITON_DIST, PERF_ANALYZER)."""
-    env_sh = triton_dir / "env.sh"
-    if not env_sh.exists():
-        raise SystemExit(f"{env_sh} not found: run `bash benchmarks/triton_setup.sh` first")
-    out = subprocess.run(["bash", "-c", f'source "{env_sh}" && env -0'], capture_output=True, check=True)
-    return dict(kv.split("=", 1) for kv in out.stdout.decode().split("\0") if "=" in kv)
-
-
 def model_repository(histogram: str, scratch: Path) -> Path:
     """benchmarks/triton_models, or a copy of it whose model computes with `histogram`."""
-    repo = HERE / "triton_models"
+    repo = MODELS
     if histogram == "numpy":
         return repo
     copy = scratch / "triton_models"
@@ -114,33 +102,6 @@ def model_repository(histogram: str, scratch: Path) -> Path:
     config = copy / MODEL / "config.pbtxt"
     config.write_text(config.read_text().replace('string_value: "numpy"', f'string_value: "{histogram}"'))
     return copy
-
-
-def start_triton(env: dict, repo: Path, log: Path) -> tuple[subprocess.Popen, str]:
-    port = load.free_port()
-    dist = Path(env["TRITON_DIST"])
-    cmd = [str(dist / "bin" / "tritonserver"), "--model-repository", str(repo),
-           "--backend-directory", str(dist / "backends"), "--cache-directory", str(dist / "caches"),
-           "--http-address", "127.0.0.1", "--http-port", str(port), "--allow-grpc", "false",
-           "--allow-metrics", "false", "--log-verbose", "0"]
-    # its own process group: the Python stub processes are its children and go with it
-    proc = subprocess.Popen(cmd, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    if not load.wait_ready(proc, url, 180, f"tritonserver (log: {log})"):
-        stop(proc)
-        raise SystemExit(f"tritonserver did not become ready in 180 s (log: {log})")
-    return proc, url
-
-
-def stop(proc: subprocess.Popen | None, group: bool = False) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM) if group else proc.terminate()
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL) if group else proc.kill()
-        proc.wait(10)
 
 
 def setup_segfuse(url: str, ids: np.ndarray) -> None:
