@@ -60,7 +60,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(backend: str, token: str | None, switch_interval: float | None = None) -> tuple[subprocess.Popen, str]:
+def start_server(backend: str, token: str | None, switch_interval: float | None = None,
+                 extra: tuple = ()) -> tuple[subprocess.Popen, str]:
     port = free_port()
     env = dict(os.environ, SEGFUSE_LOG_LEVEL="warning")
     if token:
@@ -68,7 +69,7 @@ def start_server(backend: str, token: str | None, switch_interval: float | None 
     prelude = f"sys.setswitchinterval({switch_interval}); " if switch_interval else ""
     cmd = [sys.executable, "-c", f"import sys; {prelude}from segfuse.cli import main; sys.exit(main())",
            "serve", "--host", "127.0.0.1", "--port", str(port), "--backend", backend,
-           "--max-queued-runs", "4096"]
+           "--max-queued-runs", "4096", *extra]
     proc = subprocess.Popen(cmd, env=env)
     url = f"http://127.0.0.1:{port}"
     if not wait_ready(proc, url, 120, "segfuse serve"):

@@ -165,20 +165,24 @@ def stats_table(rows: list[dict]) -> list[str]:
 
 
 def perf_table(perf: dict) -> list[str]:
-    """perf_analyzer's rows of both servers: {server: [rows]}."""
-    by_conc: dict[int, dict] = {}
-    for server, rows in perf.items():
-        for row in rows:
-            by_conc.setdefault(row["concurrency"], {})[server] = row
+    """perf_analyzer's rows of both servers per protocol: {protocol: {server: [rows]}} (an older
+    result's {server: [rows]} is HTTP's)."""
+    if set(perf) <= set(SERVERS):
+        perf = {"http": perf}
     lines = ["| perf_analyzer, binary T=4096 | concurrency | Triton infer/s | segfuse infer/s | segfuse / Triton "
              "| p50 Triton / segfuse (us) | p99 Triton / segfuse (us) |",
              "| --- | ---: | ---: | ---: | ---: | --- | --- |"]
-    for c in sorted(by_conc):
-        t, s = by_conc[c].get("triton"), by_conc[c].get("segfuse")
-        row = {"triton": t, "segfuse": s}
-        lines.append(f"| | {c} | {_n(t and t['rps'])} | {_n(s and s['rps'])} | "
-                     f"{_n(ratio(s and s['rps'], t and t['rps']), '.2f')} | {_pair(row, 'p50_us')} | "
-                     f"{_pair(row, 'p99_us')} |")
+    for protocol, servers in perf.items():
+        by_conc: dict[int, dict] = {}
+        for server, rows in servers.items():
+            for row in rows:
+                by_conc.setdefault(row["concurrency"], {})[server] = row
+        for c in sorted(by_conc):
+            t, s = by_conc[c].get("triton"), by_conc[c].get("segfuse")
+            row = {"triton": t, "segfuse": s}
+            lines.append(f"| {'gRPC' if protocol == 'grpc' else 'HTTP'} | {c} | {_n(t and t['rps'])} | "
+                         f"{_n(s and s['rps'])} | {_n(ratio(s and s['rps'], t and t['rps']), '.2f')} | "
+                         f"{_pair(row, 'p50_us')} | {_pair(row, 'p99_us')} |")
     return lines
 
 

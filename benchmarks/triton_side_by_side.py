@@ -10,7 +10,8 @@ In alternating rounds (the order of the two servers flips each round) wrk measur
 GET /v2/health/live; infer with binary tensors at T=1 and T=4096 (request and response); infer with JSON at T=4096;
 and, for segfuse, infer reading the ids from a resident buffer. The same body files go to both servers
 (wrk/post_body.lua). Around each cell the servers' /v2/models/{m}/stats give their own time per request. Then
-Triton's perf_analyzer (from the tritonclient 2.51.0 wheel) runs against both at concurrency 1 and 8.
+Triton's perf_analyzer (from the tritonclient 2.51.0 wheel) runs against both at concurrency 1 and 8, over HTTP
+and over gRPC (both servers serve KServe v2 gRPC too: segfuse with --grpc-port, Triton with --allow-grpc).
 
     bash benchmarks/triton_setup.sh                         # once: Triton's venv and layout (PyPI)
     python3 benchmarks/triton_side_by_side.py --duration 5 --rounds 2
@@ -153,28 +154,30 @@ def run_rounds(args, urls: dict, bodies: dict) -> list[dict]:
 
 
 def run_perf_analyzer(args, env: dict, urls: dict, ids: np.ndarray, scratch: Path) -> tuple[dict, str | None]:
-    """perf_analyzer at each --pa-concurrency against both servers (order flipping per level), binary T=4096."""
+    """perf_analyzer over each of --pa-protocols at each --pa-concurrency against both servers (order
+    flipping per level), binary T=4096: {protocol: {server: rows}}. `urls`: {protocol: {server: address}}."""
     pa = args.perf_analyzer or env.get("PERF_ANALYZER") or ""
     if args.pa_concurrency == [] or not pa or not Path(pa).exists():
         return {}, "not run (" + ("--pa-concurrency empty" if args.pa_concurrency == [] else "no binary") + ")"
     data = scratch / "pa_input.json"
     data.write_text(json.dumps({"data": [{"topk_ids": {"content": ids.reshape(-1).tolist(),
                                                        "shape": list(ids.shape)}}]}))
-    out: dict = {s: [] for s in triton_report.SERVERS}
-    for i, conc in enumerate(args.pa_concurrency):
+    out: dict = {protocol: {s: [] for s in triton_report.SERVERS} for protocol in args.pa_protocols}
+    levels = [(protocol, conc) for protocol in args.pa_protocols for conc in args.pa_concurrency]
+    for i, (protocol, conc) in enumerate(levels):
         for server in (triton_report.SERVERS if i % 2 == 0 else triton_report.SERVERS[::-1]):
-            csv_path = scratch / f"pa-{server}-{conc}.csv"
-            cmd = [pa, "-m", MODEL, "-u", urls[server].removeprefix("http://"), "-i", "http", "-b", "1",
+            csv_path = scratch / f"pa-{protocol}-{server}-{conc}.csv"
+            cmd = [pa, "-m", MODEL, "-u", urls[protocol][server].removeprefix("http://"), "-i", protocol, "-b", "1",
                    "--input-data", str(data), "--concurrency-range", f"{conc}:{conc}",
                    "--measurement-interval", str(args.pa_interval_ms), "--stability-percentage", "100",
                    "--max-trials", "5", "-f", str(csv_path)]
             p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
             if p.returncode != 0 or not csv_path.exists():
-                return out, f"failed on {server} at concurrency {conc} (status {p.returncode}): " \
+                return out, f"failed on {server} over {protocol} at concurrency {conc} (status {p.returncode}): " \
                             f"{(p.stdout + p.stderr)[-400:]}"
             rows = triton_report.parse_perf_csv(csv_path.read_text())
-            out[server] += rows
-            print(f"perf_analyzer {server:8s} c={conc:<3d} " + ", ".join(
+            out[protocol][server] += rows
+            print(f"perf_analyzer {protocol:4s} {server:8s} c={conc:<3d} " + ", ".join(
                 f"{r['rps']:,.0f} infer/s p50 {r['p50_us']:,.0f} us" for r in rows), flush=True)
     return out, None
 
@@ -213,8 +216,11 @@ def bench(args) -> dict:
     triton = segfuse = None
     try:
         log = scratch / "tritonserver.log"
-        triton, triton_url = start_triton(env, model_repository(args.triton_histogram, scratch), log)
-        segfuse, segfuse_url = load.start_server(args.segfuse_backend, None)
+        grpc = {"triton": load.free_port(), "segfuse": load.free_port()}  # (perf_analyzer -i grpc)
+        triton, triton_url = start_triton(env, model_repository(args.triton_histogram, scratch), log,
+                                          ("--allow-grpc", "true", "--grpc-address", "127.0.0.1",
+                                           "--grpc-port", str(grpc["triton"])))
+        segfuse, segfuse_url = load.start_server(args.segfuse_backend, None, extra=("--grpc-port", str(grpc["segfuse"])))
         urls = {"triton": triton_url, "segfuse": segfuse_url}
         setup_segfuse(segfuse_url, ids_large)
         check_bodies(urls, bodies, expected)
@@ -226,7 +232,8 @@ def bench(args) -> dict:
                     c.post(f"{url}/v2/models/{MODEL}/infer", content=path.read_bytes(),
                            headers={"content-type": ctype, "inference-header-content-length": header})
         result["runs"] = run_rounds(args, urls, bodies)
-        result["perf_analyzer"], result["perf_analyzer_note"] = run_perf_analyzer(args, env, urls, ids_large, scratch)
+        result["perf_analyzer"], result["perf_analyzer_note"] = run_perf_analyzer(
+            args, env, {"http": urls, "grpc": {s: f"127.0.0.1:{p}" for s, p in grpc.items()}}, ids_large, scratch)
         result["final_stats"] = {s: model_stats(u) for s, u in urls.items()}
     finally:
         stop(segfuse)
@@ -261,6 +268,7 @@ def parse_args(argv=None):
     p.add_argument("--wrk-threads", type=int, help="at most this many wrk threads (default: a quarter of the CPUs)")
     p.add_argument("--perf-analyzer", help="the perf_analyzer binary (default: the one triton_setup.sh found)")
     p.add_argument("--pa-concurrency", default="1,8", help="perf_analyzer's concurrency levels; empty: skip it")
+    p.add_argument("--pa-protocols", default="http,grpc", help="perf_analyzer's protocols (-i): http, grpc or both")
     p.add_argument("--pa-interval-ms", type=int, default=3000, help="perf_analyzer's measurement window")
     p.add_argument("--keep-scratch", action="store_true", help="keep the bodies, Triton's log and the CSVs")
     p.add_argument("--out", type=Path, help="the JSON result (default "
@@ -278,6 +286,9 @@ def parse_args(argv=None):
 
     args.connections = ints(args.connections, "--connections")
     args.pa_concurrency = ints(args.pa_concurrency, "--pa-concurrency")
+    args.pa_protocols = [x.strip() for x in args.pa_protocols.split(",") if x.strip()]
+    if not args.pa_protocols or set(args.pa_protocols) - {"http", "grpc"}:
+        p.error(f"--pa-protocols takes http, grpc or both, not {','.join(args.pa_protocols) or 'nothing'}")
     if not args.connections:
         p.error("--connections needs at least one count")
     args.cells = [c.strip() for c in args.cells.split(",") if c.strip()]

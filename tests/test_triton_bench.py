@@ -93,7 +93,11 @@ def test_perf_analyzer_csv_rows():
                    "server_queue_us": 1100.0, "server_compute_input_us": 21.0, "server_compute_infer_us": 311.0,
                    "server_compute_output_us": 22.0}
     table = triton_report.perf_table({"triton": [row], "segfuse": [{**row, "rps": 1060.75, "p50_us": 6588.0}]})
-    assert table[2] == "| | 8 | 2,122 | 1,061 | 0.50 | 3,294 / 6,588 | 6,100 / 6,100 |"
+    assert table[2] == "| HTTP | 8 | 2,122 | 1,061 | 0.50 | 3,294 / 6,588 | 6,100 / 6,100 |"  # (an older result)
+    table = triton_report.perf_table({"http": {"triton": [row], "segfuse": [row]},
+                                      "grpc": {"triton": [{**row, "rps": 1000.0}], "segfuse": [{**row, "rps": 500.0}]}})
+    assert table[2:] == ["| HTTP | 8 | 2,122 | 2,122 | 1.00 | 3,294 / 3,294 | 6,100 / 6,100 |",
+                         "| gRPC | 8 | 1,000 | 500 | 0.50 | 3,294 / 3,294 | 6,100 / 6,100 |"]
 
 
 def test_bodies_carry_the_ids_in_both_encodings(tmp_path):
