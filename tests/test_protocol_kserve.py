@@ -74,3 +74,15 @@ def test_model_name_mismatch_is_400(live_server):
                              {"topk_ids": (np.array([[1]], np.int64), "INT64")}, False, scaled(60), None, None,
                              "someone_else")
     assert res["error"]["status"] == 400 and "body.model_name 'someone_else'" in res["error"]["text"]
+
+
+def test_grpc_starts_in_a_process_with_kserve_and_serves_its_grpc_client():
+    """segfuse's gRPC messages live in a descriptor pool of their own (server/grpc/messages.py), so an
+    app embedded in a process that imported kserve (which defines the same protobuf symbols in the
+    default pool) starts gRPC, and kserve's own gRPC client gets the right answers from it."""
+    pytest.importorskip("grpc")
+    graph = {**copy.deepcopy(MOE_PROBLEM_SIZES), "name": f"moe_{uuid.uuid4().hex[:8]}"}
+    ids = np.random.default_rng(7).integers(0, 16, (64, 8), dtype=np.int64)
+    got = call(kserve_client.grpc_beside_kserve, graph, ids)
+    assert got["live"] is True and got["model_ready"] is True
+    np.testing.assert_array_equal(got["counts"], np.bincount(ids.ravel(), minlength=16))

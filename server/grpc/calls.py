@@ -20,8 +20,8 @@ import grpc
 from ..errors import error_body, logged_error_parts
 from ..logs import REQUEST_ID
 from ..middleware import bearer_problem, request_id
+from .messages import SERVICE
 
-SERVICE = "inference.GRPCInferenceService"
 OPEN_METHODS = frozenset({"ServerLive", "ServerReady"})  # as HTTP's /v2/health/live and /ready
 
 GRPC_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 401: grpc.StatusCode.UNAUTHENTICATED,

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import pydantic
 from fastapi.exceptions import RequestValidationError
-from tritonclient.grpc import service_pb2 as pb
 
 from ..errors import bad_request
 from ..models import InferRequest
 from ..tensors import kserve_name, parse_dtype
+from .messages import pb
 
 # The typed contents field of each datatype (BF16 and FP16 have none: raw_input_contents only).
 CONTENTS_FIELD = {"BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",

@@ -12,9 +12,9 @@ from __future__ import annotations
 import logging
 
 import grpc
-from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from ..state import ServerState
+from .messages import SERVICE, methods
 from .service import InferenceService
 
 log = logging.getLogger("segfuse.server")
@@ -34,7 +34,7 @@ class GrpcServer:
         server = grpc.aio.server(options=[("grpc.max_receive_message_length", limit),
                                           ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                                           ("grpc.so_reuseport", 0)])
-        pb_grpc.add_GRPCInferenceServiceServicer_to_server(InferenceService(state), server)
+        server.add_generic_rpc_handlers((_handlers(InferenceService(state)),))
         host = f"[{s.host}]" if ":" in s.host and not s.host.startswith("[") else s.host
         try:
             port = server.add_insecure_port(f"{host}:{s.grpc_port}")
@@ -48,3 +48,13 @@ class GrpcServer:
 
     async def stop(self) -> None:
         await self.server.stop(STOP_GRACE_SECONDS)
+
+
+def _handlers(service: InferenceService) -> grpc.GenericRpcHandler:
+    """The service's methods by RPC name, with their messages' (de)serializers (messages.py)."""
+    handlers = {}
+    for name, request, response, streams in methods():
+        kind = grpc.stream_stream_rpc_method_handler if streams else grpc.unary_unary_rpc_method_handler
+        handlers[name] = kind(getattr(service, name), request_deserializer=request.FromString,
+                              response_serializer=response.SerializeToString)
+    return grpc.method_handlers_generic_handler(SERVICE, handlers)

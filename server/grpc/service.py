@@ -1,6 +1,7 @@
 """`inference.GRPCInferenceService`: each RPC translates its message to the call the HTTP route
 makes (server/routers/*, whose functions it calls) and the answer back; the messages are
-tritonclient's generated modules of Triton's grpc_service.proto and model_config.proto.
+Triton's grpc_service.proto and model_config.proto (messages.py: tritonclient's definitions in a
+descriptor pool of segfuse's own).
 
 Where gRPC answers differently from HTTP, it is as Triton's gRPC does: ModelReady of an unknown
 model or on a server that is not ready is `ready: false`, not an error; ModelStreamInfer answers
@@ -15,9 +16,6 @@ import base64
 import pydantic
 from fastapi.exceptions import RequestValidationError
 from google.protobuf import json_format
-from tritonclient.grpc import model_config_pb2
-from tritonclient.grpc import service_pb2 as pb
-from tritonclient.grpc import service_pb2_grpc as pb_grpc
 
 from ..errors import ApiError
 from ..logs import REQUEST_ID
@@ -28,6 +26,7 @@ from ..routers import health, infer, repository, shm, stats, tracelog, versions
 from ..state import ServerState
 from .calls import SERVICE, error_parts, streaming, unary
 from .infer_messages import infer_request, infer_response, parameter_values
+from .messages import model_config, pb
 
 STREAM_ENDPOINT = f"/{SERVICE}/ModelStreamInfer"
 
@@ -44,7 +43,9 @@ def _from_json(doc, message):
     return json_format.ParseDict(doc, message, ignore_unknown_fields=True)
 
 
-class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
+class InferenceService:
+    """One method per RPC of `inference.GRPCInferenceService` (server.py serves them by name)."""
+
     def __init__(self, state: ServerState):
         self.state = state
 
@@ -97,7 +98,7 @@ class InferenceService(pb_grpc.GRPCInferenceServiceServicer):
             doc = await repository.get_version_config(rt, request.name, request.version)
         else:
             doc = await repository.get_config(rt, request.name)
-        return pb.ModelConfigResponse(config=_from_json(doc, model_config_pb2.ModelConfig()))
+        return pb.ModelConfigResponse(config=_from_json(doc, model_config.ModelConfig()))
 
     @unary
     async def ModelStatistics(self, request, context):

@@ -77,3 +77,35 @@ def infer(url: str, name: str, tensors: dict, binary: bool, timeout: float, requ
 
     return _run(timeout, go)
 
+
+
+def grpc_beside_kserve(graph: dict, ids) -> dict:
+    """In a process that has imported kserve (whose generated messages define protobuf package
+    `inference` in the default pool): segfuse's app with --grpc-port starts, and kserve's own gRPC
+    client (InferenceGRPCClient) asks it for readiness and runs `graph` on `ids`."""
+    import httpx
+    import kserve  # first, as an embedding process would have
+    from asgi_lifespan import LifespanManager
+    from kserve import InferenceGRPCClient, InferInput, InferRequest
+    from segfuse.server import create_app
+    from segfuse.server.app import wait_ready
+    from segfuse.server.settings import Settings
+
+    async def main():
+        app = create_app(Settings(backend="numpy", grpc_port=0))
+        async with LifespanManager(app):
+            await wait_ready(app)
+            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://segfuse") as http:
+                assert (await http.post("/v2/fusions", json=graph)).status_code == 201
+            client = InferenceGRPCClient(f"127.0.0.1:{app.state.grpc_port}", timeout=60)
+            try:
+                inp = InferInput("topk_ids", list(ids.shape), "INT64")
+                inp.set_data_from_numpy(ids)
+                res = await client.infer(InferRequest(graph["name"], [inp]))
+                return {"kserve": kserve.__name__, "live": await client.is_server_live(),
+                        "model_ready": await client.is_model_ready(graph["name"]),
+                        "counts": res.outputs[0].as_numpy()}
+            finally:
+                await client.close()
+
+    return asyncio.run(main())
