@@ -6,23 +6,16 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
-import time
 from pathlib import Path
 
-import httpx
+from load import free_port
+from load import wait_ready as _wait_ready
 
 HERE = Path(__file__).resolve().parent
 MODELS = HERE / "triton_models"
 MODEL = "moe_problem_sizes"
 EXPERTS, TOPK = 256, 8  # the Triton model's config.pbtxt says the same
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def triton_env(triton_dir: Path) -> dict:
@@ -35,18 +28,14 @@ def triton_env(triton_dir: Path) -> dict:
 
 
 def wait_ready(proc: subprocess.Popen, url: str, seconds: float, what: str) -> None:
-    """Until `url`/v2/health/ready answers 200; RuntimeError when `proc` exits first or time runs out."""
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with status {proc.returncode}")
-        try:
-            if httpx.get(url + "/v2/health/ready", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{what} did not become ready in {seconds:.0f} s")
+    """load.wait_ready, failing with RuntimeError (the conformance suite's fixtures catch it; SystemExit
+    would end pytest)."""
+    try:
+        ready = _wait_ready(proc, url, seconds, what)
+    except SystemExit as e:
+        raise RuntimeError(str(e)) from None
+    if not ready:
+        raise RuntimeError(f"{what} did not become ready in {seconds:.0f} s")
 
 
 def start_triton(env: dict, repo: Path, log: Path, extra: tuple[str, ...] = (),

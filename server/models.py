@@ -201,12 +201,13 @@ class RequestParameters(BaseModel):
     @classmethod
     def _sequence_id(cls, value, handler):
         """One error located at the field (a union's would name each member), as Triton's rule says it."""
+        error = PydanticCustomError("sequence_id", "a sequence id is an unsigned 64-bit integer or a string")
         try:
             v = handler(value)
         except ValidationError:
-            v = -1
+            raise error from None
         if isinstance(v, int) and not 0 <= v <= UINT64_MAX:
-            raise PydanticCustomError("sequence_id", "a sequence id is an unsigned 64-bit integer or a string")
+            raise error
         return v
 
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 import asyncio
 
 
-def _run(url_timeout: float, coro_fn):
+def _run(timeout: float, coro_fn):
     from kserve import InferenceRESTClient, RESTConfig
 
     async def main():
-        client = InferenceRESTClient(RESTConfig(protocol="v2", timeout=url_timeout))
+        client = InferenceRESTClient(RESTConfig(protocol="v2", timeout=timeout))
         try:
             return await coro_fn(client)
         finally:
