@@ -13,7 +13,10 @@ traceback on stderr). Scenarios:
 - `bad`: a garbage handle, a wrong device id, a size beyond the allocation (each a 400), then a
   good registration and run;
 - `hold`: registers ids and counts, says so, and waits for "check" on stdin (the test runs a
-  gated run meanwhile), checks the counts, then waits for "exit".
+  gated run meanwhile), checks the counts, then waits for "exit";
+- `grpc ADDRESS`: the same regions through Triton's own gRPC client (tritonclient.grpc) at the
+  server's gRPC ADDRESS: registration, status, runs with inputs and outputs in regions (one at an
+  offset into its allocation), unregistration.
 """
 
 from __future__ import annotations
@@ -166,7 +169,68 @@ def scenario_hold(c: Client) -> None:
     assert sys.stdin.readline().strip() == "exit"
 
 
+def grpc_infer(g, model: str, ids_host: np.ndarray, outputs: list[tuple[str, int, int]]) -> None:
+    """A run over gRPC with topk_ids in region g_ids (at offset 256) and each output (name, offset,
+    byte size) in region g_out."""
+    import tritonclient.grpc as grpcclient
+
+    x = grpcclient.InferInput("topk_ids", list(ids_host.shape), "INT64")
+    x.set_shared_memory("g_ids", ids_host.nbytes, offset=256)
+    wanted = []
+    for name, offset, size in outputs:
+        o = grpcclient.InferRequestedOutput(name)
+        o.set_shared_memory("g_out", size, offset=offset)
+        wanted.append(o)
+    result = g.infer(model, [x], outputs=wanted)
+    assert len(result.get_response().raw_output_contents) == 0  # the data is in the region
+    for name, _, _ in outputs:  # the answer names the region
+        assert result.get_output(name).parameters["shared_memory_region"].string_param == "g_out"
+
+
+def scenario_grpc(c: Client, address: str) -> None:
+    import base64
+
+    import tritonclient.grpc as grpcclient
+
+    register_examples(c)
+    device = cp.cuda.Device().id
+    g = grpcclient.InferenceServerClient(address)
+    for T in (5, 3000):
+        ids_host = np.random.default_rng(T).integers(0, E, (T, K)).astype(np.int64)
+        # plain cudaMalloc allocations (a handle names a whole allocation): ids at an offset of 256 bytes
+        ids_mem, out_mem = cp.cuda.Memory(256 + ids_host.nbytes), cp.cuda.Memory(E * 8 + 2 * T * K * 8)
+        ids = cp.ndarray(ids_host.shape, cp.int64, memptr=cp.cuda.MemoryPointer(ids_mem, 256))
+        ids.set(ids_host)
+        outs = cp.ndarray(E + 2 * T * K, cp.int64, memptr=cp.cuda.MemoryPointer(out_mem, 0))
+        outs.fill(-1)
+        sync(None)
+        for name, mem in (("g_ids", ids_mem), ("g_out", out_mem)):
+            handle = base64.b64encode(bytes(cp.cuda.runtime.ipcGetMemHandle(mem.ptr)))
+            g.register_cuda_shared_memory(name, handle, device, mem.size)
+        status = g.get_cuda_shared_memory_status(as_json=True)["regions"]
+        assert {k: int(v["byte_size"]) for k, v in status.items()} == {"g_ids": ids_mem.size, "g_out": out_mem.size}
+
+        grpc_infer(g, "moe_problem_sizes", ids_host, [("counts", 0, E * 8)])
+        grpc_infer(g, "moe_argsort", ids_host, [("input_permutation", E * 8, T * K * 8),
+                                                ("output_permutation", E * 8 + T * K * 8, T * K * 8)])
+        sync(None)
+        want, got = oracle(ids_host), cp.asnumpy(outs)
+        assert (got[:E] == want["counts"]).all(), (T, got[:E])
+        assert (got[E:E + T * K] == want["input_permutation"]).all(), T
+        assert (got[E + T * K:] == want["output_permutation"]).all(), T
+        assert (cp.asnumpy(ids) == ids_host).all()  # inputs are read, never written
+        g.unregister_cuda_shared_memory("g_ids")
+        assert list(g.get_cuda_shared_memory_status(as_json=True).get("regions", {})) == ["g_out"]
+        g.unregister_cuda_shared_memory()
+        assert g.get_cuda_shared_memory_status(as_json=True).get("regions", {}) == {}
+        say(T=T, ok=True)
+    g.close()
+
+
 if __name__ == "__main__":
     url, scenario = sys.argv[1], sys.argv[2]
     with Client(url) as client:
-        {"moe": scenario_moe, "bad": scenario_bad, "hold": scenario_hold}[scenario](client)
+        if scenario == "grpc":
+            scenario_grpc(client, sys.argv[3])
+        else:
+            {"moe": scenario_moe, "bad": scenario_bad, "hold": scenario_hold}[scenario](client)

@@ -33,8 +33,8 @@ def server():
 class Child:
     """The client process, speaking JSON lines."""
 
-    def __init__(self, url: str, scenario: str):
-        self.proc = subprocess.Popen([sys.executable, str(CHILD), url, scenario], stdin=subprocess.PIPE,
+    def __init__(self, url: str, scenario: str, *args: str):
+        self.proc = subprocess.Popen([sys.executable, str(CHILD), url, scenario, *args], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def read(self) -> dict:
@@ -68,6 +68,18 @@ def test_moe_fusions_with_inputs_and_outputs_in_cuda_regions(server):
     assert [(x["T"], x["ok"]) for x in lines] == [(7, True), (4096, True)], lines
     assert httpx.get(f"{server.url}{CUDA}/status").json() == []
     context_is_usable(server.url)
+
+
+def test_moe_fusions_in_cuda_regions_over_grpc():
+    """Triton's gRPC client registers CUDA regions and runs with inputs and outputs in them."""
+    pytest.importorskip("tritonclient.grpc")
+    s = LiveServer(backend="cupy", grpc_port=0).start()
+    try:
+        lines = Child(s.url, "grpc", f"127.0.0.1:{s.app.state.grpc_port}").finish()
+        assert [(x["T"], x["ok"]) for x in lines] == [(5, True), (3000, True)], lines
+        context_is_usable(s.url)
+    finally:
+        s.stop()
 
 
 def test_bad_handles_are_400_and_the_context_stays_usable(server):
