@@ -21,8 +21,12 @@ for a in "$@"; do
   esac
 done
 # asgi-lifespan (and its sniffio): the server tests of the GPU suite (tests/conftest.py asgi_server);
-# lazy-importer: importlib-metadata 10 (fetched by fetch-wheels.sh, first on PYTHONPATH there) needs it
-EXTRA_WHEELS=(httptools orjson py-spy lazy-importer fastapi-offline asgi-lifespan sniffio xxhash)
+# lazy-importer: importlib-metadata 10 (fetched by fetch-wheels.sh, first on PYTHONPATH there) needs it;
+# grpcio and Triton's client with its HTTP needs (gevent, ...): the protocol tests of the GPU suite
+EXTRA_WHEELS=(httptools orjson py-spy lazy-importer fastapi-offline asgi-lifespan sniffio xxhash grpcio protobuf
+              tritonclient python-rapidjson nvidia-ml-py filelock gevent geventhttpclient greenlet zope.event
+              zope.interface brotli certifi urllib3 aiohttp aiohappyeyeballs aiosignal attrs frozenlist multidict
+              propcache yarl idna)
 
 if [ "$wheels" = 1 ]; then
   fetch="$root/../shared/gpu-machine/fetch-wheels.sh"

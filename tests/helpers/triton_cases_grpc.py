@@ -368,6 +368,7 @@ def _(t):
             o.set_shared_memory(outs, EXPERTS * 8)
             r = c.infer(t.model, [i], outputs=[o], client_timeout=TIMEOUT)
             seen["output"] = message(r.get_output("counts"))
+            seen["raw contents"] = len(r.get_response().raw_output_contents)
             got = shm.get_contents_as_numpy(out_region, np.int64, [EXPERTS])
             np.testing.assert_array_equal(got, counts_of(ids), err_msg=f"{t.kind}: counts in shared memory")
             seen["counts"] = "NumPy's"
