@@ -12,7 +12,7 @@ import importlib
 _EXPORTS = {
     "FusionDefinition": ".builder", "Tensor": ".builder",
     "CodegenOptions": ".codegen.options",
-    "DType": ".dtypes",
+    "DataType": ".builder_dtypes", "DType": ".dtypes",
     "Engine": ".engine", "RunResult": ".engine",
     "BindError": ".errors", "GraphError": ".errors", "Issue": ".errors", "RunError": ".errors",
     "SegfuseError": ".errors",

@@ -44,7 +44,7 @@ LAYERS: list[tuple[str, list[str]]] = [
                   "segfuse.compiler.cuda",
                   "segfuse.compiler.cuda.*"]),
     ("engine", ["segfuse.compiler.engine"]),
-    ("frontend", ["segfuse.compiler.builder"]),
+    ("frontend", ["segfuse.compiler.builder", "segfuse.compiler.builder_*"]),
     # the package facade re-exports the builder, so it sits above it
     ("api", ["segfuse.compiler"]),
     # the service layer: the server and the client (see CLIENT_MAY_IMPORT)

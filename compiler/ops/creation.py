@@ -39,7 +39,7 @@ def _fill(shape, value, dt: DType):
 
 register(OpDef("full", OpKind.creation, (), _full_infer,
                lambda args, a, out: [_fill(out[0].shape, a.value, out[0].dtype)],
-               attrs=FullAttrs, lowering=Lowering.fill,
+               attrs=FullAttrs, lowering=Lowering.fill, extra={"nvfuser": ({"keywords": {"fill_value": "value"}},)},
                doc="full(shape, value, dtype=None): dtype defaults from the value like torch.full"))
 
 

@@ -121,7 +121,7 @@ def _gather_ref(args, attrs, out_types):
 
 
 register(OpDef("gather", OpKind.gather, ("self", "index"), _gather_infer, _gather_ref, attrs=DimAttrs,
-               extra={"signature": ("self", "dim", "index")},
+               extra={"signature": ("self", "dim", "index"), "nvfuser": ({"signature": ("self", "index", "dim")},)},
                lowering=Lowering.gather,
                doc="gather(self, dim, index): out[i][j] = self[index[i][j]][j] for dim 0 (torch.gather)"))
 
@@ -180,7 +180,7 @@ def _isel_ref(args, attrs, out_types):
 
 
 register(OpDef("index_select", OpKind.gather, ("x", "index"), _isel_infer, _isel_ref, attrs=DimAttrs,
-               extra={"signature": ("x", "dim", "index")},
+               extra={"signature": ("x", "dim", "index"), "nvfuser": ({"signature": ("x", "index", "dim")},)},
                lowering=Lowering.index_select,
                doc="index_select(x, dim, index): rows of x along dim picked by a 1-D index"))
 
@@ -349,7 +349,10 @@ def _scatter_decompose(e, inputs, types, attrs):
 
 
 register(OpDef("scatter", OpKind.scatter, ("self", "index", "src"), _scatter_infer, _scatter_ref,
-               attrs=ScatterAttrs, literal_ok=frozenset({2}), extra={"signature": ("self", "dim", "index", "src")},
+               attrs=ScatterAttrs, literal_ok=frozenset({2}), extra={
+                   "signature": ("self", "dim", "index", "src"),
+                   # nvFuser's scatter(arg, index, src, dim), its src a tensor or a scalar
+                   "nvfuser": ({"signature": ("self", "index", "src", "dim"), "expand_scalar": {"src": ("index", "self")}},)},
                lowering=Lowering.scatter, decompose=_scatter_decompose,
                doc="scatter(self, dim, index, src, reduce='none', include_self=True): torch.scatter / "
                    "scatter_reduce (add=sum, mul=prod, amax, amin, mean); src may be a number. reduce 'mean' is "
@@ -472,6 +475,8 @@ def _index_put_ref(args, attrs, out_types):
 
 register(OpDef("index_put", OpKind.scatter, ("self", "index", "values"), _index_put_infer, _index_put_ref,
                attrs=IndexPutAttrs, literal_ok=frozenset({2}),
+               extra={"nvfuser": ({"name": "index_put_accumulate", "signature": ("self", "index", "values"),
+                                   "keywords": {"acc": "self", "value": "values"}, "fixed": {"accumulate": True}},)},
                lowering=Lowering.index_put,
                doc="index_put(self, index, values, accumulate=False): self[index] = values (or +=); "
                    "one integer index tensor on dim 0, negative indices wrap"))

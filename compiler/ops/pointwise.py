@@ -54,7 +54,7 @@ def opmath(dt: DType) -> DType:
 
 
 def _make_pw(name, nin, np_fn, cuda, allowed=_ANY, int_to_float=False, out_bool=False,
-             literal_ok=None, doc="", guard=None, scalar_opmath=False, py_operator=()):
+             literal_ok=None, doc="", guard=None, scalar_opmath=False, py_operator=(), nvfuser=()):
     def compute_dtype(operands, attrs) -> DType:
         dt = _operand_dtype(operands)
         if int_to_float and not dt.is_float:
@@ -102,7 +102,7 @@ def _make_pw(name, nin, np_fn, cuda, allowed=_ANY, int_to_float=False, out_bool=
         infer=infer, ref=ref, attrs=NoAttrs,
         literal_ok=frozenset(range(nin)) if literal_ok is None else frozenset(literal_ok),
         compute_dtype=compute_dtype, cuda=cuda, doc=doc, lowering=Lowering.pointwise, guard=guard,
-        scalar_opmath=scalar_opmath, py_operator=py_operator))
+        scalar_opmath=scalar_opmath, py_operator=py_operator, extra={"nvfuser": nvfuser} if nvfuser else {}))
 
 
 def _as_operand(a):
@@ -233,7 +233,7 @@ _BINARY = [
     ("mul", np.multiply, lambda a, b: f"sf_mul({a}, {b})", _ANY, False, False,
      {"scalar_opmath": True, "py_operator": ("__mul__", "__rmul__")}),
     ("div", np.true_divide, lambda a, b: f"({a} / {b})", _ANY, True, False,
-     {"scalar_opmath": True, "py_operator": ("__truediv__", "__rtruediv__")}),
+     {"scalar_opmath": True, "py_operator": ("__truediv__", "__rtruediv__"), "nvfuser": ({"name": "truediv"},)}),
     ("floor_divide", _int_div_guard(np.floor_divide), lambda a, b: f"sf_floordiv({a}, {b})", _NOBOOL, False, False,
      {"guard": _NONZERO, "scalar_opmath": True, "py_operator": ("__floordiv__", "__rfloordiv__")}),
     ("remainder", _int_div_guard(_remainder), lambda a, b: f"sf_remainder({a}, {b})", _NOBOOL, False, False,
@@ -260,9 +260,9 @@ _BINARY = [
     ("bitwise_xor", np.bitwise_xor, lambda a, b: f"({a} ^ {b})", _INT_BOOL, False, False,
      {"py_operator": ("__xor__", "__rxor__")}),
     ("left_shift", _shift_left, lambda a, b: f"sf_shl({a}, {b})", _INT, False, False,
-     {"py_operator": ("__lshift__", "__rlshift__")}),
+     {"py_operator": ("__lshift__", "__rlshift__"), "nvfuser": ({"name": "bitwise_left_shift"},)}),
     ("right_shift", _shift_right, lambda a, b: f"sf_shr({a}, {b})", _INT, False, False,
-     {"py_operator": ("__rshift__", "__rrshift__")}),
+     {"py_operator": ("__rshift__", "__rrshift__"), "nvfuser": ({"name": "bitwise_right_shift"},)}),
     ("ceil_div", _int_div_guard(_ceil_div), lambda a, b: f"sf_ceildiv({a}, {b})", _NOBOOL, False, False,
      {"guard": _NONZERO}),
 ]

@@ -65,7 +65,8 @@ def _acc_dtype(name, x: TensorType, attrs) -> DType:
     return x.dtype
 
 
-def _make_reduce(name, np_fn, combiner, needs_nonempty=False, float_only=False, divide_by_count=False, doc=""):
+def _make_reduce(name, np_fn, combiner, needs_nonempty=False, float_only=False, divide_by_count=False, doc="",
+                 nvfuser_name=None):
     def infer(ctx, operands, attrs):
         x = tensor(operands, 0)
         rd = reduced_dims(x, attrs.dims)
@@ -96,14 +97,20 @@ def _make_reduce(name, np_fn, combiner, needs_nonempty=False, float_only=False, 
             r = np_fn(xs, axis=rd, keepdims=attrs.keepdim)
             return [np.asarray(r).astype(t.dtype.np).reshape(t.shape)]
 
+    # nvFuser's forms: sum(arg, dim=...), sum(arg, dtype) (a full reduction), under nvFuser's name where given
+    named = {"name": nvfuser_name} if nvfuser_name else {}
+    nvfuser = ({**named, "keywords": {"dim": "dims"}}, {**named, "signature": ("x", "dtype")})
     return register(OpDef(name, OpKind.reduction, ("x",), infer, ref, attrs=ReduceAttrs, doc=doc,
-                          lowering=Lowering.reduce, combiner=combiner, divide_by_count=divide_by_count))
+                          lowering=Lowering.reduce, combiner=combiner, divide_by_count=divide_by_count,
+                          extra={"nvfuser": nvfuser}))
 
 
 _make_reduce("sum", np.sum, Combiner.add, doc="sum(x, dims=None, keepdim=False, dtype=None); integers sum in int64")
 _make_reduce("prod", np.prod, Combiner.mul, doc="prod(x, dims=None, keepdim=False, dtype=None)")
-_make_reduce("amax", np.max, Combiner.amax, needs_nonempty=True, doc="amax(x, dims=None, keepdim=False); NaN propagates")
-_make_reduce("amin", np.min, Combiner.amin, needs_nonempty=True, doc="amin(x, dims=None, keepdim=False); NaN propagates")
+_make_reduce("amax", np.max, Combiner.amax, needs_nonempty=True, doc="amax(x, dims=None, keepdim=False); NaN propagates",
+             nvfuser_name="max")
+_make_reduce("amin", np.min, Combiner.amin, needs_nonempty=True, doc="amin(x, dims=None, keepdim=False); NaN propagates",
+             nvfuser_name="min")
 _make_reduce("mean", np.mean, Combiner.add, float_only=True, divide_by_count=True,
              doc="mean(x, dims=None, keepdim=False, dtype=None); floats only")
 

@@ -72,7 +72,7 @@ def _as_ref(view):
 
 
 register(OpDef("reshape", OpKind.view, ("x",), _reshape_infer, _as_ref(_relinearize), view=_relinearize,
-               attrs=ShapeAttrs, lowering=Lowering.relinearize,
+               attrs=ShapeAttrs, lowering=Lowering.relinearize, extra={"nvfuser": ({"keywords": {"new_shape": "shape"}},)},
                doc="reshape(x, shape): row-major; one entry may be -1"))
 
 
@@ -174,7 +174,7 @@ def _squeeze_infer(ctx, operands, attrs):
 
 
 register(OpDef("squeeze", OpKind.view, ("x",), _squeeze_infer, _as_ref(_relinearize), view=_relinearize,
-               attrs=SqueezeAttrs,
+               attrs=SqueezeAttrs, extra={"nvfuser": ({"ignored": {"squeeze_expanded": False}},)},
                lowering=Lowering.relinearize,
                doc="squeeze(x, dims=None): remove size-1 dims (listed dims that are not size 1 stay)"))
 
@@ -292,7 +292,7 @@ def _select_ref(args, a, out):
 
 
 register(OpDef("select", OpKind.movement, ("x",), _select_infer, _select_ref, attrs=SelectAttrs,
-               lowering=Lowering.select,
+               lowering=Lowering.select, extra={"nvfuser": ({"signature": ("x", "index", "dim")},)},
                doc="select(x, dim, index): x[..., index, ...] along dim, which goes away (torch.select); "
                    "a negative index counts from the end"))
 
@@ -339,7 +339,7 @@ def _pad_ref(args, a, out):
 
 
 register(OpDef("pad", OpKind.movement, ("x",), _pad_infer, _pad_ref, attrs=PadAttrs,
-               lowering=Lowering.pad,
+               lowering=Lowering.pad, extra={"nvfuser": ({"keywords": {"pad_widths": "pad"}},)},
                doc="pad(x, pad, value=0): torch.nn.functional.pad constant mode; pairs start at the last dim"))
 
 
@@ -369,5 +369,5 @@ def _cat_infer(ctx, operands, attrs):
 register(OpDef("cat", OpKind.movement, ("tensors",), _cat_infer,
                lambda args, a, out: [np.concatenate([np.asarray(x).astype(out[0].dtype.np) for x in args],
                                                     axis=a.dim % args[0].ndim)],
-               attrs=DimAttrs, variadic=True, min_operands=1,
+               attrs=DimAttrs, variadic=True, min_operands=1, extra={"nvfuser": ({"ignored": {"manual_padding": False}},)},
                lowering=Lowering.cat, doc="cat(tensors, dim): dtypes promote like torch.cat"))
