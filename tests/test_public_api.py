@@ -20,19 +20,19 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 COMPILER_ALL = [
-    "BindError", "CodegenOptions", "DType", "Engine", "Fusion", "FusionDefinition", "GraphError", "Issue", "Limits",
+    "BindError", "CodegenOptions", "DataType", "DType", "Engine", "Fusion", "FusionDefinition", "GraphError", "Issue", "Limits",
     "RunError", "RunResult", "SegfuseError", "Tensor", "load_fusion", "run_graph",
 ]
 CLIENT_ALL = ["AsyncClient", "Buffer", "Client", "ClientError", "FusionRef", "Region", "RunResult", "SystemRegion"]
 SERVER_ALL = ["__version__", "create_app"]
 SCALEOUT_ALL = ["DEFAULT_NAMESPACE", "NAMESPACE_HEADER", "NamespaceError", "parse_namespace", "shard_for"]
-TORCH_ALL = ["TorchFusion", "check", "fusion"]
+TORCH_ALL = ["TorchFusion", "capture", "check", "fusion"]
 
 # "module:name" (name empty for a module imported whole), as found in the files today.
 PINNED_PATHS = sorted("""
 segfuse.client:AsyncClient segfuse.client:Buffer segfuse.client:Client segfuse.client:Region
 segfuse.client:RunResult segfuse.client:ClientError segfuse.client:SystemRegion
-segfuse.compiler:Fusion segfuse.compiler:FusionDefinition segfuse.compiler:GraphError
+segfuse.compiler:Fusion segfuse.compiler:FusionDefinition segfuse.compiler:GraphError segfuse.compiler:DataType
 segfuse.compiler.builder:FusionDefinition
 segfuse.cli:main segfuse.cli.client_cmds:plot_bench
 segfuse.compiler.codegen:segment
@@ -47,7 +47,9 @@ segfuse.compiler.ir:Fusion segfuse.compiler.ops:REGISTRY segfuse.compiler.ops.re
 segfuse.compiler.ops.registry:TensorType segfuse.compiler.plan:Segment segfuse.compiler.plan:SegmentKind
 segfuse.compiler.schema:json_schema
 segfuse.scaleout:shard_for segfuse.scaleout.router:haproxy_config
-segfuse.torch: segfuse.torch:check segfuse.torch:fusion segfuse.compiler.errors:DeferredRunError
+segfuse.torch: segfuse.torch:capture segfuse.torch:check segfuse.torch:fusion
+segfuse.torch.compiling:CompileStats
+segfuse.compiler.errors:DeferredRunError
 segfuse.server:create_app segfuse.server.array_backends:resolve segfuse.server.logs:JsonFormatter
 segfuse.server.settings:Settings segfuse.server.settings:parse_size
 """.split())

@@ -19,7 +19,15 @@ from __future__ import annotations
 
 from .op import TorchFusion, register
 
-__all__ = ["TorchFusion", "check", "fusion"]
+__all__ = ["TorchFusion", "capture", "check", "fusion"]
+
+
+def capture(fn, *example_inputs, name=None, dynamic=None):
+    """`fn`, a PyTorch function, as a segfuse `FusionDefinition` traced with torch.export on
+    `example_inputs`; `dynamic` makes dims size symbols (torch_ext/capturing/__init__.py says how)."""
+    from .capturing import capture as _capture
+
+    return _capture(fn, *example_inputs, name=name, dynamic=dynamic)
 
 
 def fusion(graph) -> TorchFusion:
