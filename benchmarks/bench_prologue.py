@@ -10,6 +10,10 @@ graph, torch.compile (default and reduce-overhead), in the three modes of benchm
 - GPU time: segfuse's kernels only (`kernel_time_us`) and the segfuse.torch op captured in the
   caller's CUDA graph (what SGLang/vLLM decode replays), torch's CUDA-graph replays.
 
+Also the same prologue written in torch (workloads.torch_prologue), captured by
+`segfuse.torch.capture` with T dynamic and run by the Engine, and `torch.compile(backend="segfuse")`
+of it (default and reduce-overhead), next to Inductor's.
+
 Each row reports its launches; `speedup` is the other implementation's GPU time over segfuse's
 kernels-only time. The targets: one launch at T <= 16384 (<= 2 at 65536), GPU time >= 4x faster
 than torch + CUDA graph, pipelined >= 3x faster than torch's graph replay.
@@ -77,6 +81,7 @@ def bench_one(rows, idt, T, samples):
     except Exception as e:  # report and go on
         rows.append({"bench": name, "impl": "segfuse.torch in a CUDA graph", "us": float("nan"),
                      "fallbacks": f"FAILED: {type(e).__name__}: {e}"})
+    _captured(impls, rows, name, ids_t, want)
     eager = lambda: torch_prologue(ids_t)  # noqa: E731
     g = graph_of(eager)
     eager_gpu = lambda: held_events_us(g.replay)  # noqa: E731  (one timer: measure times it once a round)
@@ -107,6 +112,48 @@ def bench_one(rows, idt, T, samples):
                         f"{name} ({impl}): GPU time vs torch + CUDA graph": tg["gpu us"] / s["gpu us"],
                         f"{name} ({impl}): pipelined (deferred) vs torch graph replay": tg["pipelined us"] / s["pipelined us"]})
     return out
+
+
+def _captured(impls, rows, name, ids_t, want):
+    """The prologue written in torch (workloads.torch_prologue) captured by `segfuse.torch.capture`
+    (T dynamic) and run by the Engine, and `torch.compile(backend="segfuse")` of it in both modes."""
+    import cupy as cp
+    import segfuse.torch as sft
+    import torch
+    from segfuse.compiler.engine import Engine
+    from workloads import torch_prologue
+
+    try:
+        fused = sft.capture(torch_prologue, ids_t, dynamic={"ids": {0: "T"}}).fusion()
+        ins = {"ids": cp.asarray(ids_t)}
+        eng, deferred = Engine("cupy"), Engine("cupy", errors="deferred")
+        got = eng.run(fused, ins).outputs
+        for k, w in enumerate(want):
+            assert torch.equal(torch.as_tensor(got[f"output_{k}"], device="cuda").long(), w.long()), f"captured {k}"
+        impls["segfuse, captured from torch"] = (lambda: eng.run(fused, ins), lambda: deferred.run(fused, ins),
+                                                 lambda: eng.kernel_time_us(fused, ins, reps=50),
+                                                 eng.prepared(fused, ins).kernels)
+    except Exception as e:  # report and go on
+        rows.append({"bench": name, "impl": "segfuse, captured from torch", "us": float("nan"),
+                     "fallbacks": f"FAILED: {type(e).__name__}: {e}"})
+    if os.environ.get("SEGFUSE_PROLOGUE_COMPILE", "1") == "0":
+        return
+    torch._dynamo.reset()
+    for mode in env_list("SEGFUSE_COMPILE_MODES", ["default", "reduce-overhead"]):
+        impl = f"torch.compile segfuse backend {mode}"
+        try:
+            c = torch.compile(torch_prologue, backend="segfuse", mode=None if mode == "default" else mode,
+                              dynamic=False)
+            fn = lambda c=c: c(ids_t)  # noqa: E731
+            for _ in range(3):
+                out = fn()
+            for k, w in enumerate(want):
+                assert torch.equal(out[k].long(), w.long()), f"{impl}: output {k}"
+            gpu = replay_us(fn) if mode == "default" else float("nan")
+            impls[impl] = (lambda fn=fn: (fn(), torch.cuda.synchronize()), fn, gpu,
+                           torch_launches(fn) if mode == "default" else None)
+        except Exception as e:  # report and go on
+            rows.append({"bench": name, "impl": impl, "us": float("nan"), "fallbacks": f"FAILED: {type(e).__name__}: {e}"})
 
 
 def run(rows, samples):
