@@ -180,6 +180,15 @@ def test_one_capture_serves_every_size_and_names_the_symbols():
         _assert_matches_eager(flatten_and_count, fd, *args)
 
 
+def test_a_capture_from_one_token_serves_every_size():
+    # (torch.export specializes a dim whose example is 0 or 1 unless told otherwise: a decode step's T = 1)
+    fd = _capture(flatten_and_count, torch.randint(0, 8, (1, 4)), torch.rand(1, 4),
+                  dynamic={"topk_ids": {0: "T"}, "weights": {0: "T"}})
+    assert [i["shape"] for i in fd.to_dict()["inputs"]] == [["T", 4], ["T", 4]]
+    for t in (1, 2, 9):
+        _assert_matches_eager(flatten_and_count, fd, torch.randint(0, 8, (t, 4)), torch.rand(t, 4))
+
+
 def two_sizes(x, y):
     return torch.cat([x, y]) * 2, x + 1
 

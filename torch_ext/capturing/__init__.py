@@ -171,8 +171,13 @@ class _Traced(torch.nn.Module):
 
 
 def _export(fn, example_inputs, specs):
+    # export specializes a dim whose example size is 0 or 1 (marked dynamic or not) unless sizes are
+    # reasoned about size-obliviously: a prologue captured from a decode step's T = 1 must serve every T
+    from torch.fx.experimental import _config as fx_config
+
     try:
-        return torch.export.export(_Traced(fn), tuple(example_inputs), dynamic_shapes=specs, strict=True)
+        with fx_config.patch(backed_size_oblivious=specs is not None):
+            return torch.export.export(_Traced(fn), tuple(example_inputs), dynamic_shapes=specs, strict=True)
     except CaptureError:
         raise
     except Exception as e:  # export's own refusal: say what and where, in the user's terms
