@@ -10,6 +10,7 @@ import sys
 from segfuse.compiler.errors import SegfuseError
 
 from . import (
+    capture_cmds,
     client_cmds,
     fusion_cmds,
     graph_cmds,
@@ -22,7 +23,7 @@ from . import (
 from .common import UserError  # noqa: F401  (re-exported: segfuse.cli.UserError)
 
 # Modules that add sub-commands; each has add_parsers(subparsers).
-COMMAND_MODULES = [graph_cmds, client_cmds, fusion_cmds, region_cmds, serve_cmd, serve_ray_cmd, route_cmd, plan_cmds]
+COMMAND_MODULES = [graph_cmds, capture_cmds, client_cmds, fusion_cmds, region_cmds, serve_cmd, serve_ray_cmd, route_cmd, plan_cmds]
 
 EPILOG = """examples:
   segfuse validate examples/moe_problem_sizes.json

@@ -9,7 +9,10 @@ Generated from the code, never edited by hand:
 - the op reference table in docs/graph-format.md (between the `op-table` markers), from the op
   registry: name, kind, operands, attributes with defaults, doc;
 - the validation-errors example in docs/graph-format.md (between the `validation-errors`
-  markers): `segfuse validate` run on a broken graph, its real output.
+  markers): `segfuse validate` run on a broken graph, its real output;
+- the tables of ATen ops in docs/torch.md (between the `aten-ops` markers): what
+  `segfuse.torch.capture` lowers (its `@lowers` table and the generic rule through the op
+  registry) and what it refuses with an alternative. Needs torch (the torch or dev extra).
 tests/test_docs_schema.py fails when any of them is stale.
 """
 
@@ -30,6 +33,7 @@ from pathlib import Path
 DOCS = Path(__file__).resolve().parent
 SCHEMA_PATH = DOCS / "fusion-1.schema.json"
 FORMAT_DOC = DOCS / "graph-format.md"
+TORCH_DOC = DOCS / "torch.md"
 
 KIND_ORDER = ["pointwise", "creation", "view", "movement", "reduction", "scan", "sort", "gather", "scatter"]
 
@@ -206,8 +210,67 @@ def validation_errors() -> str:
             "```console\n$ segfuse validate broken.json\n" + text + f"\n$ echo $?\n{rc}\n```\n")
 
 
+# ---- the ATen ops segfuse.torch.capture lowers (docs/torch.md) ---------------------------------
+def _functional_tensor_overload(op) -> bool:
+    """An overload a torch.export graph can hold: functional, tensors out, no named dims (not an
+    `out=` variant, nor TorchScript's overloads on numbers, lists and strings)."""
+    schema = op._schema
+    return (not schema.is_mutable and bool(schema.returns) and all(str(r.type) == "Tensor" for r in schema.returns)
+            and not any("Dimname" in str(a.type) for a in schema.arguments))
+
+
+def aten_op_rows() -> list[tuple[str, list[str], str]]:
+    """(ATen op, its overloads, what lowers them) per op and way of lowering: a family module of
+    segfuse.torch.capturing (its `@lowers` table), or the registry op of the same name (the
+    generic rule)."""
+    import torch
+    from segfuse.compiler.ops import REGISTRY
+    from segfuse.torch.capturing.lowering import lower_generic, lowering_of, registered_lowerings
+
+    rows: dict[tuple[str, str], set[str]] = {}
+    for key, fn in registered_lowerings().items():
+        how = f"`capturing/{fn.__module__.rsplit('.', 1)[-1]}.py`"
+        if isinstance(key, torch._ops.OpOverloadPacket):
+            overloads = [getattr(key, n) for n in key.overloads()]
+            overloads = [o for o in overloads if _functional_tensor_overload(o) and lowering_of(o) is fn]
+        else:
+            overloads = [key]
+        for o in overloads:
+            rows.setdefault((str(o.overloadpacket), how), set()).add(o._overloadname)
+    for name, op in REGISTRY.items():
+        packet = getattr(torch.ops.aten, name, None)
+        for n in packet.overloads() if packet is not None else ():
+            o = getattr(packet, n)
+            if _functional_tensor_overload(o) and lowering_of(o) is lower_generic:
+                rows.setdefault((str(packet), f"registry `{op.name}` (generic)"), set()).add(n)
+    return [(name, sorted(ovs, key=lambda n: (n != "default", n)), how)
+            for (name, how), ovs in sorted(rows.items())]
+
+
+def aten_op_table() -> str:
+    from segfuse.torch.capturing.lowering import alternatives
+
+    rows = aten_op_rows()
+    lines = [f"{len({r[0] for r in rows})} ATen ops ({sum(len(r[1]) for r in rows)} overloads). Lowered by a "
+             "module of `segfuse.torch.capturing`, which maps the op in PyTorch's meaning, or by the generic "
+             "rule: the registry op of the same name, whose arguments are PyTorch's (an argument it lacks is "
+             "refused unless it has its default value). Either way each node's result is checked against the "
+             "dtype and shape PyTorch computes for it.", "",
+             "| ATen op | overloads | lowered by |", "| --- | --- | --- |"]
+    for name, overloads, how in rows:
+        lines.append(f"| `{name}` | {', '.join(f'`{o}`' for o in overloads)} | {how} |")
+    refused = sorted(alternatives().items())
+    lines += ["", f"Refused, with the nearest supported way to write them ({len(refused)} ops; any other op "
+              "not above is refused too, naming it):", "", "| ATen op | write instead |", "| --- | --- |"]
+    for name, alternative in refused:
+        cell = alternative.replace("|", "\\|")
+        lines.append(f"| `aten.{name}` | {cell} |")
+    return "\n".join(lines) + "\n"
+
+
 # ---- markers ---------------------------------------------------------------------------------
 SECTIONS = {"op-table": op_table, "validation-errors": validation_errors}
+TORCH_SECTIONS = {"aten-ops": aten_op_table}
 
 
 def begin(name: str) -> str:
@@ -218,24 +281,26 @@ def end(name: str) -> str:
     return f"<!-- END {name} -->"
 
 
-def render(doc: str) -> str:
-    """`doc` with every generated section replaced by a fresh one."""
-    for name, fn in SECTIONS.items():
+def render(doc: str, sections: dict | None = None, path: Path | None = None) -> str:
+    """`doc` with every generated section replaced by a fresh one (`sections`: the format doc's,
+    unless given)."""
+    for name, fn in (SECTIONS if sections is None else sections).items():
         b, e = begin(name), end(name)
         i, j = doc.find(b), doc.find(e)
         if i < 0 or j < i:
-            raise SystemExit(f"{FORMAT_DOC}: markers for '{name}' are missing ({b} ... {e})")
+            raise SystemExit(f"{path or FORMAT_DOC}: markers for '{name}' are missing ({b} ... {e})")
         doc = doc[:i + len(b)] + "\n" + fn() + doc[j:]
     return doc
 
 
 def outputs() -> dict[Path, str]:
-    return {SCHEMA_PATH: schema_text(), FORMAT_DOC: render(FORMAT_DOC.read_text())}
+    return {SCHEMA_PATH: schema_text(), FORMAT_DOC: render(FORMAT_DOC.read_text()),
+            TORCH_DOC: render(TORCH_DOC.read_text(), TORCH_SECTIONS, TORCH_DOC)}
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="regenerate docs/fusion-1.schema.json and the generated sections "
-                                "of docs/graph-format.md")
+                                "of docs/graph-format.md and docs/torch.md")
     p.add_argument("--check", action="store_true", help="only check; exit 1 if anything is out of date")
     args = p.parse_args(argv)
     stale = []

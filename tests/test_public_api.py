@@ -49,6 +49,8 @@ segfuse.compiler.schema:json_schema
 segfuse.scaleout:shard_for segfuse.scaleout.router:haproxy_config
 segfuse.torch: segfuse.torch:capture segfuse.torch:check segfuse.torch:fusion
 segfuse.torch.compiling:CompileStats
+segfuse.torch.capturing.lowering:alternatives segfuse.torch.capturing.lowering:lower_generic
+segfuse.torch.capturing.lowering:lowering_of segfuse.torch.capturing.lowering:registered_lowerings
 segfuse.compiler.errors:DeferredRunError
 segfuse.server:create_app segfuse.server.array_backends:resolve segfuse.server.logs:JsonFormatter
 segfuse.server.settings:Settings segfuse.server.settings:parse_size
