@@ -253,8 +253,9 @@ def aten_op_table() -> str:
     rows = aten_op_rows()
     lines = [f"{len({r[0] for r in rows})} ATen ops ({sum(len(r[1]) for r in rows)} overloads). Lowered by a "
              "module of `segfuse.torch.capturing`, which maps the op in PyTorch's meaning, or by the generic "
-             "rule: the registry op of the same name, whose arguments are PyTorch's (an argument it lacks is "
-             "refused unless it has its default value). Either way each node's result is checked against the "
+             "rule: the registry op of the same name, whose arguments are PyTorch's (an overload with an "
+             "argument the registry op lacks is not taken by the rule: torch decomposes it, or a module lowers "
+             "it). Either way each node's result is checked against the "
              "dtype and shape PyTorch computes for it.", "",
              "| ATen op | overloads | lowered by |", "| --- | --- | --- |"]
     for name, overloads, how in rows:

@@ -37,9 +37,9 @@ REFUSED = '''
 import torch
 
 
-def flips(x):
+def kth_values(x):
     y = x * 2
-    return torch.flip(y, [0]) + 1
+    return torch.kthvalue(y, 2, 0).values + 1
 
 
 def branches(x):
@@ -129,9 +129,10 @@ def test_a_symbol_without_a_name_is_named_after_the_parameter_and_dim(tmp_path, 
 # ---- what is refused ----------------------------------------------------------------------------------
 def test_an_unsupported_op_exits_2_with_the_refusal_op_and_file_line(tmp_path):
     src = _write(tmp_path, "refused.py", REFUSED)
-    r = segfuse("capture", "refused.py:flips", "--example", "x=4x3xfloat32", "-o", "g.json", cwd=tmp_path, check=2)
-    assert "cannot capture refused.py:flips: aten.flip.default: " in r.stderr
-    assert f"(at refused.py:{_line(src, 'torch.flip')})" in r.stderr and "instead: " in r.stderr
+    r = segfuse("capture", "refused.py:kth_values", "--example", "x=4x3xfloat32", "-o", "g.json", cwd=tmp_path,
+                check=2)
+    assert "cannot capture refused.py:kth_values: aten.kthvalue.default: " in r.stderr
+    assert f"(at refused.py:{_line(src, 'torch.kthvalue')})" in r.stderr and "instead: " in r.stderr
     assert r.stdout == "" and not (tmp_path / "g.json").exists()
 
 

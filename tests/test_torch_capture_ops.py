@@ -197,6 +197,14 @@ def test_gather_take_along_dim_and_index_select_match_torch():
     check(gathers, randn(5, 6), randint(0, 6, 5, 3), torch.tensor([4, 0, 2, 2]))
 
 
+def test_gather_with_sparse_grad_matches_torch():
+    # sparse_grad changes only the layout of a gradient: the forward values are gather's
+    def fn(x, index):
+        return torch.gather(x, 1, index, sparse_grad=True)
+
+    check(fn, randn(4, 5), randint(0, 5, 4, 3))
+
+
 def test_advanced_indexing_with_one_index_tensor_matches_torch():
     check(advanced_indexing, randn(5, 6, 2), torch.tensor([4, 0, 2, 2]))
 
@@ -383,6 +391,27 @@ def masked_softmax(scores, mask):
 
 def test_softmax_log_softmax_logsumexp_match_torch():
     check(softmaxes, randn(4, 6) * 4)
+
+
+def logsumexp_of_every_dim(x):
+    # an empty dim list reduces every dim and keeps them (PyTorch's shape: [1, 1])
+    return torch.logsumexp(x, dim=(), keepdim=True), torch.logsumexp(x.long(), dim=[], keepdim=True)
+
+
+def test_logsumexp_of_an_empty_dim_list_matches_torch():
+    check(logsumexp_of_every_dim, randn(4, 6) * 4)
+
+
+def test_logsumexp_of_an_empty_dim_list_without_keepdim_is_refused_like_torch():
+    def fn(x):
+        return torch.logsumexp(x, dim=())
+
+    x = randn(3, 4)
+    with pytest.raises(RuntimeError):
+        fn(x)  # (PyTorch's own kernel fails on it)
+    with pytest.raises(CaptureError) as e:
+        capture(fn, x)
+    assert e.value.op == "aten.logsumexp.default" and "keepdim" in str(e.value)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])

@@ -178,6 +178,50 @@ def test_compiled_mixed_model_matches_eager_at_several_sizes(caplog):
     assert any(s.summary() in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
 
 
+def gate_rows_then_route(hidden, weight):
+    """The prologue fed by a matmul (no segfuse op) over twice as many rows as tokens: the subgraph's
+    input has a size PyTorch derives from the token count (2*T), not a size symbol of its own."""
+    logits = hidden.reshape(-1, 3) @ weight  # [2T, E]
+    ids = torch.topk(logits, K, dim=-1).indices.reshape(-1, K)
+    return torch_prologue(ids, E, K)
+
+
+def test_subgraph_reading_a_result_of_derived_size_is_taken_under_dynamic_shapes(caplog):
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    compiled = torch.compile(gate_rows_then_route, backend="segfuse", dynamic=True)
+    gen = torch.Generator().manual_seed(4)
+    weight = torch.randn(3, E, generator=gen)
+    with torch.no_grad(), counting_segfuse_runs() as runs:
+        for T in (5, 7, 12):  # (sizes no other dim has: dynamo would give them one symbol)
+            hidden = torch.randn(T, 6, generator=gen)
+            assert_same(compiled(hidden, weight), gate_rows_then_route(hidden, weight))
+    stats = stats_of(caplog)
+    assert len(stats) == 1, [s.summary() for s in stats]  # one symbolic graph serves every T
+    (s,) = stats
+    assert any({"aten.scatter_add", "aten.cumsum", "aten.sort"} <= ops for ops in ops_of(s)), s.summary()
+    assert "aten.mm.default" in s.ops_left and not any("derived size" in why for _, why in s.left), s.left
+    assert runs.call_count == 3 * len(s.subgraphs)
+
+
+def adds_constants(x):
+    small = torch.cumsum(x * 2, 0) + torch.tensor([1.0, 2.0, 2.0, -0.5])  # written into the segfuse graph
+    large = torch.cumsum(x.exp(), 0) * torch.tensor([float(k) for k in range(80)]).reshape(20, 4)
+    return small, large
+
+
+def test_small_constants_join_their_subgraph_and_large_ones_leave_it_to_inductor(caplog):
+    caplog.set_level(logging.INFO, logger=LOGGER)
+    compiled = torch.compile(adds_constants, backend="segfuse")
+    x = torch.randn(20, 4, generator=torch.Generator().manual_seed(5))
+    with counting_segfuse_runs() as runs:
+        assert_same(compiled(x), adds_constants(x))
+    (s,) = stats_of(caplog)
+    assert len(s.subgraphs) == 1 and {"aten.cumsum", "aten.add"} <= ops_of(s)[0], s.summary()
+    assert "aten.exp" not in ops_of(s)[0]
+    assert any("constant tensor too large" in why for op, why in s.left if op.startswith("aten.exp")), s.left
+    assert runs.call_count == 1
+
+
 def test_fullgraph_prologue_is_one_segfuse_op(caplog):
     caplog.set_level(logging.INFO, logger=LOGGER)
 

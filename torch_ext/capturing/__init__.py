@@ -11,8 +11,9 @@
 `fn` is traced with `torch.export` (strict, so the graph's nodes carry the user's file:line), its
 ATen graph is decomposed where segfuse lacks an op (ops segfuse has stay whole: softmax, var_mean,
 scatter_reduce ...), and each ATen op is lowered to registry ops (lowering.py; the families:
-pointwise.py, creation.py, shape.py, index.py, reduce.py, sort_scan.py). What segfuse cannot
-express is refused with a `CaptureError`, never approximated.
+pointwise.py, creation.py, shape.py, index.py, reduce.py, sort_scan.py). Constants fn makes
+(`torch.tensor(3.0)`, the value of `x[i] = 2.0`) are written into the graph when small (constants.py).
+What segfuse cannot express is refused with a `CaptureError`, never approximated.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from collections.abc import Callable, Mapping
 import torch
 from segfuse.compiler.builder import FusionDefinition
 
+from .constants import MAX_CONSTANT_ELEMENTS, too_large
 from .errors import CaptureError
 from .graph import fusion_from_graph
 from .lowering import LowerContext, has_lowering, lowers, unsupported_reason, user_location
@@ -70,13 +72,21 @@ def capture(fn: Callable, *example_inputs, name: str | None = None, dynamic=None
     gm = ep.graph_module
     placeholders = {n.name: n for n in gm.graph.nodes if n.op == "placeholder"}
     user_inputs = list(sig.user_inputs)
+    constants = {}  # placeholder -> a small constant fn made (torch.tensor(3.0), x[i] = 2.0's value)
     for spec in sig.input_specs:
-        if spec.kind.name != "USER_INPUT":
-            raise CaptureError(f"fn reads the tensor {spec.target or spec.arg.name} that is not one of its arguments "
-                               f"({spec.kind.name.lower().replace('_', ' ')})", op="constant tensor",
-                               location=_first_use(placeholders.get(spec.arg.name)),
-                               alternative="pass it as an argument, or make it inside fn with torch.full/"
-                                           "torch.arange")
+        if spec.kind.name == "USER_INPUT":
+            continue
+        value = ep.constants.get(spec.target) if spec.kind.name == "CONSTANT_TENSOR" else None
+        if isinstance(value, torch.Tensor) and not too_large(value):
+            constants[spec.arg.name] = value
+            continue
+        size = f", {value.numel()} elements; segfuse writes up to {MAX_CONSTANT_ELEMENTS} into a graph" \
+            if isinstance(value, torch.Tensor) else ""
+        raise CaptureError(f"fn reads the tensor {spec.target or spec.arg.name} that is not one of its arguments "
+                           f"({spec.kind.name.lower().replace('_', ' ')}{size})", op="constant tensor",
+                           location=_first_use(placeholders.get(spec.arg.name)),
+                           alternative="pass it as an argument, or make it inside fn with torch.full/"
+                                       "torch.arange")
     input_names, symbols = [], {}
     by_placeholder = {}
     for pname, ex, ph in zip(params, example_inputs, user_inputs):
@@ -94,7 +104,7 @@ def capture(fn: Callable, *example_inputs, name: str | None = None, dynamic=None
     try:
         return fusion_from_graph(gm, input_names=input_names, output_names=[n for _, n, _ in outputs],
                                  name=name or _graph_name(fn), symbols=symbols,
-                                 alias_of={n: inp for _, n, inp in outputs if inp is not None})
+                                 alias_of={n: inp for _, n, inp in outputs if inp is not None}, constants=constants)
     except CaptureError as e:
         if e.location is not None:
             raise

@@ -28,7 +28,17 @@ def _number(cx: LowerContext, value, what: str):
     return value
 
 
+def _filled(cx: LowerContext, value, shape, dtype):
+    """A fill value that is a 0-d tensor (a size: `torch.full((n,), x.shape[0])`) in `dtype`,
+    broadcast to `shape`."""
+    ops = cx.fd.ops
+    v = value if value.dtype is dtype else ops.cast(value, dtype)
+    return v if not shape else ops.expand(v, shape)
+
+
 def _full(cx: LowerContext, value):
+    if isinstance(value, Tensor):
+        return _filled(cx, value, cx.shape(), cx.dtype(cx.out))
     return cx.fd.ops.full(cx.shape(), _number(cx, value, "the fill value"), cx.dtype(cx.out))
 
 
@@ -49,6 +59,8 @@ def _scalar_tensor(cx, s, **storage):
 
 @lowers(aten.full_like.default)
 def _full_like(cx, x, fill_value, **storage):
+    if isinstance(fill_value, Tensor):
+        return _filled(cx, fill_value, cx.shape(), cx.dtype(cx.out))
     return cx.fd.ops.full_like(x, _number(cx, fill_value, "the fill value"), cx.dtype(cx.out))
 
 
@@ -59,6 +71,8 @@ def _empty_like(cx, x, **storage):
 
 @lowers(aten.fill.Scalar)
 def _fill(cx, x, value):
+    if isinstance(value, Tensor):
+        return _filled(cx, value, cx.shape(), x.dtype)
     return cx.fd.ops.full_like(x, _number(cx, value, "the fill value"))
 
 
@@ -74,17 +88,23 @@ def _zero(cx, x):
     return cx.fd.ops.full_like(x, 0)
 
 
-@lowers(aten.arange.default, aten.arange.start, aten.arange.start_step)
+@lowers(aten.arange.default, aten.arange.start, aten.arange.start_step, sizes_as_written=True)
 def _arange(cx, *args, **storage):
-    # (end), (start, end) or (start, end, step); the length is PyTorch's, a size expression when end is
+    # (end), (start, end) or (start, end, step); the length is PyTorch's, a size expression when end
+    # is; a start that is a size is added to iota(length) (integers: exact)
     start = args[0] if len(args) > 1 else 0
     step = args[2] if len(args) > 2 else 1
+    _number(cx, step, "arange's step")
     for v, what in ((start, "start"), (step, "step")):
-        _number(cx, v, f"arange's {what}")
         if isinstance(v, float) and not math.isfinite(v):
             cx.refuse(f"arange's {what} must be finite")
     (length,) = cx.shape()
-    return cx.fd.ops.iota(length, start, step, cx.dtype(cx.out))
+    dtype = cx.dtype(cx.out)
+    if isinstance(start, str):
+        if dtype.is_float:
+            cx.refuse("a float arange that starts at a size", alternative="torch.arange(start, end).float()")
+        return cx.fd.ops.add(cx.fd.ops.iota(length, 0, step, dtype), cx.size_operand(start, dtype))
+    return cx.fd.ops.iota(length, _number(cx, start, "arange's start"), step, dtype)
 
 
 @lowers(prims.iota.default)

@@ -2,9 +2,11 @@
 
 Placeholders holding tensors become the definition's inputs (`define_tensor` with the FakeTensor's
 dtype and shape; a symbolic dim becomes a size symbol); placeholders holding sizes (SymInts, as
-dynamo passes them) are not inputs: their values come from the tensors' shapes. Size arithmetic
-(`sym_size`, `operator.mul` on sizes) is read from each node's value, never lowered. Each lowered
-result is checked against PyTorch's dtype and shape for the node.
+dynamo passes them) are not inputs: their values come from the tensors' shapes. Small constant
+tensors (torch.export's lifted constants, given as `constants`, and `get_attr` nodes) are written into
+the graph (constants.py). Size arithmetic (`sym_size`, `operator.mul` on sizes) is read from each
+node's value, never lowered. Each lowered result is checked against PyTorch's dtype and shape for the
+node.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 from segfuse.compiler.builder import FusionDefinition, Tensor
 from segfuse.compiler.errors import GraphError
 
+from .constants import constant_tensor, small_constant
 from .errors import CaptureError
 from .lowering import define_input, lower_node, size_value, user_location
 from .sizes import SizeNames
@@ -22,33 +25,48 @@ from .sizes import SizeNames
 
 def fusion_from_graph(gm: torch.fx.GraphModule, *, input_names: Sequence[str], output_names: Sequence[str],
                       name: str, symbols: Mapping[str, str] | None = None,
-                      alias_of: Mapping[str, str] | None = None) -> FusionDefinition:
+                      alias_of: Mapping[str, str] | None = None,
+                      constants: Mapping[str, torch.Tensor] | None = None,
+                      fresh_symbols: bool = False) -> FusionDefinition:
     """Lower `gm` (ATen ops, functional; placeholder and node values in `node.meta["val"]`).
 
-    `input_names`: one per placeholder holding a tensor, in order. `output_names`: one per entry of
-    the output node's (flat) tuple, None to leave that entry out. `symbols`: PyTorch's size symbols
-    (their names, "s0") -> the graph's size symbols; a symbol not listed is named after the first
-    input dim that has it ("x_0"). `alias_of`: output name -> the input it updates in place.
-    Raises CaptureError for what segfuse cannot express."""
+    `input_names`: one per placeholder holding a tensor (other than `constants`), in order.
+    `output_names`: one per entry of the output node's (flat) tuple, None to leave that entry out.
+    `symbols`: PyTorch's size symbols (their names, "s0") -> the graph's size symbols; a symbol not
+    listed is named after the first input dim that has it ("x_0"). `alias_of`: output name -> the
+    input it updates in place. `constants`: placeholder name -> its value, a real tensor written
+    into the graph (constants.py). `fresh_symbols`: an input dim whose size PyTorch derives from its
+    symbols (2*s0: the input is a result of ops outside `gm`) gets a size symbol of its own
+    (`SizeNames.fresh`) instead of a refusal. Raises CaptureError for what segfuse cannot express."""
     fd = FusionDefinition(name)
     sizes = SizeNames(dict(symbols or {}))
-    tensors = [n for n in gm.graph.nodes if n.op == "placeholder" and isinstance(n.meta.get("val"), torch.Tensor)]
+    constants = dict(constants or {})
+    tensors = [n for n in gm.graph.nodes if n.op == "placeholder" and n.name not in constants
+               and isinstance(n.meta.get("val"), torch.Tensor)]
     if len(tensors) != len(input_names):
         raise ValueError(f"{len(input_names)} input names for {len(tensors)} tensor placeholders")
     env: dict = {}
     origin: dict = {}
+    for node, iname in zip(tensors, input_names):  # (dims that are symbols first: they name them)
+        for k, d in enumerate(node.meta["val"].shape):
+            if isinstance(d, torch.SymInt) and d.node.expr.is_Symbol:
+                sizes.name(d.node.expr.name, f"{iname}_{k}")
     for node, iname in zip(tensors, input_names):
-        env[node] = define_input(fd, node.meta["val"], iname, sizes)
+        env[node] = define_input(fd, node.meta["val"], iname, sizes, derived_ok=fresh_symbols)
         origin[iname] = node
     out_node = None
     for node in gm.graph.nodes:
         if node.op == "placeholder":
-            if node not in env:
+            if node.name in constants:
+                env[node] = constant_tensor(fd, constants[node.name], f"constant {node.name}")
+            elif node not in env:
                 env[node] = size_value(node, sizes)
         elif node.op == "call_function":
             env[node] = lower_node(fd, node, env, sizes, origin)
         elif node.op == "output":
             out_node = node
+        elif node.op == "get_attr" and small_constant(gm, node) is not None:
+            env[node] = constant_tensor(fd, small_constant(gm, node), f"constant {node.target}")
         else:
             raise CaptureError(f"FX {node.op} nodes are not supported (the function reads a tensor that is "
                                "not one of its arguments)", op=str(node.target),

@@ -40,18 +40,10 @@ def _reduce(name: str) -> str:
     return TORCH_REDUCE_NAMES.get(name, name)
 
 
-def _size_operand(fd, size):
-    """A dim size as an operand of arithmetic: the int, or (a size expression) a 0-d int64 tensor
-    holding it, the last element of iota(size + 1): creation and movement ops, which fuse into the
-    op that reads them, where a reduction would be a kernel of its own."""
-    if isinstance(size, int):
-        return size
-    return fd.ops.select(fd.ops.iota(f"{size} + 1"), 0, -1)
-
-
-def _wrap_negative(fd, index: Tensor, size) -> Tensor:
+def _wrap_negative(cx, index: Tensor, size) -> Tensor:
     """`index` with negative entries counted from `size`, as PyTorch's x[i] and take_along_dim."""
-    return fd.ops.where(fd.ops.lt(index, 0), fd.ops.add(index, _size_operand(fd, size)), index)
+    ops = cx.fd.ops
+    return ops.where(ops.lt(index, 0), ops.add(index, cx.size_operand(size)), index)
 
 
 # ---- scatter ------------------------------------------------------------------------------
@@ -88,7 +80,7 @@ def take_along_dim(cx, x, indices, dim=None):
         return fd.ops.take_along_axis(fd.ops.reshape(x, [-1]), fd.ops.reshape(indices, [-1]), 0)
     shape = cx.shape(x)
     size = shape[dim % len(shape)] if shape else 1
-    return fd.ops.take_along_axis(x, _wrap_negative(fd, indices, size), dim)
+    return fd.ops.take_along_axis(x, _wrap_negative(cx, indices, size), dim)
 
 
 def _one_index(cx, indices):
@@ -111,7 +103,7 @@ def index(cx, x, indices):
                   alternative="torch.where(mask, x, fill) or x.masked_fill(~mask, fill), which keep x's shape")
     shape, ishape = cx.shape(x), cx.shape(idx)
     flat = idx if len(ishape) == 1 else fd.ops.reshape(idx, [-1])
-    out = fd.ops.index_select(x, d, _wrap_negative(fd, flat, shape[d]))
+    out = fd.ops.index_select(x, d, _wrap_negative(cx, flat, shape[d]))
     if len(ishape) != 1:
         out = fd.ops.reshape(out, shape[:d] + ishape + shape[d + 1:])
     return out

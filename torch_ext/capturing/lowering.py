@@ -9,18 +9,30 @@ It is called with the FX node's arguments in the ATen schema's positions (`node.
 with these replaced:
 - an FX node holding a tensor -> the builder `Tensor` it was lowered to (a list of them for Tensor[]);
 - an FX node holding several results -> the tuple of their `Tensor`s;
-- a symbolic size (a SymInt node: `sym_size`, or arithmetic on sizes) -> its size expression as the
-  graph format writes it, a `str` over the graph's size symbols ("4*topk_ids_0"); a size that is a
-  known constant -> an `int`. `cx.size(...)` converts any size (int, SymInt, sympy) the same way;
+- a symbolic size (a SymInt node: `sym_size`, or arithmetic on sizes) where the schema takes a size
+  (SymInt, SymInt[]) -> its size expression as the graph format writes it, a `str` over the graph's
+  size symbols ("4*topk_ids_0"); a size that is a known constant -> an `int`. `cx.size(...)` converts
+  any size (int, SymInt, sympy) the same way;
+- a symbolic size (SymInt or SymFloat) where the schema takes a number or a tensor (Scalar, Tensor,
+  float: `x / x.shape[0]`, `rows - x.shape[0]`) -> a 0-d tensor computing it (sizes.py
+  `size_operand`: int64, or the narrower integer dtype PyTorch converts the number to; float64 for a
+  SymFloat, float32 where no float tensor sets the dtype), so the op computes with it as PyTorch does.
+  A lowering registered with `sizes_as_written=True` gets the size expression there as well (arange:
+  its length is its result's size) and converts what it computes with (`cx.size_operand`);
 - a `torch.dtype` -> the segfuse `DType` (an unsupported one is refused);
 - numbers, bools, strings, lists of ints, None, devices, layouts: as they are.
 
-ATen ops without a registered lowering are lowered generically when the registry has an op of the
-same name whose parameters take the ATen arguments by name, or by position where the registry's
-parameter there is an operand (`self` -> `x`, `other` -> `y`) or `dims` for ATen's `dim`, and every ATen
-argument left over is at its schema default: `aten.exp`,
-`aten.add.Tensor` (alpha 1), `aten.where.self`, `aten.cumsum` ... Anything else is refused with a
-`CaptureError` naming the op and the user's file:line.
+ATen overloads without a registered lowering are lowered generically (`generic_op`) when the
+registry has an op of the packet's name, the overload is functional and returns as many tensors as
+the registry op (and nothing else), and every ATen argument binds to a registry parameter: by name, or
+by position where the registry's parameter there is an operand (`self` -> `x`, `other` -> `y`) or
+`dims` for ATen's `dim`; only arguments that never change the values (layout, device, memory format,
+sparse_grad) may be left over: `aten.exp`, `aten.add.Scalar`, `aten.where.self`, `aten.cumsum` ...
+The rule claims an overload only when it takes every value of its arguments, because `has_lowering`
+keeps what is claimed out of the decomposition table: an overload with an argument the registry op
+lacks (`aten.pad`'s mode, `aten.round.decimals`) is lowered by a family module or decomposed by torch,
+never claimed and then refused. What the registry op itself refuses (a dtype it lacks) and ops with no
+lowering are refused with a `CaptureError` naming the op and the user's file:line.
 
 `lower_node` lowers one FX node with these (graph.py walks a graph with it; `unsupported_reason` asks
 it about one node on a scratch definition): size arithmetic is read from the node's value, run-time
@@ -44,11 +56,11 @@ from segfuse.compiler.ops.registry import REGISTRY, OpDef
 from segfuse.compiler.shapes import dims_equal, parse_size
 
 from .errors import CaptureError
-from .sizes import SizeNames, supported_dtypes_text, torch_to_dtype
+from .sizes import SizeNames, size_operand, sizes_as_numbers, supported_dtypes_text, torch_to_dtype
 
-__all__ = ["CHECKS", "SIZE_OPS", "LowerContext", "SizeNames", "alternative_for", "aten_name", "define_input",
-           "has_lowering", "lower_alone", "lower_node", "lowering_of", "lowers", "suggest", "supported_dtypes_text",
-           "torch_to_dtype", "unsupported_reason", "user_location"]
+__all__ = ["CHECKS", "SIZE_OPS", "LowerContext", "SizeNames", "alternative_for", "alternatives", "aten_name",
+           "define_input", "has_lowering", "lower_alone", "lower_node", "lowering_of", "lowers", "registered_lowerings",
+           "suggest", "supported_dtypes_text", "torch_to_dtype", "unsupported_reason", "user_location"]
 
 aten = torch.ops.aten
 
@@ -75,20 +87,28 @@ CHECKS = _existing(
     "_functional_assert_async.msg", "_functional_sym_constrain_range.default",
     "_functional_sym_constrain_range_for_size.default", "_functional_assert_scalar.default")
 
-# FX targets whose results are sizes (SymInts), read from the node's value, never lowered.
+# FX targets whose results are sizes (SymInts; SymFloats of a true division), read from the node's
+# value, never lowered.
 SIZE_OPS = _existing("sym_size.int", "sym_numel.default", "sym_storage_offset.default", "sym_stride.int") | {
-    operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod, operator.neg, torch.sym_max,
-    torch.sym_min, *([torch.sym_sum] if hasattr(torch, "sym_sum") else [])}
+    operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod, operator.neg, operator.truediv,
+    torch.sym_max, torch.sym_min, torch.sym_float, *([torch.sym_sum] if hasattr(torch, "sym_sum") else [])}
 
 
-def lowers(*ops) -> Callable:
-    """Register the decorated function as the lowering of `ops` (ATen overloads or packets)."""
+_SIZES_AS_WRITTEN: set = set()  # ops whose lowering takes sizes as expressions where a number goes too
+
+
+def lowers(*ops, sizes_as_written: bool = False) -> Callable:
+    """Register the decorated function as the lowering of `ops` (ATen overloads or packets);
+    `sizes_as_written`: it gets symbolic sizes as size expressions where the schema takes a number
+    too (the module doc says why)."""
 
     def register(fn: Callable) -> Callable:
         for op in ops:
             if op in _TABLE:
                 raise ValueError(f"{op} has two lowerings")
             _TABLE[op] = fn
+            if sizes_as_written:
+                _SIZES_AS_WRITTEN.add(op)
         return fn
 
     return register
@@ -109,6 +129,17 @@ def alternative_for(target) -> str | None:
     return _ALTERNATIVES.get(packet.__name__ if packet is not None else aten_name(target))
 
 
+def registered_lowerings() -> MappingProxyType:
+    """The `@lowers` table, read-only: ATen overload or overload packet -> its lowering (docs/gen_docs.py
+    makes the table of supported ATen ops from it and the generic rule)."""
+    return MappingProxyType(_TABLE)
+
+
+def alternatives() -> MappingProxyType:
+    """The `suggest` table, read-only: unsupported ATen op (packet name) -> the way to write it."""
+    return MappingProxyType(_ALTERNATIVES)
+
+
 def lowering_of(target) -> Callable | None:
     """The registered lowering of an FX target, else the generic one where it applies, else None."""
     fn = _TABLE.get(target)
@@ -125,14 +156,31 @@ def has_lowering(target) -> bool:
 
 
 def generic_op(target) -> OpDef | None:
-    """The registry op that lowers an ATen overload by name, if the shapes of their signatures fit."""
+    """The registry op that lowers an ATen overload by name, if it takes every argument of the
+    overload (the module doc gives the rule)."""
     if not isinstance(target, torch._ops.OpOverload):
         return None
     op = REGISTRY.get(target.overloadpacket.__name__)
     schema = target._schema
-    if op is None or schema.is_mutable or len(schema.returns) != op.n_outputs:
+    if op is None or schema.is_mutable or len(schema.returns) != op.n_outputs \
+            or any(str(r.type) != "Tensor" for r in schema.returns):
+        return None
+    params = signature(op)
+    aten_names = {a.name for a in schema.arguments}
+    if any(_registry_param(op, params, aten_names, i, a.name) is None and a.name not in STORAGE_ARGS
+           for i, a in enumerate(schema.arguments)):
         return None
     return op
+
+
+def _registry_param(op: OpDef, params, aten_names, i: int, name: str) -> str | None:
+    """The parameter of the registry op that takes the ATen argument `name` at position i, if any."""
+    if name in params:
+        return name
+    if i < len(params) and params[i] not in aten_names and (
+            params[i] in op.operands or (name, params[i]) == ("dim", "dims")):
+        return params[i]  # the same place under another name: self -> x, other -> y, dim -> dims
+    return None
 
 
 def aten_name(target) -> str:
@@ -223,6 +271,14 @@ class LowerContext:
         v = self.out if x is None else self.meta(x)
         return [self.size(d) for d in v.shape]
 
+    def size_operand(self, d, dtype: DType | None = None):
+        """A size (int, size expression, SymInt, SymFloat) as an operand of arithmetic: a number, or
+        a 0-d tensor computing it (sizes.py `size_operand`); refused where segfuse cannot compute it."""
+        try:
+            return size_operand(self.fd, d, self.sizes, dtype)
+        except ValueError as e:
+            self.refuse(str(e))
+
 
 # ---- the generic lowering ----------------------------------------------------------------
 def lower_generic(cx: LowerContext, *args, **kwargs):
@@ -234,10 +290,7 @@ def lower_generic(cx: LowerContext, *args, **kwargs):
     schema_args = bind_schema(target, args, kwargs)
     aten_names = {a.name for a, _, _ in schema_args}
     for i, (arg, value, given) in enumerate(schema_args):
-        p = arg.name
-        if p not in params and i < len(params) and params[i] not in aten_names and (
-                params[i] in op.operands or (p, params[i]) == ("dim", "dims")):
-            p = params[i]  # the same place under another name: self -> x, other -> y, dim -> dims
+        p = _registry_param(op, params, aten_names, i, arg.name) or arg.name
         if p in params and p not in bound:
             if given or p in op.operands or value is not None:  # (ATen's default, where it states one)
                 bound[p] = value
@@ -262,8 +315,8 @@ def bind_schema(target, args, kwargs) -> list[tuple[Any, Any, bool]]:
     return out
 
 
-# Arguments that say where or how a result is stored, never what it holds.
-STORAGE_ARGS = frozenset({"layout", "device", "pin_memory", "memory_format", "non_blocking"})
+# Arguments that say where or how a result (or its gradient) is stored, never what it holds.
+STORAGE_ARGS = frozenset({"layout", "device", "pin_memory", "memory_format", "non_blocking", "sparse_grad"})
 
 
 def is_default(arg, value) -> bool:
@@ -302,20 +355,22 @@ def lower_alone(node: torch.fx.Node) -> None:
     sizes = SizeNames()
     env: dict = {}
     origin: dict = {}
+    for arg in node.all_input_nodes:  # a scratch graph names PyTorch's symbols as they are
+        val = arg.meta.get("val")
+        for t in (val if isinstance(val, (tuple, list)) else (val,)):
+            for d in (t.shape if isinstance(t, torch.Tensor) else ()):
+                if isinstance(d, torch.SymInt) and d.node.expr.is_Symbol:
+                    sizes.name(d.node.expr.name, d.node.expr.name)
     for k, arg in enumerate(node.all_input_nodes):
         val = arg.meta.get("val")
         if isinstance(val, torch.Tensor):
-            for d in val.shape:  # a scratch graph names PyTorch's symbols as they are
-                if isinstance(d, torch.SymInt):
-                    for s in d.node.expr.free_symbols:
-                        sizes.name(s.name, s.name)
             env[arg] = define_input(fd, val, f"in{k}", sizes, derived_ok=True)
             origin[f"in{k}"] = arg
         elif isinstance(val, (tuple, list)) and arg.target is not None:
             env[arg] = tuple(define_input(fd, v, f"in{k}_{j}", sizes, derived_ok=True) for j, v in enumerate(val)
                              if isinstance(v, torch.Tensor))
         else:
-            if isinstance(val, torch.SymInt):  # a size argument: its symbols too, each an input's dim
+            if isinstance(val, (torch.SymInt, torch.SymFloat)):  # a size: its symbols too, each an input's dim
                 for s in val.node.expr.free_symbols:
                     if s.name not in sizes.known():
                         fd.define_tensor(f"size_{len(sizes.known())}", [sizes.name(s.name, s.name)], "int64")
@@ -325,8 +380,9 @@ def lower_alone(node: torch.fx.Node) -> None:
 
 def define_input(fd: FusionDefinition, val: torch.Tensor, name: str, sizes: SizeNames,
                   derived_ok: bool = False) -> Tensor:
-    """`derived_ok`: a dim of a derived size (2*s0) gets a symbol of its own (one per size) instead
-    of a refusal: what a probe needs, where the input stands for an op's result."""
+    """`derived_ok`: a dim of a derived size (2*s0) gets a symbol of its own (one per size,
+    `SizeNames.fresh`) instead of a refusal: where the input stands for an op's result (a probe, a
+    part of a graph)."""
     dt = torch_to_dtype(val.dtype)
     if dt is None:
         raise CaptureError(f"dtype {val.dtype} is not supported by segfuse", op=f"input {name}",
@@ -336,7 +392,7 @@ def define_input(fd: FusionDefinition, val: torch.Tensor, name: str, sizes: Size
         if isinstance(d, torch.SymInt) and not d.node.expr.is_Integer:
             expr = d.node.expr
             if not expr.is_Symbol and derived_ok:
-                shape.append(sizes.name(f"({expr})", f"{name}_{k}"))
+                shape.append(sizes.fresh(expr, f"{name}_{k}"))
                 continue
             if not expr.is_Symbol:
                 raise CaptureError(f"dim {k} has the derived size {expr}; a graph input's size is a number or "
@@ -388,8 +444,11 @@ def lower_node(fd: FusionDefinition, node: torch.fx.Node, env: dict, sizes: Size
     for v in (val if isinstance(val, (tuple, list)) else (val,)):
         if isinstance(v, torch.Tensor) and torch_to_dtype(v.dtype) is None:
             cx.refuse(f"its result's dtype {v.dtype} is not supported by segfuse", alternative=supported_dtypes_text())
-    args = _replace(node.args, env, cx)
-    kwargs = {k: _replace(v, env, cx) for k, v in node.kwargs.items()}
+    args, kwargs = node.args, node.kwargs
+    if target not in _SIZES_AS_WRITTEN and getattr(target, "overloadpacket", None) not in _SIZES_AS_WRITTEN:
+        args, kwargs = sizes_as_numbers(node, cx.size_operand)
+    args = _replace(args, env, cx)
+    kwargs = {k: _replace(v, env, cx) for k, v in kwargs.items()}
     try:
         result = fn(cx, *args, **kwargs)
     except CaptureError:

@@ -81,6 +81,20 @@ def _pow(cx, x, exponent):
     return cx.fd.ops.pow(x, exponent)
 
 
+@lowers(aten.round.decimals)
+def _round_decimals(cx, x, *, decimals):
+    """PyTorch's formula: round(x * 10^d) / 10^d, or round(x / 10^-d) * 10^-d for d < 0, in opmath."""
+    ops = cx.fd.ops
+    if decimals == 0:
+        return ops.round(x)
+    if not x.dtype.is_float:
+        cx.refuse(f"round(decimals=) of {x.dtype} (PyTorch rounds floats to decimals)")
+    scale = 10.0 ** abs(decimals)
+    if decimals > 0:
+        return _in_opmath(cx, lambda v: ops.div(ops.round(ops.mul(v, scale)), scale), x)
+    return _in_opmath(cx, lambda v: ops.mul(ops.round(ops.div(v, scale)), scale), x)
+
+
 @lowers(aten.clamp.default, aten.clamp.Tensor)
 def _clamp(cx, x, min=None, max=None):
     ops = cx.fd.ops

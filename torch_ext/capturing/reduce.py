@@ -1,13 +1,13 @@
 """Lowerings of ATen's reductions and normalizations onto the registry's reductions and composites.
 
-sum, prod, mean, amax, amin, argmax, argmin, softmax, log_softmax, logsumexp and var/std/var_mean's
+sum, prod, mean, amax, amin, argmax, argmin, softmax, log_softmax and var/std/var_mean's
 `correction` overloads are the registry ops of their names, with PyTorch's argument order and dtype
-rules (integer sums in int64, dtype= converting first, float16/bfloat16 computed in float32), so
-the generic lowering takes them. The overloads ATen spells differently are mapped here: max/min
-(of all elements, along a dim with their positions, or elementwise), any/all, var/std's `unbiased`,
-std_mean, _softmax's `half_to_float`. layer_norm, native_layer_norm and rms_norm are lowered whole
-(so the capture's decomposition table keeps them) to the mean / rsqrt chain users write by hand,
-the ops of benchmarks/workloads.py's norm graphs.
+rules (integer sums in int64, dtype= converting first, float16/bfloat16 computed in float32), so the
+generic lowering takes them. The overloads ATen spells differently are mapped here: max/min (of all
+elements, along a dim with their positions, or elementwise), logsumexp (an empty dim list), any/all,
+var/std's `unbiased`, std_mean, _softmax's `half_to_float`. layer_norm, native_layer_norm and
+rms_norm are lowered whole (so the capture's decomposition table keeps them) to the mean / rsqrt
+chain users write by hand, the ops of benchmarks/workloads.py's norm graphs.
 """
 
 from __future__ import annotations
@@ -46,6 +46,18 @@ def _extreme(cx, x, dim, keepdim, largest: bool):
         return reduce(x)
     keyed = fd.ops.cast(x, "uint8") if x.dtype.is_bool else x  # (the registry's argmax takes no bool)
     return reduce(x, [dim], keepdim), (fd.ops.argmax if largest else fd.ops.argmin)(keyed, dim, keepdim)
+
+
+@lowers(aten.logsumexp.default)
+def logsumexp(cx, x, dim, keepdim=False):
+    """An empty dim list reduces every dim and keeps them as 1, as PyTorch does (with keepdim: without
+    it, PyTorch's own kernel fails)."""
+    if not dim:
+        if not keepdim:
+            cx.refuse("logsumexp over an empty dim list without keepdim (PyTorch's kernel fails on it)",
+                      alternative="x.logsumexp(dim=list(range(x.dim())))")
+        return cx.fd.ops.logsumexp(x, list(range(len(x.shape))), True)
+    return cx.fd.ops.logsumexp(x, _dims(dim), keepdim)
 
 
 @lowers(aten.max)

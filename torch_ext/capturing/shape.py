@@ -1,10 +1,12 @@
-"""Lowerings of ATen shape ops: views, movement, cat/split, copies that are identities.
+"""Lowerings of ATen shape ops: views, movement (flip, roll), cat/split, writes into a slice
+(slice_scatter), copies that are identities.
 
 Views and expands take their result shape from PyTorch's value of the node, so -1 and sizes
 computed from symbolic dims (`x.reshape(-1)`, `x.view(T * K)`) become the graph's size expressions.
-permute, unsqueeze, select, cat and pad map generically by name; transpose, t, unbind, split and
-narrow arrive as permute, select and slice (torch's decompositions). A segfuse graph has values, not
-storage: clone, contiguous, alias and detach return their input.
+permute, unsqueeze and cat map generically by name; transpose, t, unbind, split and narrow arrive
+as permute, select and slice, F.pad as constant_pad_nd or (reflect, replicate, circular) index ops and
+slice_scatter, x[:, i] = v as a where on an arange mask (torch's decompositions). A segfuse graph has
+values, not storage: clone, contiguous, alias and detach return their input.
 """
 
 from __future__ import annotations
@@ -165,6 +167,98 @@ def _copy(cx, x, src, non_blocking=False):
     return v if _same(v.shape, cx.shape()) else ops.expand(v, cx.shape())
 
 
-suggest("flip", "index_select with a reversed arange")
-suggest("roll", "cat of two slices")
+# ---- flip, roll ------------------------------------------------------------------------------
+@lowers(aten.flip.default)
+def _flip(cx, x, dims):
+    """Each dim of `dims` read backwards: index_select with n-1, n-2, ..., 0."""
+    ops = cx.fd.ops
+    shape = cx.shape(x)
+    for d in sorted({d % len(shape) for d in dims} if shape else ()):
+        n = shape[d]
+        if isinstance(n, int):
+            if n > 1:
+                x = ops.index_select(x, d, ops.iota(n, n - 1, -1))
+            continue
+        x = ops.index_select(x, d, ops.sub(ops.sub(cx.size_operand(n), 1), ops.iota(n)))
+    return x
+
+
+@lowers(aten.roll.default)
+def _roll(cx, x, shifts, dims=()):
+    """out[i] = x[(i - shift) mod n] along each dim (index_select); with no dims, of x flattened."""
+    ops = cx.fd.ops
+    if any(isinstance(s, str) for s in shifts):
+        cx.refuse("a shift that is a size is not supported; shifts are numbers",
+                  alternative="torch.cat((x[-k:], x[:-k])) with a number k")
+    if not dims:
+        if len(shifts) != 1:
+            cx.refuse(f"{len(shifts)} shifts with no dims")
+        flat = x if len(x.shape) == 1 else ops.reshape(x, [-1])
+        out = _rolled(cx, flat, shifts[0], 0)
+        return out if len(x.shape) == 1 else ops.reshape(out, cx.shape())
+    if len(shifts) != len(dims):
+        cx.refuse(f"{len(shifts)} shifts for {len(dims)} dims")
+    for s, d in zip(shifts, dims):
+        x = _rolled(cx, x, s, d % max(len(x.shape), 1))
+    return x
+
+
+def _rolled(cx, x, shift: int, d: int):
+    ops = cx.fd.ops
+    n = x.size(d)
+    if isinstance(n, int):
+        if n == 0 or shift % n == 0:
+            return x
+        return ops.index_select(x, d, ops.remainder(ops.iota(n, -shift % n, 1), n))
+    return ops.index_select(x, d, ops.remainder(ops.sub(ops.iota(n), shift), cx.size_operand(n)))
+
+
+# ---- writes into a slice ----------------------------------------------------------------------
+@lowers(aten.slice_scatter.default)
+def _slice_scatter(cx, x, src, dim=0, start=None, end=None, step=1):
+    """x with x[..., start:end:step, ...] = src (what `x[2:5] = v` and `x[:, :k].copy_(v)` become):
+    where(start <= i < start + len(src), src placed with pad, x) for a step of 1 and numbers; with a
+    step, or sizes that are symbolic, src's element (i - start) // step where that is a whole step
+    inside src (index_select)."""
+    ops = cx.fd.ops
+    rank = len(x.shape)
+    d = dim % max(rank, 1)
+    n, m = cx.shape(x)[d], cx.shape(src)[d]
+    if isinstance(step, str) or step < 1:
+        cx.refuse(f"slice step {step} (slice_scatter takes steps that are positive numbers)")
+    if src.dtype is not x.dtype:
+        src = ops.cast(src, x.dtype)
+    start = _slice_start(cx, start, n)
+    if m == 0:
+        return x
+    where_d = [1] * d + [n] + [1] * (rank - d - 1)  # (a mask along dim d, broadcast over the others)
+    pos = ops.iota(n)
+    if isinstance(n, int) and isinstance(start, int) and isinstance(m, int) and step == 1:
+        if start == 0 and m == n:
+            return src
+        placed = ops.pad(src, [0, 0] * (rank - 1 - d) + [start, n - start - m], 0)
+        inside = ops.logical_and(ops.ge(pos, start), ops.lt(pos, start + m))
+        return ops.where(ops.reshape(inside, where_d), placed, x)
+    rel = ops.sub(pos, cx.size_operand(start))
+    k = ops.floor_divide(rel, step) if step != 1 else rel
+    count = cx.size_operand(m)
+    inside = ops.logical_and(ops.ge(rel, 0), ops.lt(k, count))
+    if step != 1:
+        inside = ops.logical_and(inside, ops.eq(ops.remainder(rel, step), 0))
+    last = m - 1 if isinstance(m, int) else ops.sub(count, 1)
+    index = ops.maximum(ops.minimum(k, last), 0)
+    return ops.where(ops.reshape(inside, where_d), ops.index_select(src, d, index), x)
+
+
+def _slice_start(cx: LowerContext, start, n):
+    """A slice's start as a position in [0, n]: an int, or a size expression."""
+    if start is None:
+        return 0
+    if isinstance(start, str):
+        return start
+    if start < 0:
+        return max(start + n, 0) if isinstance(n, int) else f"{n} - {-start}"
+    return min(start, n) if isinstance(n, int) else start
+
+
 suggest("as_strided", "view, permute, slice or expand")

@@ -4,11 +4,16 @@ each replaced by one call of its `segfuse.torch` op, and what was taken and left
 A node is supported when capture's lowering takes it (`unsupported_reason`), its result is a tensor
 and it writes to none of its arguments. torch.fx's `CapabilityBasedPartitioner` grows the largest
 subgraphs of supported nodes along data edges; `worth_a_kernel` says which are worth a segfuse op;
-capture's `fusion_from_graph` lowers each of those, and `segfuse.torch.fusion` makes its op.
+capture's `fusion_from_graph` lowers each of those, and `segfuse.torch.fusion` makes its op. A
+subgraph's input may be the result of an op left out, of a size PyTorch derives from its symbols
+(2*s0): it gets a size symbol of its own (`fresh_symbols`), bound from the tensor at each call. A
+small constant tensor (get_attr) joins the subgraph reading it and is written into its graph; a
+subgraph reading a larger one is left (the constant is no input of the compiled graph to pass on).
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import operator
 from collections import Counter
@@ -23,6 +28,7 @@ from torch.fx.passes.tools_common import stable_topological_sort
 from torch.fx.passes.utils.fuser_utils import fuse_as_graphmodule
 
 from ..capturing import CaptureError, fusion_from_graph, unsupported_reason
+from ..capturing.constants import small_constant
 from ..capturing.lowering import CHECKS, SIZE_OPS, aten_name
 
 log = logging.getLogger("segfuse.torch.compile")
@@ -81,12 +87,17 @@ def _tensors(val) -> list | None:
 
 
 class _Support(OperatorSupportBase):
-    """segfuse's support of a node, for the partitioner; remembers why a node was refused."""
+    """segfuse's support of a node, for the partitioner; remembers why a node was refused. A small
+    constant tensor (a get_attr node: `torch.tensor([1.0, 2.0])` in the compiled code) joins the
+    subgraph that reads it, which writes it into its graph."""
 
-    def __init__(self):
+    def __init__(self, gm: torch.fx.GraphModule):
+        self.gm = gm
         self.reasons: dict[torch.fx.Node, str | None] = {}
 
     def is_node_supported(self, submodules, node: torch.fx.Node) -> bool:
+        if node.op == "get_attr":
+            return small_constant(self.gm, node) is not None
         if node.op != "call_function":
             return False
         if node.target is operator.getitem:
@@ -158,6 +169,13 @@ def _devices(nodes, inputs) -> set:
 
 
 # ---- the rewrite --------------------------------------------------------------------------
+# partitions grow along data edges only where torch's partitioner takes the argument; an older one
+# may merge independent parts into one subgraph (one segfuse op computing both: still correct)
+_DATA_EDGES_ONLY = ({"skip_horizontal_fusion": True}
+                    if "skip_horizontal_fusion" in inspect.signature(CapabilityBasedPartitioner.__init__).parameters
+                    else {})
+
+
 def take_subgraphs(gm: torch.fx.GraphModule, *, graph: str = "inference", min_ops: int = 2,
                    rest: str = "inductor") -> CompileStats:
     """Replace, in place, each subgraph of `gm` (an ATen graph with FakeTensor values in
@@ -165,9 +183,9 @@ def take_subgraphs(gm: torch.fx.GraphModule, *, graph: str = "inference", min_op
     segfuse.torch op. Returns what was taken and what was left, and why."""
     from .. import fusion
 
-    support = _Support()
+    support = _Support(gm)
     partitions = CapabilityBasedPartitioner(gm, support, allows_single_node_partition=True,
-                                            skip_horizontal_fusion=True).propose_partitions()
+                                            **_DATA_EDGES_ONLY).propose_partitions()
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     taken, left_why = [], {}
     for part in sorted(partitions, key=lambda p: min(order[n] for n in p.nodes)):
@@ -180,7 +198,8 @@ def take_subgraphs(gm: torch.fx.GraphModule, *, graph: str = "inference", min_op
         if why is None:
             try:
                 fd = fusion_from_graph(sub, input_names=[f"in{k}" for k in range(len(_tensor_inputs(inputs)))],
-                                       output_names=[f"out{k}" for k in range(len(outputs))], name=SUBGRAPH_NAME)
+                                       output_names=[f"out{k}" for k in range(len(outputs))], name=SUBGRAPH_NAME,
+                                       fresh_symbols=True)
                 tf = fusion(fd)
             except CaptureError as e:
                 why = f"segfuse could not lower the subgraph: {e}"
@@ -218,6 +237,9 @@ def _check_inputs(nodes, inputs) -> str | None:
     """Why a subgraph's inputs cannot feed a segfuse op (None: they can)."""
     if not _tensor_inputs(inputs):
         return "the subgraph reads no tensor (it makes tensors from sizes alone: Inductor's to make)"
+    if any(n.op == "get_attr" for n in inputs):
+        return "the subgraph reads a constant tensor too large to write into its graph (a segfuse op takes tensors " \
+            "as inputs, and the constant is no input of the compiled graph)"
     devices = _devices(nodes, inputs)
     if len(devices) > 1:
         return "the subgraph's tensors are on several devices (a segfuse op runs on one)"
