@@ -20,3 +20,17 @@ def moe_prologue(topk_ids):
     order = torch.argsort(flat, stable=True)
     output_perm = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel()))
     return {"counts": counts, "offsets": offsets, "input_perm": order // K, "output_perm": output_perm}
+
+
+if __name__ == "__main__":
+    # capture once with T dynamic, then run the graph on the NumPy backend at two T, next to torch
+    import segfuse.torch
+
+    fd = segfuse.torch.capture(moe_prologue, torch.randint(0, E, (1, K)), dynamic={"topk_ids": {0: "T"}})
+    print(f"captured {fd.fusion().name}: inputs {[i['shape'] for i in fd.to_dict()['inputs']]}, "
+          f"outputs {[o.name for o in fd.fusion().outputs]}")
+    for T in (3, 50):
+        ids = torch.randint(0, E, (T, K))
+        got = fd.execute({"topk_ids": ids.numpy()})
+        same = all((got[k] == v.numpy()).all() for k, v in moe_prologue(ids).items())
+        print(f"T={T}: equal to torch: {same}")

@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
+import warnings
 from collections.abc import Callable, Mapping
 
 import torch
@@ -66,8 +67,11 @@ def capture(fn: Callable, *example_inputs, name: str | None = None, dynamic=None
     parameter and dim ("topk_ids_0")."""
     params = _parameter_names(fn, len(example_inputs))
     specs, names = _dynamic_shapes(dynamic, params, example_inputs)
-    ep = _export(fn, example_inputs, specs)
-    ep = ep.run_decompositions(decompositions())
+    with warnings.catch_warnings():
+        # torch's own deprecation inside export (pytree's LeafSpec), not the user's to act on
+        warnings.filterwarnings("ignore", message=".*LeafSpec", category=FutureWarning)
+        ep = _export(fn, example_inputs, specs)
+        ep = ep.run_decompositions(decompositions())
     sig = ep.graph_signature
     gm = ep.graph_module
     placeholders = {n.name: n for n in gm.graph.nodes if n.op == "placeholder"}
