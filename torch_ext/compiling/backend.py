@@ -68,8 +68,16 @@ def _inner_compile(gm, example_inputs, *, min_ops: int, **kwargs):
         log_stats(stats)
         rewritten = bool(stats.subgraphs)
     gm = _inductor_ready(gm, example_inputs, rewritten)
-    kwargs["get_decomp_fn"] = select_decomp_table
+    if "get_decomp_fn" in kwargs or "get_decomp_fn" in getattr(_compile_fx_kwargs(), "__annotations__", {}):
+        kwargs["get_decomp_fn"] = select_decomp_table  # (torch without the argument lowers with this table)
     return compile_fx_inner(gm, example_inputs, **kwargs)
+
+
+def _compile_fx_kwargs():
+    """The keyword arguments compile_fx_inner takes in this torch (a TypedDict), or None."""
+    from torch._inductor import compile_fx
+
+    return getattr(compile_fx, "_CompileFxKwargs", None)
 
 
 def _compile_inductor(gm, example_inputs, settings: _Settings):
