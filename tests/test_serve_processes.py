@@ -20,9 +20,17 @@ from helpers.waiting import scaled
 
 
 def consecutive_ports(n: int) -> int:
-    for _ in range(50):
-        base = free_port()
-        if base + n <= 65535 and all(_free(base + k) for k in range(1, n)):
+    """A base of n free ports below the kernel's ephemeral range: a port of that range that is free now
+    may be any test's client socket before the group binds it."""
+    import random
+
+    try:
+        low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for _ in range(200):
+        base = random.randrange(10000, max(low - n, 10001))
+        if all(_free(base + k) for k in range(n)):
             return base
     raise RuntimeError("no consecutive free ports")
 
