@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .common import UserError
+from .graph_cmds import print_signature
 
 _EXAMPLE_FORM = "NAME=SHAPExDTYPE, e.g. topk_ids=16x4xint64 (a 0-d tensor: NAME=DTYPE)"
 # torch's own names for dtypes, besides segfuse's (int64, float32, ...)
@@ -332,11 +333,7 @@ def cmd_capture(args) -> int:
     except OSError as e:
         raise UserError(f"--output {args.output}: {e.strerror}") from None
     print(f"wrote {args.output}: '{f.name}' ({len(f.nodes)} ops, id {f.id})")
-    for name, t in f.inputs:
-        print(f"  input  {name}: {t}")
-    for o in f.outputs:
-        extra = f" (updates '{o.alias_of}' in place)" if o.alias_of else ""
-        print(f"  output {o.name}: {f.types[o.name]}{extra}")
+    print_signature(f)
     return 0
 
 

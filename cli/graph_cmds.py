@@ -52,12 +52,17 @@ def cmd_validate(args) -> int:
                                       for k, t in f.types.items()}}, indent=2))
         return 0
     print(f"ok: '{f.name}' ({len(f.nodes)} ops, id {f.id})")
+    print_signature(f)
+    return 0
+
+
+def print_signature(f) -> None:
+    """A graph's inputs and outputs, a line each (validate's and capture's summary)."""
     for name, t in f.inputs:
         print(f"  input  {name}: {t}")
     for o in f.outputs:
         extra = f" (updates '{o.alias_of}' in place)" if o.alias_of else ""
         print(f"  output {o.name}: {f.types[o.name]}{extra}")
-    return 0
 
 
 def cmd_run(args) -> int:

@@ -18,6 +18,11 @@ def torch_dtype(dt: DType) -> torch.dtype:
     return _TORCH[dt]
 
 
+def dtype_from_torch(dt: torch.dtype) -> DType | None:
+    """The segfuse dtype of a torch dtype, None where segfuse has none."""
+    return _FROM_TORCH.get(dt)
+
+
 def segfuse_dtype(t: torch.Tensor, where: str) -> DType:
     """The segfuse dtype of a tensor; TypeError naming the input otherwise."""
     dt = _FROM_TORCH.get(t.dtype)

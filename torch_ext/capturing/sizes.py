@@ -9,6 +9,8 @@ import sympy
 import torch
 from segfuse.compiler.dtypes import DType, result_type
 
+from ..convert import dtype_from_torch
+
 
 class SizeNames:
     """PyTorch's size symbols (ShapeEnv's s0, s1, ...) -> the graph's size symbols, and size
@@ -100,11 +102,7 @@ class SizeNames:
         return t if (e.is_Symbol or (e.is_Integer and int(e) >= 0)) else f"({t})"
 
 
-_TORCH_DTYPES = {getattr(torch, dt.value): dt for dt in DType}
-
-
-def torch_to_dtype(dt) -> DType | None:
-    return _TORCH_DTYPES.get(dt)
+torch_to_dtype = dtype_from_torch  # (the name the lowerings use)
 
 
 def supported_dtypes_text() -> str:
