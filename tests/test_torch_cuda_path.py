@@ -331,3 +331,84 @@ def test_a_call_at_an_earlier_calls_pointers_replays_its_graph_on_a_standin(stan
     standin_cuda.capturing[0] = False
     _equal(runner.run((ids,)), torch_prologue(ids))
     assert graphs[0].replays == 4
+
+
+_HOLDS = {
+    "the tensor": lambda t: t,
+    "a view": lambda t: t[1:],
+    "a detached alias": lambda t: t.detach(),
+    "its storage": lambda t: t.untyped_storage(),
+    "a DLPack capsule": lambda t: torch.utils.dlpack.to_dlpack(t),
+}
+
+
+@pytest.mark.parametrize("hold", sorted(_HOLDS))
+def test_direct_eager_calls_take_back_only_the_outputs_their_caller_let_go_of_on_a_standin(
+        standin_cuda, monkeypatch, hold):
+    """A direct eager call keeps its outputs and arena: the next call on the stream takes the arena
+    and each output nothing refers to any more (no allocation), and makes anew each output the caller
+    still holds in any form (the tensor, a view, a detached alias, its storage, a DLPack capsule) or
+    changed in place, so what the caller holds keeps the earlier call's results."""
+    from segfuse.torch.cuda_path import CudaRunner
+
+    op = sft.fusion(prologue_graph())
+    runner = CudaRunner(op)
+    made = _counting_empty(monkeypatch)
+    gen = torch.Generator().manual_seed(8)
+
+    def call():
+        ids = torch.randint(0, E, (5, K), generator=gen)
+        before = len(made)
+        outs = runner.run((ids,), keep=True)
+        _equal(outs, torch_prologue(ids))
+        _fresh(outs, [ids])
+        return ids, outs, len(made) - before
+
+    for _ in range(3):  # records, then follows the plan (outputs and arena made), then takes them
+        _, outs, n = call()
+        del outs
+    assert n == 0
+    ids, outs, n = call()
+    assert n == 0
+    held = _HOLDS[hold](outs[2])
+    want = torch_prologue(ids)[2].clone()
+    del outs
+    ids2, outs2, n = call()
+    assert n == 1  # the held output made anew, the three others and the arena taken
+    got = held if isinstance(held, torch.Tensor) and hold != "a view" else None
+    if hold == "a view":
+        assert torch.equal(held, want[1:])
+    elif hold == "its storage":
+        assert torch.equal(torch.tensor([], dtype=want.dtype).set_(held, 0, want.shape), want)
+    elif hold == "a DLPack capsule":
+        assert torch.equal(torch.utils.dlpack.from_dlpack(held), want)
+    else:
+        assert torch.equal(got, want)
+    del held, got, outs2
+    outs3 = call()[1]
+    outs3[0].add_(1)  # changed in place, then let go of
+    del outs3
+    _, outs4, n = call()
+    assert n == 1
+
+
+def test_only_direct_eager_calls_keep_memory_on_a_standin(standin_cuda, monkeypatch):
+    """Calls through the dispatcher or under a capture keep nothing: each makes its outputs and
+    arena (a block kept past a call would be one a CUDA graph pool's owner does not know of)."""
+    from segfuse.torch.cuda_path import CudaRunner
+
+    op = sft.fusion(prologue_graph())
+    runner = CudaRunner(op)
+    made = _counting_empty(monkeypatch)
+    ids = torch.randint(0, E, (5, K), generator=torch.Generator().manual_seed(9))
+    for _ in range(3):
+        runner.run((ids,))
+    assert not runner.kept
+    before = len(made)
+    runner.run((ids,))
+    assert len(made) - before == 5
+    runner.run((ids,), keep=True)
+    standin_cuda.capturing[0] = True
+    before = len(made)
+    _equal(runner.run((ids,), keep=True), torch_prologue(ids))
+    assert len(made) - before == 5

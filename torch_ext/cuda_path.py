@@ -13,6 +13,9 @@
   the caching allocator hands a call repeated on one stream the same memory again, so its
   parameter blocks repeat, and a call whose inputs, outputs and arena are all where an earlier
   call's were replays that call's graph without binding anything (`Signature.memo`).
+- A direct eager call keeps its outputs and arena for the next call of its signature on the same
+  stream, which takes each output its caller let go of (memory.py, `Kept`): both calls' pointers
+  are then the same, and the second replays the first's graph.
 - No host synchronization: failures go to the op's error block (the CUDA backend's external-stream
   runner, `Engine("cupy").device_backend.external_streams()`), reported by a later call or
   `segfuse.torch.check()`.
@@ -29,9 +32,10 @@ import torch
 from segfuse.compiler.engine import Engine
 
 from .convert import segfuse_dtype, torch_dtype
-from .memory import RECORDS, CallMemory
+from .memory import RECORDS, CallMemory, Kept
 
 MEMOS = 8  # calls' pointer sets remembered per signature with the CUDA graph of their launches
+KEPT = 8  # signatures per op keeping their last direct eager call's memory (see memory.Kept)
 _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)
 
@@ -199,6 +203,7 @@ class CudaRunner:
         self.fusion = owner.fusion
         self.err_ptr = None
         self.sigs: dict = {}
+        self.kept: dict = {}  # signature key -> Kept, for KEPT signatures at most
         self.alias_pos = {o.alias_of: self.fusion.input_names.index(o.alias_of)
                           for o in self.fusion.outputs if o.alias_of is not None}
         self.staged_pos = tuple(self.alias_pos.values())
@@ -218,10 +223,11 @@ class CudaRunner:
         sig = self.sigs[key] = Signature(c, prep, names, tensors)
         return sig
 
-    def run(self, tensors) -> list:
+    def run(self, tensors, keep: bool = False) -> list:
         """The graph's outputs that are not `alias_of` an input, as fresh tensors, in the graph's
         order; `alias_of` inputs are updated in place. Launched on the current stream. The
-        inputs are CUDA tensors on one device (a call with others fails naming them)."""
+        inputs are CUDA tensors on one device (a call with others fails naming them). `keep`: a
+        direct eager call, which may take and keep memory between calls (memory.Kept)."""
         capturing = is_capturing()
         c = _CUDA[0] if _CUDA else cuda(capturing)
         if not capturing:
@@ -255,7 +261,11 @@ class CudaRunner:
             c.states.refill()
         mem = c.memory()
         plan = sig.plan
-        mem.begin(device, plan, plan is None and sig.records < RECORDS)
+        keep = keep and not capturing and plan is not None and plan.fixed and not staged and not self.alias_pos
+        kept = self.kept.get(key) if keep else None
+        if kept is not None and kept.st is not st:
+            kept = None
+        mem.begin(device, plan, plan is None and sig.records < RECORDS, kept)
         if sig.memo and not capturing and plan is not None:
             # the outputs and the arena are made: when they and the inputs are where an earlier
             # call had them, binding would write that call's parameter bytes, so its graph runs
@@ -263,10 +273,14 @@ class CudaRunner:
             if hit is not None and hit[0] is st:
                 try:
                     c.ext.replay(hit[1], st)
-                    return mem.pre
+                    outs, arena = mem.pre, mem.arena
                 finally:
                     mem.end()
+                if keep:
+                    self._keep(key, kept, st, outs, arena)
+                return outs
         prev = c.get_allocator()
+        made = False
         c.set_allocator(mem.malloc)
         try:
             env = to_cupy(sig, tensors)
@@ -278,7 +292,8 @@ class CudaRunner:
                 graph = sig.launch(env, st, self.err_ptr, capturing)
                 outs, followed = self._commit(mem, env, tensors, staged)
             env.clear()  # (every buffer of the call is freed now, but the outputs' memory)
-            if graph is not None and outs is mem.pre and mem.plan.fixed and not staged and not self.alias_pos:
+            made = outs is mem.pre  # (every output is the tensor made, or taken, for it)
+            if graph is not None and made and mem.plan.fixed and not staged and not self.alias_pos:
                 # every output is the tensor made for it and every other buffer a slice of the arena
                 memo = sig.memo
                 if len(memo) >= MEMOS:
@@ -290,6 +305,7 @@ class CudaRunner:
         finally:
             c.set_allocator(prev)
             rec = mem.rec
+            arena = mem.arena
             mem.end()
         if rec is not None:
             sig.records += 1
@@ -298,7 +314,25 @@ class CudaRunner:
         elif plan is not None and not followed:
             sig.plan = None  # the call left its plan: the next one records again (RECORDS at most)
             sig.memo = {}
+            self.kept.pop(key, None)
+        elif keep and made:
+            self._keep(key, kept, st, outs, arena)
         return outs
+
+    def _keep(self, key, kept, st, outs: list, arena) -> None:
+        """Keep this call's outputs and arena for the signature's next direct eager call on `st`."""
+        if kept is not None and kept.arena is arena and all(a is b for a, b in zip(kept.outs, outs)):
+            return  # (the call took everything it kept)
+        kept = self.kept
+        if not Kept.worth(outs, arena):
+            kept.pop(key, None)
+            return
+        if key not in kept and len(kept) >= KEPT:
+            try:
+                kept.pop(next(iter(kept)), None)  # (the oldest)
+            except (RuntimeError, StopIteration):  # (another thread changed it meanwhile)
+                pass
+        kept[key] = Kept(st, outs, arena)
 
     def _commit(self, mem: CallMemory, env, tensors, staged) -> tuple[list, bool]:
         """(the returned outputs, whether the call followed its allocation plan). alias_of

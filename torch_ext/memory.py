@@ -10,9 +10,8 @@ tensor per buffer:
   and the kernel that allocates its buffer gets that tensor's memory: the output IS that tensor
   (no tensor made on a storage afterwards);
 - every buffer freed before the call ends (intermediates, scratch) is a slice of one arena, one
-  allocation per call, freed in stream order when the call ends (nothing is kept between calls: a
-  buffer kept would be memory a CUDA graph's pool holds unaccounted for, which torch.compile's
-  CUDA graph trees check). Slices never overlap: no lifetime packing;
+  allocation per call, freed in stream order when the call ends (but after direct eager calls,
+  below). Slices never overlap: no lifetime packing;
 - anything else (a buffer something keeps past the call) gets a tensor of its own, as while
   recording.
 
@@ -20,9 +19,19 @@ A call that leaves the record (another size, another count) allocates one tensor
 there on, its outputs are found as while recording, and the next call records again (a few times,
 then the signature keeps allocating buffer by buffer). Memory handed out stays referenced by the
 tensor that owns it (`live`) until CuPy frees it, so nothing is reused while a buffer lives.
+
+Direct eager calls (not under a capture, not through the dispatcher) keep what their last call of
+a signature made on one stream (`Kept`: the outputs and the arena, KEEP_BYTES at most). The next
+such call on that stream takes the arena again and each output its caller has let go of entirely,
+instead of making them: the Engine reuses its buffers the same way, and torch.compile's CUDA graphs
+their outputs. Making and freeing a tensor through the caching allocator is most of an eager call's
+host time. Nothing is kept from calls under a capture or through the dispatcher (torch.compile's
+CUDA graph trees check that a pool holds no block they do not know of).
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 
@@ -30,9 +39,14 @@ ALIGN = 512  # bytes: the caching allocator's block granularity (vector loads ne
 RECORDS = 3  # recordings of a signature before it gives up on a plan
 ARENA_SLOT = -1  # plan slot kinds besides output positions (>= 0)
 OWN_SLOT = -2
+KEEP_BYTES = 4 << 20  # outputs and arena a signature keeps between direct eager calls, at most
 
 _empty = torch.empty
 _u8 = torch.uint8
+_refs = sys.getrefcount
+_storage_uses = getattr(torch._C, "_storage_Use_Count", None)
+_tensor_uses = getattr(torch.Tensor, "_use_count", None)
+CAN_KEEP = _storage_uses is not None and _tensor_uses is not None
 
 
 class AllocPlan:
@@ -89,6 +103,45 @@ class Recording:
         return AllocPlan(sizes, slots, offsets, total, outs)
 
 
+def _holds(outs: tuple, storages: tuple) -> list:
+    """Per output what refers to it: Python references to the tensor and to its storage object,
+    references to its TensorImpl (views hold their base's) and to its storage (detached tensors,
+    `set_` onto it), its version (in-place changes, metadata ones included) and requires_grad."""
+    return [(_refs(t), _refs(s), _tensor_uses(t), _storage_uses(s._cdata), t._version, t.requires_grad)
+            for t, s in zip(outs, storages)]
+
+
+def _alone() -> tuple:
+    """What `_holds` says of a fresh tensor that only the tuples passed to it hold."""
+    t = torch.empty(1)
+    pair = ((t,), (t.untyped_storage(),))
+    del t
+    return _holds(*pair)[0]
+
+
+ALONE = _alone() if CAN_KEEP else None
+
+
+class Kept:
+    """What one signature's last direct eager call made on one stream state `st`: its outputs (with
+    their storage objects) and its arena. Stream order makes them safe to take again on that stream:
+    the last call's kernels and everything its caller queued after them come first."""
+
+    __slots__ = ("st", "outs", "storages", "arena")
+
+    def __init__(self, st, outs: list, arena):
+        self.st, self.outs, self.arena = st, tuple(outs), arena
+        self.storages = tuple(t.untyped_storage() for t in self.outs)
+
+    def free(self) -> list:
+        """Each output that nothing but this refers to and that is as it was made, else None."""
+        return [t if h == ALONE else None for t, h in zip(self.outs, _holds(self.outs, self.storages))]
+
+    @staticmethod
+    def worth(outs: list, arena) -> bool:
+        return CAN_KEEP and sum(t.nbytes for t in outs) + (arena.nbytes if arena is not None else 0) <= KEEP_BYTES
+
+
 class CallMemory:
     """One thread's allocator for CuPy during its calls (`malloc`, for `using_allocator`). `begin`
     sets up a call (a plan to follow, or a recording to make), `end` ends it."""
@@ -106,9 +159,10 @@ class CallMemory:
         self.pre: list = []
         self.pre_ptrs: list = []
 
-    def begin(self, device, plan: AllocPlan | None, record: bool) -> None:
-        """A call on `device` (a torch.device) follows `plan` (its outputs and its arena made now),
-        or records (`record`), or neither."""
+    def begin(self, device, plan: AllocPlan | None, record: bool, kept: Kept | None = None) -> None:
+        """A call on `device` (a torch.device) follows `plan` (its outputs and its arena made now,
+        or taken from `kept`, an earlier call's under this plan), or records (`record`), or
+        neither."""
         self.device = device
         self.i = 0
         self.strayed = False
@@ -116,9 +170,14 @@ class CallMemory:
         self.plan = plan
         if plan is None:
             return
-        arena = self.arena = _empty(plan.arena_bytes, dtype=_u8, device=device) if plan.arena_bytes else None
+        if kept is not None:
+            arena = self.arena = kept.arena
+            pre = self.pre = [_empty(o[0], dtype=o[1], device=device) if t is None else t
+                              for t, o in zip(kept.free(), plan.outs)]
+        else:
+            arena = self.arena = _empty(plan.arena_bytes, dtype=_u8, device=device) if plan.arena_bytes else None
+            pre = self.pre = [None if o is None else _empty(o[0], dtype=o[1], device=device) for o in plan.outs]
         self.base = arena.data_ptr() if arena is not None else 0
-        pre = self.pre = [None if o is None else _empty(o[0], dtype=o[1], device=device) for o in plan.outs]
         self.pre_ptrs = [0 if t is None else t.data_ptr() for t in pre]
 
     def followed(self) -> bool:

@@ -99,13 +99,14 @@ class TorchFusion:
     def _impl(self, *tensors):
         return _ret(self._run(tensors))
 
-    def _run(self, tensors) -> list:
-        """The returned (not alias_of) outputs of a run on `tensors`, in the graph's order."""
+    def _run(self, tensors, keep: bool = False) -> list:
+        """The returned (not alias_of) outputs of a run on `tensors`, in the graph's order. `keep`:
+        a direct eager call (its CUDA memory may be kept for the next one: memory.Kept)."""
         if tensors and tensors[0].is_cuda:
             cuda = self._cuda
             if cuda is None:
                 cuda = self._cuda_runner()
-            return cuda.run(tensors)  # (it checks the inputs' devices once per signature)
+            return cuda.run(tensors, keep)  # (it checks the inputs' devices once per signature)
         for t in tensors:
             if not t.is_cpu:
                 self._mixed(tensors)
@@ -166,7 +167,7 @@ class TorchFusion:
         with None for fresh ones, or a dict by output name); those are returned instead."""
         tensors = self._inputs(args, kwargs)
         if _eager(tensors):
-            fresh = self._run(tensors)
+            fresh = self._run(tensors, True)
             for i in self._mutated:
                 _bump(tensors[i])
         else:

@@ -82,9 +82,11 @@ def test_no_copies_and_outputs_from_torch_allocator(monkeypatch):
     monkeypatch.setattr(cuda_path, "to_cupy", spy_in)
     pool = cp.get_default_memory_pool()
     torch.cuda.synchronize()
+    outs = []
     for call in range(3):  # calls that follow the recorded allocations (the outputs made first)
         x = ids.clone() if call == 1 else ids  # (a tensor at another address: a new view of it)
-        outs = None  # (the last call's outputs freed before measuring)
+        kept = {o.data_ptr() for o in outs}  # (outputs let go of: the next call may take them back)
+        outs = None
         used, before = pool.used_bytes(), torch.cuda.memory_allocated()
         seen_in.clear()
         outs = op(x)
@@ -92,7 +94,8 @@ def test_no_copies_and_outputs_from_torch_allocator(monkeypatch):
         # nothing: it replays only where every pointer, the input's included, is that call's)
         assert seen_in in ([], [[(x.data_ptr(), x.data_ptr())]])
         assert pool.used_bytes() == used  # nothing of the call from CuPy's own pool
-        assert torch.cuda.memory_allocated() - before >= sum(o.numel() * o.element_size() for o in outs)
+        fresh = [o for o in outs if o.data_ptr() not in kept]
+        assert torch.cuda.memory_allocated() - before >= sum(o.numel() * o.element_size() for o in fresh)
         for o in outs:  # each on a storage of the caching allocator's own, at its start
             assert o.untyped_storage().data_ptr() == o.data_ptr() and o.is_contiguous()
         assert len({o.untyped_storage().data_ptr() for o in outs} | {x.data_ptr()}) == len(outs) + 1
@@ -168,6 +171,35 @@ def test_repeated_calls_replay_a_graph_of_their_launches_on_new_contents():
     torch.cuda.synchronize()
     with pytest.raises(DeferredRunError, match="out of bounds"):
         sft.check()
+
+
+def test_eager_calls_take_back_only_the_outputs_their_caller_let_go_of():
+    """A direct eager call keeps its outputs: the next call on the stream writes into each one its
+    caller let go of (the same memory), after everything queued before it on the stream (a copy of
+    an output behind a busy GPU still gets that call's results), and makes anew each one the caller
+    still holds, which keeps its results."""
+    op = sft.fusion(prologue_graph())
+    for seed in range(3):  # records, follows its plan, keeps
+        op(_ids(128, seed=seed))
+    outs = op(_ids(128, seed=3))
+    ptrs = [o.data_ptr() for o in outs]
+    del outs
+    ids2 = _ids(128, seed=4)
+    outs = op(ids2)
+    assert [o.data_ptr() for o in outs] == ptrs
+    torch.cuda._sleep(SLEEP_CYCLES)  # the read below waits behind this, the next call behind it
+    snapshot = outs[3].clone()
+    held = outs[2]
+    del outs
+    ids3 = _ids(128, seed=5)
+    outs3 = op(ids3)
+    assert [o.data_ptr() for o in outs3][:2] + [o.data_ptr() for o in outs3][3:] == ptrs[:2] + ptrs[3:]
+    assert outs3[2].data_ptr() != held.data_ptr()
+    want2, want3 = torch_prologue(ids2), torch_prologue(ids3)
+    torch.cuda.synchronize()
+    _equal([held], [want2[2]])
+    _equal([snapshot], [want2[3]])
+    _equal(outs3, want3)
 
 
 def test_no_host_synchronization_on_the_call_path():
