@@ -263,7 +263,7 @@ class CudaRunner:
         plan = sig.plan
         keep = keep and not capturing and plan is not None and plan.fixed and not staged and not self.alias_pos
         kept = self.kept.get(key) if keep else None
-        if kept is not None and kept.st is not st:
+        if kept is not None and (kept.st is not st or kept.plan is not plan):
             kept = None
         mem.begin(device, plan, plan is None and sig.records < RECORDS, kept)
         if sig.memo and not capturing and plan is not None:
@@ -277,7 +277,7 @@ class CudaRunner:
                 finally:
                     mem.end()
                 if keep:
-                    self._keep(key, kept, st, outs, arena)
+                    self._keep(key, kept, st, plan, outs, arena)
                 return outs
         prev = c.get_allocator()
         made = False
@@ -316,10 +316,10 @@ class CudaRunner:
             sig.memo = {}
             self.kept.pop(key, None)
         elif keep and made:
-            self._keep(key, kept, st, outs, arena)
+            self._keep(key, kept, st, plan, outs, arena)
         return outs
 
-    def _keep(self, key, kept, st, outs: list, arena) -> None:
+    def _keep(self, key, kept, st, plan, outs: list, arena) -> None:
         """Keep this call's outputs and arena for the signature's next direct eager call on `st`."""
         if kept is not None and kept.arena is arena and all(a is b for a, b in zip(kept.outs, outs)):
             return  # (the call took everything it kept)
@@ -332,7 +332,7 @@ class CudaRunner:
                 kept.pop(next(iter(kept)), None)  # (the oldest)
             except (RuntimeError, StopIteration):  # (another thread changed it meanwhile)
                 pass
-        kept[key] = Kept(st, outs, arena)
+        kept[key] = Kept(st, plan, outs, arena)
 
     def _commit(self, mem: CallMemory, env, tensors, staged) -> tuple[list, bool]:
         """(the returned outputs, whether the call followed its allocation plan). alias_of

@@ -123,14 +123,14 @@ ALONE = _alone() if CAN_KEEP else None
 
 
 class Kept:
-    """What one signature's last direct eager call made on one stream state `st`: its outputs (with
-    their storage objects) and its arena. Stream order makes them safe to take again on that stream:
+    """What one signature's last direct eager call made on one stream state `st` following `plan`:
+    its outputs (with their storage objects) and its arena. Stream order makes them safe to take again on that stream:
     the last call's kernels and everything its caller queued after them come first."""
 
-    __slots__ = ("st", "outs", "storages", "arena")
+    __slots__ = ("st", "plan", "outs", "storages", "arena")
 
-    def __init__(self, st, outs: list, arena):
-        self.st, self.outs, self.arena = st, tuple(outs), arena
+    def __init__(self, st, plan: AllocPlan, outs: list, arena):
+        self.st, self.plan, self.outs, self.arena = st, plan, tuple(outs), arena
         self.storages = tuple(t.untyped_storage() for t in self.outs)
 
     def free(self) -> list:
