@@ -412,3 +412,36 @@ def test_only_direct_eager_calls_keep_memory_on_a_standin(standin_cuda, monkeypa
     before = len(made)
     _equal(runner.run((ids,), keep=True), torch_prologue(ids))
     assert len(made) - before == 5
+
+
+def test_out_tensors_are_written_by_the_kernels_without_a_copy_on_a_standin(standin_cuda, monkeypatch):
+    """A call's `into` tensors that are what the plan makes (device, shape, dtype, contiguous) and
+    overlap nothing are the outputs themselves: the kernels write them, nothing is allocated for
+    them, and they come back in the outputs' places. One that does not fit (another dtype, not
+    contiguous, overlapping an input) gets a fresh output, as without `into`."""
+    from segfuse.torch.cuda_path import CudaRunner
+
+    op = sft.fusion(prologue_graph())
+    runner = CudaRunner(op)
+    made = _counting_empty(monkeypatch)
+    gen = torch.Generator().manual_seed(10)
+    T = 6
+    for _ in range(2):  # records, then follows its plan
+        runner.run((torch.randint(0, E, (T, K), generator=gen),))
+    counts = torch.full((E,), -1, dtype=torch.int64)
+    perm = torch.full((T * K,), -1, dtype=torch.int64)
+    ids = torch.randint(0, E, (T, K), generator=gen)
+    before = len(made)
+    outs = runner.run((ids,), into=[counts, None, None, perm])
+    assert len(made) - before == 3  # the arena and the two outputs not given
+    assert outs[0] is counts and outs[3] is perm
+    _equal(outs, torch_prologue(ids))
+    ids2 = torch.randint(0, E, (T, K), generator=gen)
+    wrong = [torch.empty(E, dtype=torch.int32), None, torch.empty(2 * T * K, dtype=torch.int64)[::2], None]
+    outs = runner.run((ids2,), into=wrong)
+    assert all(o is not w for o, w in zip(outs, wrong))
+    _equal(outs, torch_prologue(ids2))
+    flat = ids2.view(-1)  # (an input's own memory, of an output's dtype and size)
+    outs = runner.run((ids2,), into=[None, None, flat, None])
+    assert outs[2] is not flat
+    _equal(outs, torch_prologue(ids2))

@@ -223,11 +223,14 @@ class CudaRunner:
         sig = self.sigs[key] = Signature(c, prep, names, tensors)
         return sig
 
-    def run(self, tensors, keep: bool = False) -> list:
+    def run(self, tensors, keep: bool = False, into: list | None = None) -> list:
         """The graph's outputs that are not `alias_of` an input, as fresh tensors, in the graph's
         order; `alias_of` inputs are updated in place. Launched on the current stream. The
         inputs are CUDA tensors on one device (a call with others fails naming them). `keep`: a
-        direct eager call, which may take and keep memory between calls (memory.Kept)."""
+        direct eager call, which may take and keep memory between calls (memory.Kept). `into`:
+        per returned output a caller's tensor to write it into, or None; the kernels write into
+        each one that is what the plan makes (device, shape, dtype, contiguous) and overlaps no
+        input or other such tensor, and it is returned in the output's place."""
         capturing = is_capturing()
         c = _CUDA[0] if _CUDA else cuda(capturing)
         if not capturing:
@@ -261,11 +264,14 @@ class CudaRunner:
             c.states.refill()
         mem = c.memory()
         plan = sig.plan
+        if into is not None:
+            into = _writable(into, plan, sig.device, tensors)
+            keep = keep and into is None  # (a caller's tensor is never kept)
         keep = keep and not capturing and plan is not None and plan.fixed and not staged and not self.alias_pos
         kept = self.kept.get(key) if keep else None
         if kept is not None and (kept.st is not st or kept.plan is not plan):
             kept = None
-        mem.begin(device, plan, plan is None and sig.records < RECORDS, kept)
+        mem.begin(device, plan, plan is None and sig.records < RECORDS, kept, into)
         if sig.memo and not capturing and plan is not None:
             # the outputs and the arena are made: when they and the inputs are where an earlier
             # call had them, binding would write that call's parameter bytes, so its graph runs
@@ -380,6 +386,24 @@ class CudaRunner:
             taken.append(span)
             outs.append(t)
         return outs
+
+
+def _writable(into: list, plan, device, tensors) -> list | None:
+    """The tensors of `into` the kernels can write as the plan's outputs (the others None), or
+    None when there is none."""
+    if plan is None or not plan.complete:
+        return None
+    taken = [_span(t.data_ptr(), t.shape, t.stride(), t.element_size()) for t in tensors]
+    res = [None] * len(into)
+    for k, (t, o) in enumerate(zip(into, plan.outs)):
+        if t is None or t.device != device or t.dtype != o[1] or tuple(t.shape) != o[0] or not t.is_contiguous():
+            continue
+        span = _span(t.data_ptr(), t.shape, t.stride(), t.element_size())
+        if span[0] == span[1] or any(a < span[1] and span[0] < b for a, b in taken):
+            continue  # (an empty one needs no kernel; an overlapping one is copied into after the run)
+        taken.append(span)
+        res[k] = t
+    return res if any(t is not None for t in res) else None
 
 
 def to_torch(mem: CallMemory, a, dtype: torch.dtype) -> torch.Tensor:

@@ -159,10 +159,11 @@ class CallMemory:
         self.pre: list = []
         self.pre_ptrs: list = []
 
-    def begin(self, device, plan: AllocPlan | None, record: bool, kept: Kept | None = None) -> None:
+    def begin(self, device, plan: AllocPlan | None, record: bool, kept: Kept | None = None,
+              into: list | None = None) -> None:
         """A call on `device` (a torch.device) follows `plan` (its outputs and its arena made now,
-        or taken from `kept`, an earlier call's under this plan), or records (`record`), or
-        neither."""
+        or taken from `kept`, an earlier call's under this plan; an output `into` has a tensor for
+        is that tensor), or records (`record`), or neither."""
         self.device = device
         self.i = 0
         self.strayed = False
@@ -172,11 +173,14 @@ class CallMemory:
             return
         if kept is not None:
             arena = self.arena = kept.arena
-            pre = self.pre = [_empty(o[0], dtype=o[1], device=device) if t is None else t
-                              for t, o in zip(kept.free(), plan.outs)]
+            have = kept.free()
         else:
             arena = self.arena = _empty(plan.arena_bytes, dtype=_u8, device=device) if plan.arena_bytes else None
-            pre = self.pre = [None if o is None else _empty(o[0], dtype=o[1], device=device) for o in plan.outs]
+            have = [None] * len(plan.outs)
+        if into is not None:
+            have = [t if t is not None else h for t, h in zip(into, have)]
+        pre = self.pre = [t if t is not None or o is None else _empty(o[0], dtype=o[1], device=device)
+                          for t, o in zip(have, plan.outs)]
         self.base = arena.data_ptr() if arena is not None else 0
         self.pre_ptrs = [0 if t is None else t.data_ptr() for t in pre]
 

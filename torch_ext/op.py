@@ -99,14 +99,16 @@ class TorchFusion:
     def _impl(self, *tensors):
         return _ret(self._run(tensors))
 
-    def _run(self, tensors, keep: bool = False) -> list:
+    def _run(self, tensors, keep: bool = False, into: list | None = None) -> list:
         """The returned (not alias_of) outputs of a run on `tensors`, in the graph's order. `keep`:
-        a direct eager call (its CUDA memory may be kept for the next one: memory.Kept)."""
+        a direct eager call (its CUDA memory may be kept for the next one: memory.Kept). `into`:
+        per returned output a tensor of the caller's to write it into, or None (CUDA: the kernels
+        write each one that fits directly; the rest are copied by `_write_out`)."""
         if tensors and tensors[0].is_cuda:
             cuda = self._cuda
             if cuda is None:
                 cuda = self._cuda_runner()
-            return cuda.run(tensors, keep)  # (it checks the inputs' devices once per signature)
+            return cuda.run(tensors, keep, into)  # (it checks the inputs' devices once per signature)
         for t in tensors:
             if not t.is_cpu:
                 self._mixed(tensors)
@@ -167,7 +169,8 @@ class TorchFusion:
         with None for fresh ones, or a dict by output name); those are returned instead."""
         tensors = self._inputs(args, kwargs)
         if _eager(tensors):
-            fresh = self._run(tensors, True)
+            into = None if out is None else self._out_targets(out)
+            fresh = self._run(tensors, True, into)
             for i in self._mutated:
                 _bump(tensors[i])
         else:
@@ -178,7 +181,8 @@ class TorchFusion:
             outs = self._write_out(outs, out)
         return outs[0] if len(outs) == 1 else tuple(outs)
 
-    def _write_out(self, outs: list, out) -> list:
+    def _out_list(self, out) -> list:
+        """`out` as a list in the graph's output order (None: no tensor given)."""
         if isinstance(out, torch.Tensor):
             out = [out]
         if isinstance(out, dict):
@@ -189,8 +193,20 @@ class TorchFusion:
         out = list(out)
         if len(out) != len(self.output_names):
             raise TypeError(f"out: {len(out)} tensors for {len(self.output_names)} outputs")
+        return out
+
+    def _out_targets(self, out) -> list:
+        """Per returned output the tensor of `out` given for it, or None."""
+        given = dict(zip(self.output_names, self._out_list(out)))
+        return [t if isinstance(t, _Tensor) and not t.requires_grad else None for t in map(given.get, self._returned)]
+
+    def _write_out(self, outs: list, out) -> list:
+        out = self._out_list(out)
         for k, (n, dst) in enumerate(zip(self.output_names, out)):
             if dst is None or n in self._alias:
+                continue
+            if dst is outs[k]:  # (written by the kernels themselves)
+                _bump(dst)
                 continue
             if tuple(dst.shape) != tuple(outs[k].shape) or dst.dtype != outs[k].dtype:
                 raise TypeError(f"out.{n}: expected {outs[k].dtype}{list(outs[k].shape)}, "

@@ -300,12 +300,23 @@ def test_torch_compile_on_cuda():
 
 
 def test_out_tensors_are_written():
+    """`out=` tensors are returned in the outputs' places with the results; once the signature's
+    allocations are planned the kernels write them directly (no other memory for them, the
+    version counter bumped as an out= op bumps it), also on new ids at the same pointers."""
     op = sft.fusion(prologue_graph())
     ids = _ids(128)
     buf = torch.empty(E, dtype=torch.int64, device=DEV)
     res = op(ids, out={"counts": buf})
     assert res[0] is buf
     _equal(res, torch_prologue(ids))
+    op(ids)  # (planned)
+    perm = torch.empty(128 * K, dtype=torch.int64, device=DEV)
+    for seed in range(3):
+        ids.copy_(_ids(128, seed=seed + 1))
+        version, ptr = perm._version, perm.data_ptr()
+        res = op(ids, out=[buf, None, None, perm])
+        assert res[0] is buf and res[3] is perm and perm.data_ptr() == ptr and perm._version > version
+        _equal(res, torch_prologue(ids))
 
 
 def test_threads_on_streams_of_their_own():
