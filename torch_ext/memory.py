@@ -124,8 +124,9 @@ ALONE = _alone() if CAN_KEEP else None
 
 class Kept:
     """What one signature's last direct eager call made on one stream state `st` following `plan`:
-    its outputs (with their storage objects) and its arena. Stream order makes them safe to take again on that stream:
-    the last call's kernels and everything its caller queued after them come first."""
+    its outputs (with their storage objects) and its arena. Stream order makes them safe to take
+    again on that stream: the last call's kernels and everything its caller queued after them come
+    first."""
 
     __slots__ = ("st", "plan", "outs", "storages", "arena")
 
